@@ -1,0 +1,222 @@
+"""Accelerator catalog and $/GPU-hour price tables, loaded from data files shipped in ``kit/data/``.
+
+Numbers and their sources live in ``kit/data/accelerators.csv`` (one row per accelerator, a ``source`` column and a
+``flags`` column for uncertain figures) and ``kit/data/prices.csv`` (one row per accelerator and price *basis*).
+TFLOPS are dense (vendor "sparse" figures halved); ``scaleup_gb_s`` is per GPU, one direction.
+
+Price bases shipped:
+- ``tco``: owning cost, hyperscaler, from SemiAnalysis' Aug-2025 TCO model as tabulated by InferenceX.
+- ``assumed-rental``: the rental prices assumed in Wafer's Kimi-K3 post (2026-08-02).
+- ``on-demand``: on-demand neocloud index prices (2026).
+
+A user can add accelerators or override prices with their own CSV (same columns; rows with an existing ``name``
+replace it) or with :func:`Catalog.with_price`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+
+ACCEL_REQUIRED = {
+    "name": str, "vendor": str, "hbm_gb": float, "hbm_tb_s": float, "fp32_tflops": float, "bf16_tflops": float,
+    "fp16_tflops": float, "gpus_per_node": int, "fp8_format": str,
+}
+ACCEL_OPTIONAL_NUM = ("hbm_gb_nominal", "fp8_tflops", "fp4_tflops", "tdp_w", "scaleup_gb_s", "scaleup_domain_gpus")
+FP8_FORMATS = ("e4m3fn", "e4m3fnuz")
+PRICE_REQUIRED = ("accelerator", "usd_per_gpu_hr", "basis")
+DEFAULT_BASIS = "tco"
+
+
+class CatalogError(ValueError):
+    """A catalog or price file failed validation (the message names the file, row and column)."""
+
+
+def _data_path(name: str) -> Path:
+    return Path(str(resources.files("kit") / "data" / name))
+
+
+def _validate_accels(df: pd.DataFrame, origin: str) -> pd.DataFrame:
+    missing = [c for c in ACCEL_REQUIRED if c not in df.columns]
+    if missing:
+        raise CatalogError(f"{origin}: missing column(s) {missing}; required: {list(ACCEL_REQUIRED)}")
+    df = df.copy()
+    for i, row in df.iterrows():
+        where = f"{origin} row {i + 2} (name={row.get('name')!r})"
+        if not isinstance(row["name"], str) or not row["name"].strip():
+            raise CatalogError(f"{where}: empty name")
+        for col, typ in ACCEL_REQUIRED.items():
+            if typ in (float, int):
+                try:
+                    v = float(row[col])
+                except (TypeError, ValueError):
+                    raise CatalogError(f"{where}: {col}={row[col]!r} is not a number") from None
+                if not v > 0:
+                    raise CatalogError(f"{where}: {col}={row[col]!r} must be > 0")
+        if row["fp8_format"] not in FP8_FORMATS:
+            raise CatalogError(f"{where}: fp8_format={row['fp8_format']!r}; allowed: {FP8_FORMATS}")
+        for col in ACCEL_OPTIONAL_NUM:
+            if col in df.columns and pd.notna(row[col]) and str(row[col]).strip() != "":
+                try:
+                    if float(row[col]) < 0:
+                        raise CatalogError(f"{where}: {col}={row[col]!r} must be >= 0")
+                except ValueError:
+                    raise CatalogError(f"{where}: {col}={row[col]!r} is not a number") from None
+    dup = df["name"][df["name"].duplicated()].tolist()
+    if dup:
+        raise CatalogError(f"{origin}: duplicate accelerator name(s) {dup}")
+    for col in list(ACCEL_REQUIRED) + list(ACCEL_OPTIONAL_NUM):
+        if col in df.columns and ACCEL_REQUIRED.get(col, float) is not str:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    df["gpus_per_node"] = df["gpus_per_node"].astype(int)
+    return df
+
+
+def _validate_prices(df: pd.DataFrame, origin: str, known: set[str]) -> pd.DataFrame:
+    missing = [c for c in PRICE_REQUIRED if c not in df.columns]
+    if missing:
+        raise CatalogError(f"{origin}: missing column(s) {missing}; required: {list(PRICE_REQUIRED)}")
+    df = df.copy()
+    for i, row in df.iterrows():
+        where = f"{origin} row {i + 2}"
+        if row["accelerator"] not in known:
+            raise CatalogError(f"{where}: accelerator={row['accelerator']!r} is not in the catalog {sorted(known)}")
+        try:
+            v = float(row["usd_per_gpu_hr"])
+        except (TypeError, ValueError):
+            raise CatalogError(f"{where}: usd_per_gpu_hr={row['usd_per_gpu_hr']!r} is not a number") from None
+        if not v > 0:
+            raise CatalogError(f"{where}: usd_per_gpu_hr={v} must be > 0")
+        if not isinstance(row["basis"], str) or not row["basis"].strip():
+            raise CatalogError(f"{where}: empty price basis")
+    df["usd_per_gpu_hr"] = df["usd_per_gpu_hr"].astype(float)
+    dup = df[df.duplicated(["accelerator", "basis"], keep=False)]
+    if len(dup):
+        raise CatalogError(f"{origin}: more than one price for (accelerator, basis) "
+                           f"{sorted(set(zip(dup.accelerator, dup.basis)))}")
+    return df
+
+
+@dataclass(frozen=True)
+class Price:
+    """A $/GPU-hour figure with the basis it was quoted on (e.g. "tco", "assumed-rental", "user")."""
+
+    accelerator: str
+    usd_per_gpu_hr: float
+    basis: str
+    source: str = ""
+
+
+class Catalog:
+    """Accelerators (``.accelerators`` DataFrame indexed by name) and prices (``.prices`` DataFrame).
+
+    Use :func:`load_catalog` to build one.
+    """
+
+    def __init__(self, accelerators: pd.DataFrame, prices: pd.DataFrame):
+        self.accelerators = accelerators.set_index("name", drop=False)
+        self.prices = prices.reset_index(drop=True)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.accelerators.index)
+
+    @property
+    def bases(self) -> list[str]:
+        return sorted(self.prices["basis"].unique())
+
+    def resolve(self, name: str) -> str:
+        """Case-insensitive lookup, also accepting the long name ("MI355X", "mi355x", "H200 SXM").
+
+        Raises:
+            KeyError: unknown accelerator (the message lists the known ones).
+        """
+        low = str(name).strip().lower()
+        for n, row in self.accelerators.iterrows():
+            if low in (n.lower(), str(row.get("full_name", "")).lower()):
+                return n
+        raise KeyError(f"unknown accelerator {name!r}; known: {self.names}")
+
+    def get(self, name: str) -> pd.Series:
+        """The catalog row of one accelerator (see :meth:`resolve` for accepted names)."""
+        return self.accelerators.loc[self.resolve(name)]
+
+    def peak_tflops(self, name: str, dtype: str) -> float:
+        """Dense peak TFLOPS of ``name`` for ``dtype`` (float32, bfloat16, float16, fp8, fp4).
+
+        Raises:
+            KeyError: unknown accelerator. ValueError: unknown dtype or no figure for it.
+        """
+        col = {"float32": "fp32_tflops", "fp32": "fp32_tflops", "bfloat16": "bf16_tflops", "bf16": "bf16_tflops",
+               "float16": "fp16_tflops", "fp16": "fp16_tflops", "fp8": "fp8_tflops", "fp4": "fp4_tflops"}.get(dtype)
+        if col is None:
+            raise ValueError(f"unknown dtype {dtype!r}; allowed: float32, bfloat16, float16, fp8, fp4")
+        v = self.get(name).get(col)
+        if v is None or pd.isna(v):
+            raise ValueError(f"no {dtype} TFLOPS figure for {name}")
+        return float(v)
+
+    def price(self, name: str, basis: str = DEFAULT_BASIS) -> Price:
+        """$/GPU-hour of ``name`` on ``basis``.
+
+        Raises:
+            KeyError: unknown accelerator, or no price on that basis (names the bases that exist for it).
+        """
+        n = self.resolve(name)
+        rows = self.prices[(self.prices.accelerator == n) & (self.prices.basis == basis)]
+        if rows.empty:
+            have = sorted(self.prices[self.prices.accelerator == n].basis)
+            raise KeyError(f"no price for {n} on basis {basis!r}; bases with a price for {n}: {have}")
+        r = rows.iloc[0]
+        return Price(n, float(r.usd_per_gpu_hr), basis, str(r.get("source", "")))
+
+    def with_price(self, name: str, usd_per_gpu_hr: float, basis: str = "user") -> "Catalog":
+        """A copy with one price set (added or replaced).
+
+        Raises:
+            ValueError: price not > 0. KeyError: unknown accelerator.
+        """
+        if not float(usd_per_gpu_hr) > 0:
+            raise ValueError(f"usd_per_gpu_hr={usd_per_gpu_hr!r} must be > 0")
+        n = self.resolve(name)
+        keep = self.prices[~((self.prices.accelerator == n) & (self.prices.basis == basis))]
+        new = pd.DataFrame([{"accelerator": n, "usd_per_gpu_hr": float(usd_per_gpu_hr), "basis": basis,
+                             "source": "set by user"}])
+        return Catalog(self.accelerators.reset_index(drop=True), pd.concat([keep, new], ignore_index=True))
+
+    def table(self) -> pd.DataFrame:
+        """The accelerators with their ``tco`` price, for display."""
+        cols = ["vendor", "arch", "gfx_arch", "hbm_gb", "hbm_tb_s", "fp32_tflops", "bf16_tflops", "fp8_tflops",
+                "fp4_tflops", "tdp_w", "scaleup_gb_s", "gpus_per_node", "fp8_format"]
+        t = self.accelerators[[c for c in cols if c in self.accelerators.columns]].copy()
+        tco = self.prices[self.prices.basis == DEFAULT_BASIS].set_index("accelerator")["usd_per_gpu_hr"]
+        t["usd_per_gpu_hr_tco"] = t.index.map(tco)
+        return t
+
+
+def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str | Path | None = None) -> Catalog:
+    """Load the shipped catalog, optionally merged with a user's files.
+
+    Args:
+        extra_accelerators: CSV with the columns of ``kit/data/accelerators.csv``; a row whose ``name`` exists
+            replaces the shipped row, others are added.
+        extra_prices: CSV with ``accelerator, usd_per_gpu_hr, basis`` (+ optional ``source``); replaces shipped
+            prices with the same (accelerator, basis).
+
+    Raises:
+        CatalogError: a file fails validation (names the file, row and column). FileNotFoundError: a path is missing.
+    """
+    acc = _validate_accels(pd.read_csv(_data_path("accelerators.csv"), dtype={"gfx_arch": str}), "kit/data/accelerators.csv")
+    if extra_accelerators is not None:
+        user = _validate_accels(pd.read_csv(extra_accelerators), str(extra_accelerators))
+        acc = pd.concat([acc[~acc.name.isin(user.name)], user], ignore_index=True)
+    known = set(acc.name)
+    prices = _validate_prices(pd.read_csv(_data_path("prices.csv")), "kit/data/prices.csv", known)
+    if extra_prices is not None:
+        user_p = _validate_prices(pd.read_csv(extra_prices), str(extra_prices), known)
+        key = set(zip(user_p.accelerator, user_p.basis))
+        keep = prices[[(a, b) not in key for a, b in zip(prices.accelerator, prices.basis)]]
+        prices = pd.concat([keep, user_p], ignore_index=True)
+    return Catalog(acc, prices)

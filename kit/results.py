@@ -1,0 +1,326 @@
+"""The one results schema shared by every backend, append-on-finish storage, and Parquet + JSON round trips.
+
+One row = one *point*: an in-process measurement (``backend="engine"``), a served-endpoint benchmark at one load
+level (``backend="openai"``) or an analytic prediction (``backend="planner"``). All three use the columns below,
+so their rows concatenate and plot on the same axes. Units are in the column names; metric formulas are defined
+once in :mod:`kit.metrics`. Columns a backend does not produce are missing (NaN/None), never zero.
+
+Storage of a run directory ``DIR``:
+
+- ``DIR/points.jsonl``: the append log. Each finished point (ok, oom or error) is one JSON line, flushed and
+  fsync'd before the next point starts, so a crash, Ctrl-C or ``kill -9`` loses nothing that finished.
+- ``DIR/results.parquet`` + ``DIR/results.json`` (sidecar: run metadata and the schema): rewritten atomically
+  after every point, so they are always loadable.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "error", "skipped")
+BACKENDS = ("engine", "openai", "planner")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str  # pandas dtype: "string", "Int64", "float64", "boolean"
+    doc: str
+
+
+COLUMNS: tuple[Column, ...] = (
+    # identity
+    Column("run_id", "string", "id of the run (sweep) this row belongs to"),
+    Column("point_id", "string", "stable key of the point's configuration; a resumed sweep skips finished ones"),
+    Column("backend", "string", "engine (in-process torch) | openai (served endpoint) | planner (analytic)"),
+    Column("status", "string", "ok | oom | error | skipped"),
+    Column("error", "string", "error text when status is not ok"),
+    Column("timestamp", "string", "UTC ISO-8601 time the point finished"),
+    # what ran
+    Column("model", "string", "model preset name, checkpoint path or served model id"),
+    Column("dtype", "string", "weights/activations dtype (float32, bfloat16, float16, ...)"),
+    Column("device", "string", "backend of the device: cpu | cuda | rocm | remote"),
+    Column("device_name", "string", "device name (e.g. 'NVIDIA H200', 'AMD MI350X/MI355X', CPU model)"),
+    Column("accelerator", "string", "catalog accelerator name used for cost/planner (e.g. MI355X, B300, CPU)"),
+    Column("n_gpus", "Int64", "devices the point used (tok_s_per_gpu divides by this)"),
+    # the point
+    Column("concurrency", "Int64", "batch size B (in-process) or max concurrent requests (served)"),
+    Column("context_len", "Int64", "KV-cache length at the start of decode (tokens)"),
+    Column("decode_steps", "Int64", "decode steps timed per repeat (in-process)"),
+    Column("kv_fill", "string", "how the cache reached context_len: prefill | synthetic"),
+    Column("isl", "Int64", "input sequence length per request (tokens)"),
+    Column("osl", "Int64", "output sequence length requested per request (tokens)"),
+    Column("request_rate", "float64", "requests/s offered (inf = all at once)"),
+    Column("repeats", "Int64", "how many times the point was measured (interleaved)"),
+    # latency (ms)
+    Column("prefill_ms", "float64", "median wall time of the batch prefill (B x C tokens), ms"),
+    Column("prefill_ms_min", "float64", "minimum prefill wall time over repeats, ms"),
+    Column("ttft_ms", "float64", "time to first token, ms (= prefill_ms for a static batch; served: median)"),
+    Column("ttft_ms_p90", "float64", "p90 TTFT, ms"),
+    Column("ttft_ms_p99", "float64", "p99 TTFT, ms"),
+    Column("tpot_ms_p50", "float64", "median time per output token, ms"),
+    Column("tpot_ms_p90", "float64", "p90 TPOT, ms"),
+    Column("tpot_ms_p99", "float64", "p99 TPOT, ms"),
+    Column("tpot_ms_min", "float64", "minimum TPOT (fastest decode step), ms"),
+    Column("tpot_ms_mean", "float64", "mean TPOT, ms"),
+    Column("tpot_n", "Int64", "sample count behind the TPOT percentiles (steps or requests)"),
+    Column("itl_ms_p50", "float64", "median token-normalised inter-token latency, ms (served)"),
+    Column("itl_ms_p90", "float64", "p90 ITL, ms"),
+    Column("itl_ms_p99", "float64", "p99 ITL, ms"),
+    Column("itl_n", "Int64", "sample count behind the ITL percentiles"),
+    Column("e2el_ms_p50", "float64", "median end-to-end latency, ms (served)"),
+    Column("e2el_ms_p90", "float64", "p90 E2E latency, ms"),
+    Column("e2el_ms_p99", "float64", "p99 E2E latency, ms"),
+    Column("client_queue_ms_p50", "float64", "median client-side wait for a concurrency slot, ms (served)"),
+    # throughput
+    Column("decode_tok_s", "float64", "aggregate output tokens/s during decode = B / (tpot_ms_p50/1000)"),
+    Column("tok_s_per_stream", "float64", "tokens/s one user sees = 1000 / tpot_ms_p50 (interactivity)"),
+    Column("prefill_tok_s", "float64", "B x C / (prefill_ms/1000)"),
+    Column("output_tok_s", "float64", "served: sum(output tokens) / duration_s"),
+    Column("total_tok_s", "float64", "served: (sum(input) + sum(output) tokens) / duration_s"),
+    Column("request_throughput", "float64", "served: completed requests / duration_s"),
+    Column("goodput_rps", "float64", "served: requests meeting every SLO / duration_s"),
+    Column("completed", "Int64", "served: requests that finished"),
+    Column("failed", "Int64", "served: requests that failed (HTTP error, timeout, broken stream)"),
+    Column("duration_s", "float64", "served: first request sent -> last finished, s"),
+    Column("achieved_gb_s", "float64", "bytes a decode step must read (weights + KV) / step time, GB/s"),
+    # memory
+    Column("peak_mem_gb", "float64", "device peak memory during the point, GB (method in peak_mem_method)"),
+    Column("peak_mem_method", "string", "cuda_max_allocated | cpu_rss_highwater | planner"),
+    Column("kv_cache_gb", "float64", "bytes the KV cache holds at the end of the point, GB"),
+    Column("weights_gb", "float64", "bytes of model weights, GB"),
+    # planner assumptions
+    Column("eff_bw", "float64", "planner: fraction of peak memory bandwidth assumed"),
+    Column("eff_flops", "float64", "planner: fraction of peak FLOPS assumed"),
+    Column("tp", "Int64", "tensor-parallel size"),
+    Column("assumptions", "string", "planner: the assumptions behind a prediction, as text"),
+    # cost
+    Column("usd_per_gpu_hr", "float64", "$ per GPU-hour used for the cost columns"),
+    Column("price_basis", "string", "basis of usd_per_gpu_hr (tco, assumed-rental, on-demand, user)"),
+    Column("tok_s_per_gpu", "float64", "throughput / n_gpus (tok_s_basis says which throughput)"),
+    Column("usd_per_mtok", "float64", "$ per million tokens = usd_per_gpu_hr x n_gpus / (tok_s x 3600) x 1e6"),
+    Column("tok_per_usd", "float64", "tokens per $ = tok_s x 3600 / (usd_per_gpu_hr x n_gpus)"),
+    Column("tok_s_basis", "string", "which tok/s the cost columns use (decode_tok_s, output_tok_s, total_tok_s)"),
+)
+COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+_DTYPES = {c.name: c.dtype for c in COLUMNS}
+
+
+def schema_table() -> pd.DataFrame:
+    """The schema as a DataFrame (column, dtype, meaning), for docs and the reference notebook."""
+    return pd.DataFrame([{"column": c.name, "dtype": c.dtype, "meaning": c.doc} for c in COLUMNS])
+
+
+def validate_record(rec: dict) -> dict:
+    """Check one point record against the schema.
+
+    Unknown keys are allowed only with an ``x_`` prefix (backend extras); required keys are ``backend`` and
+    ``status``.
+
+    Raises:
+        ValueError: unknown column, bad status or backend (the message lists what is allowed).
+    """
+    unknown = [k for k in rec if k not in _DTYPES and not k.startswith("x_")]
+    if unknown:
+        raise ValueError(f"record has unknown column(s) {unknown}; schema columns are in kit.results.COLUMN_NAMES "
+                         "(backend-specific extras must start with 'x_')")
+    if rec.get("status") not in STATUSES:
+        raise ValueError(f"status={rec.get('status')!r}; allowed: {STATUSES}")
+    if rec.get("backend") not in BACKENDS:
+        raise ValueError(f"backend={rec.get('backend')!r}; allowed: {BACKENDS}")
+    return rec
+
+
+def to_frame(records: list[dict]) -> pd.DataFrame:
+    """Records → tidy DataFrame with every schema column (missing ones as NA) in schema order, extras after."""
+    df = pd.DataFrame.from_records(records) if records else pd.DataFrame()
+    for c in COLUMNS:
+        if c.name not in df.columns:
+            df[c.name] = pd.Series([None] * len(df), dtype="object")
+    extras = [c for c in df.columns if c not in _DTYPES]
+    df = df[list(COLUMN_NAMES) + extras]
+    return coerce(df)
+
+
+def coerce(df: pd.DataFrame) -> pd.DataFrame:
+    """Cast schema columns to their declared dtypes (in place on a copy)."""
+    df = df.copy()
+    for name, dt in _DTYPES.items():
+        if name in df.columns:
+            if dt == "float64":
+                df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
+            elif dt == "Int64":
+                df[name] = pd.to_numeric(df[name], errors="coerce").astype("Int64")
+            else:
+                df[name] = df[name].astype(dt)
+    return df
+
+
+def _git_commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+def run_metadata(**extra) -> dict:
+    """Versions, host and time for a run's JSON sidecar; ``extra`` (device, model, dtype, config...) is merged."""
+    import torch
+    import transformers
+
+    from . import __version__
+
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "kit_version": __version__,
+        "git_commit": _git_commit(),
+        "torch_version": torch.__version__,
+        "torch_cuda": getattr(torch.version, "cuda", None),
+        "torch_hip": getattr(torch.version, "hip", None),
+        "transformers_version": transformers.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+    meta.update(extra)
+    return meta
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_results(df: pd.DataFrame, path: str | Path, metadata: dict | None = None) -> Path:
+    """Write ``df`` to ``path`` (a ``.parquet`` file, or a directory → ``results.parquet``) + a JSON sidecar.
+
+    The sidecar (same stem, ``.json``) holds ``metadata`` and the schema. Both writes are atomic.
+
+    Returns: the Parquet path.
+    """
+    path = Path(path)
+    if path.suffix != ".parquet":
+        path = path / "results.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df = coerce(df)
+    tmp = path.with_name(path.name + ".tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    side = {"metadata": metadata or {}, "schema_version": SCHEMA_VERSION,
+            "columns": {c: str(t) for c, t in df.dtypes.items()}}
+    _atomic_write_bytes(path.with_suffix(".json"), json.dumps(side, indent=2, default=str).encode())
+    return path
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    """Load results written by :func:`save_results` or a run directory (Parquet, or the JSONL log if newer).
+
+    ``df.attrs["metadata"]`` carries the sidecar metadata.
+
+    Raises:
+        FileNotFoundError: nothing loadable at ``path``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        pq, log = path / "results.parquet", path / "points.jsonl"
+        if log.exists() and (not pq.exists() or log.stat().st_mtime > pq.stat().st_mtime + 1e-6):
+            df = to_frame(read_log(log))
+            side = path / "results.json"
+        elif pq.exists():
+            df, side = pd.read_parquet(pq), pq.with_suffix(".json")
+        else:
+            raise FileNotFoundError(f"no results.parquet or points.jsonl in {path}")
+    elif path.exists():
+        df, side = pd.read_parquet(path), path.with_suffix(".json")
+    else:
+        raise FileNotFoundError(f"results file {path} does not exist")
+    df = coerce(df)
+    if side.exists():
+        df.attrs["metadata"] = json.loads(side.read_text()).get("metadata", {})
+    return df
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """Records from a ``points.jsonl`` append log; a torn last line (killed mid-write) is skipped."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+class ResultStore:
+    """Append-on-finish storage for one run directory (see the module docstring for the files).
+
+    Raises:
+        NotADirectoryError: ``out_dir`` exists and is a file.
+    """
+
+    def __init__(self, out_dir: str | Path, metadata: dict | None = None):
+        self.dir = Path(out_dir)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise NotADirectoryError(f"output directory {str(self.dir)!r} exists and is a file; "
+                                     "give a directory path (it will be created if missing)")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log = self.dir / "points.jsonl"
+        self.metadata = metadata or {}
+        self._records = read_log(self.log) if self.log.exists() else []
+
+    @property
+    def records(self) -> list[dict]:
+        return list(self._records)
+
+    def finished_ids(self, statuses=("ok", "oom")) -> set[str]:
+        """point_ids already recorded with one of ``statuses`` (errors are retried on resume)."""
+        return {r.get("point_id") for r in self._records if r.get("status") in statuses}
+
+    def append(self, rec: dict) -> None:
+        """Validate, append to the log (flush + fsync), then refresh Parquet + sidecar."""
+        rec = validate_record(dict(rec))
+        rec.setdefault("timestamp", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        line = json.dumps(rec, default=_json_default, allow_nan=True)
+        with open(self.log, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self._records.append(json.loads(line))
+        self.flush()
+
+    def flush(self) -> Path:
+        """Rewrite results.parquet + results.json from every record so far."""
+        return save_results(self.frame(), self.dir / "results.parquet", self.metadata)
+
+    def frame(self) -> pd.DataFrame:
+        return to_frame(self._records)
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+    except Exception:
+        pass
+    return str(o)
