@@ -1,0 +1,234 @@
+"""One in-process point: a static, preallocated KV cache, a batch prefill, then timed decode steps.
+
+A *point* is (model, dtype, batch B = concurrency, context C = KV-cache length, decode steps S). Procedure:
+
+1. Allocate a ``transformers.StaticCache`` for ``C + max(warmup_steps, S)`` tokens (preallocated once; a
+   DynamicCache re-concatenates every step and was measured up to 4x slower at B=32, L=4096 on CPU).
+2. Reach context C, either by a real prefill of B x C random token ids (``kv_fill="prefill"``, timed: this is
+   the static batch's TTFT) or by writing random values into the cache (``kv_fill="synthetic"``, untimed, so
+   decode at 32k+ tokens can be measured without a 32k prefill).
+3. For each of ``repeats`` interleaved blocks: [prefill again if kv_fill="prefill"], rewind the cache to C, run
+   ``warmup_steps`` untimed decode steps, rewind to C, then time S decode steps. A decode step is one forward of
+   B x 1 tokens against the cache plus the greedy pick of the next token (argmax); each step is timed with
+   ``time.perf_counter`` around it and the device synchronised before the clock is read. Nothing else runs
+   inside a timed step.
+
+Metrics follow :mod:`kit.metrics` (one definition each). The cache attends over its whole preallocated length
+with a mask (transformers' static-cache attention), so ``achieved_gb_s`` counts weights + the whole cache buffer.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import hardware, metrics
+from .models import weight_bytes
+
+KV_FILLS = ("prefill", "synthetic")
+
+
+@dataclass(frozen=True)
+class PointConfig:
+    """What one point measures. ``context_len`` = KV length at the start of decode (tokens)."""
+
+    concurrency: int
+    context_len: int
+    decode_steps: int = 16
+    warmup_steps: int = 3
+    repeats: int = 3
+    kv_fill: str = "synthetic"
+
+    def validate(self, max_positions: int | None = None) -> "PointConfig":
+        """Raise ValueError naming a bad value and what is allowed."""
+        for name in ("concurrency", "context_len", "decode_steps", "repeats"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an integer >= 1")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps!r} must be an integer >= 0")
+        if self.kv_fill not in KV_FILLS:
+            raise ValueError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
+        if max_positions:
+            need = self.cache_len
+            if need > max_positions:
+                raise ValueError(f"context_len={self.context_len} needs a cache of {need} tokens (context + "
+                                 f"max(warmup, decode steps)) but the model supports at most {max_positions} "
+                                 f"positions; use context_len <= {max_positions - max(self.warmup_steps, self.decode_steps)}")
+        return self
+
+    @property
+    def cache_len(self) -> int:
+        return self.context_len + max(self.warmup_steps, self.decode_steps)
+
+
+class _Forward:
+    """Calls a transformers causal LM one way on every 5.x version: the cache keyword is ``cache`` (5.24+) or
+    ``past_key_values`` (older), and older versions also take ``cache_position``."""
+
+    def __init__(self, model):
+        self.model = model
+        params = inspect.signature(model.forward).parameters
+        inner = inspect.signature(model.model.forward).parameters if hasattr(model, "model") else params
+        self.cache_kw = "cache" if "cache" in params or "cache" in inner else "past_key_values"
+        self.takes_cache_position = "cache_position" in params or "cache_position" in inner
+
+    def __call__(self, ids, positions, cache):
+        kw = {self.cache_kw: cache, "position_ids": positions, "use_cache": True, "logits_to_keep": 1}
+        if self.takes_cache_position:
+            kw["cache_position"] = positions[0]
+        return self.model(input_ids=ids, **kw).logits
+
+
+def new_cache(model, max_cache_len: int):
+    """A ``transformers.StaticCache`` for ``max_cache_len`` tokens (allocated lazily on first update)."""
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=max_cache_len)
+
+
+def _layers(cache):
+    return [layer for layer in getattr(cache, "layers", []) if getattr(layer, "keys", None) is not None]
+
+
+def set_cache_length(cache, length: int) -> None:
+    """Rewind/advance every static layer's fill level to ``length`` tokens (later writes overwrite stale ones)."""
+    for layer in getattr(cache, "layers", []):
+        cl = getattr(layer, "cumulative_length", None)
+        if isinstance(cl, torch.Tensor):
+            cl.fill_(length)
+
+
+def cache_bytes(cache) -> int:
+    """Bytes of the allocated key/value buffers of a cache."""
+    return sum(t.numel() * t.element_size() for layer in _layers(cache) for t in (layer.keys, layer.values))
+
+
+def kv_bytes_per_token(cache, batch: int) -> float:
+    """Bytes one token of one sequence occupies in the cache (all layers, K and V, as stored)."""
+    layers = _layers(cache)
+    if not layers:
+        return float("nan")
+    max_len = layers[0].keys.shape[-2]
+    return cache_bytes(cache) / (batch * max_len)
+
+
+def synthetic_fill(model, cache, batch: int, context_len: int, device, positions, fwd: _Forward, seed: int = 0):
+    """Initialise ``cache`` with one real token, then fill positions [0, context_len) with random N(0, 1) keys
+    and values, and set the fill level to ``context_len``. Untimed."""
+    ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    fwd(ids, positions[:, 0:1], cache)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    for layer in _layers(cache):
+        for buf in (layer.keys, layer.values):
+            shape = (*buf.shape[:2], context_len, buf.shape[-1])
+            buf[:, :, :context_len].copy_(torch.randn(shape, generator=g).to(buf.dtype))
+    set_cache_length(cache, context_len)
+
+
+def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> dict:
+    """Measure one point and return a record in the :mod:`kit.results` schema (status "ok").
+
+    Args:
+        model: a transformers causal LM built by :func:`kit.models.build_model`.
+        point: what to measure; validated against the model's max positions.
+        device: the torch device the model lives on.
+
+    Returns:
+        dict with prefill_ms(+_min), ttft_ms, tpot_ms_p50/p90/p99/min/mean, tpot_n, decode_tok_s,
+        tok_s_per_stream, prefill_tok_s, achieved_gb_s, peak_mem_gb, kv_cache_gb, weights_gb and x_ extras
+        (x_step_ms: every timed step, ms).
+
+    Raises:
+        ValueError: bad point. torch.OutOfMemoryError: the device ran out of memory (the caller records it).
+    """
+    cfg = model.config
+    point.validate(int(getattr(cfg, "max_position_embeddings", 0) or 0))
+    B, C, S = point.concurrency, point.context_len, point.decode_steps
+    dev = torch.device(device)
+    fwd = _Forward(model)
+    hardware.reset_peak_memory(dev)
+    vocab = int(cfg.vocab_size)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    positions = torch.arange(point.cache_len, device=dev).unsqueeze(0).expand(B, -1)
+    cache = new_cache(model, point.cache_len)
+    prefill_ms: list[float] = []
+    step_ms: list[float] = []
+    sync = hardware.synchronize
+    with torch.inference_mode():
+        if point.kv_fill == "synthetic":
+            synthetic_fill(model, cache, B, C, dev, positions, fwd, seed)
+        for _rep in range(point.repeats):
+            if point.kv_fill == "prefill":
+                prompt = torch.randint(0, vocab, (B, C), generator=g).to(dev)
+                set_cache_length(cache, 0)
+                sync(dev)
+                t0 = time.perf_counter()
+                logits = fwd(prompt, positions[:, :C], cache)
+                tok = logits[:, -1].argmax(-1, keepdim=True)
+                sync(dev)
+                prefill_ms.append((time.perf_counter() - t0) * 1000.0)
+            else:
+                tok = torch.randint(0, vocab, (B, 1), generator=g).to(dev)
+            for phase, n in (("warmup", point.warmup_steps), ("timed", S)):
+                set_cache_length(cache, C)
+                for i in range(n):
+                    pos = positions[:, C + i:C + i + 1]
+                    sync(dev)
+                    t0 = time.perf_counter()
+                    logits = fwd(tok, pos, cache)
+                    tok = logits[:, -1].argmax(-1, keepdim=True)
+                    sync(dev)
+                    if phase == "timed":
+                        step_ms.append((time.perf_counter() - t0) * 1000.0)
+    peak_gb, peak_method = hardware.peak_memory_gb(dev)
+    kv_b = cache_bytes(cache)
+    w_b = weight_bytes(model)
+    finite = bool(torch.isfinite(logits).all().item())
+    del cache, logits
+    tpot = metrics.Latency.from_values(step_ms)
+    pre = metrics.Latency.from_values(prefill_ms)
+    rec = {
+        "backend": "engine", "status": "ok", "concurrency": B, "context_len": C, "decode_steps": S,
+        "kv_fill": point.kv_fill, "repeats": point.repeats,
+        "prefill_ms": pre.p50 if prefill_ms else None, "prefill_ms_min": pre.min if prefill_ms else None,
+        "ttft_ms": pre.p50 if prefill_ms else None,
+        "tpot_ms_p50": tpot.p50, "tpot_ms_p90": tpot.p90, "tpot_ms_p99": tpot.p99, "tpot_ms_min": tpot.min,
+        "tpot_ms_mean": tpot.mean, "tpot_n": tpot.n,
+        "decode_tok_s": metrics.decode_tok_s(B, tpot.p50), "tok_s_per_stream": metrics.tok_s_per_stream(tpot.p50),
+        "prefill_tok_s": metrics.prefill_tok_s(B, C, pre.p50) if prefill_ms else None,
+        "achieved_gb_s": metrics.achieved_gb_s(w_b + kv_b, tpot.p50 / 1000.0),
+        "peak_mem_gb": peak_gb, "peak_mem_method": peak_method, "kv_cache_gb": kv_b / 1e9, "weights_gb": w_b / 1e9,
+        "x_step_ms": [round(x, 4) for x in step_ms], "x_prefill_ms": [round(x, 4) for x in prefill_ms],
+        "x_logits_finite": finite,
+    }
+    if not finite:
+        rec["error"] = "non-finite logits in the last decode step (dtype overflow?): speed figures are not trustworthy"
+    if any(math.isnan(v) for v in (tpot.p50,)):
+        raise RuntimeError("no decode step was timed")
+    return rec
+
+
+def bare_decode_loop_ms(model, batch: int, context_len: int, steps: int, device: str = "cpu") -> float:
+    """Reference for harness overhead: ``steps`` plain forward calls (B x 1 tokens, same static cache, no per-step
+    timing or synchronisation), timed as a whole; returns ms per step. Used by ``kit bench``."""
+    dev = torch.device(device)
+    fwd = _Forward(model)
+    positions = torch.arange(context_len + steps, device=dev).unsqueeze(0).expand(batch, -1)
+    cache = new_cache(model, context_len + steps)
+    with torch.inference_mode():
+        synthetic_fill(model, cache, batch, context_len, dev, positions, fwd)
+        tok = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+        set_cache_length(cache, context_len)
+        for i in range(min(3, steps)):  # warm-up
+            tok = fwd(tok, positions[:, context_len + i:context_len + i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+        set_cache_length(cache, context_len)
+        hardware.synchronize(dev)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            tok = fwd(tok, positions[:, context_len + i:context_len + i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+        hardware.synchronize(dev)
+        return (time.perf_counter() - t0) * 1000.0 / steps

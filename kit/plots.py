@@ -1,0 +1,176 @@
+"""Figures from results DataFrames: columns are picked by name, every function returns a matplotlib Figure.
+
+Points whose ``status`` is not ``ok`` (oom, error) are drawn, not dropped: a red ``x`` on the x position at the
+bottom of the axes (line plots) or a hatched "OOM" cell (heatmap). Several result sets (devices, dtypes, runs)
+share axes when ``label`` names a column that tells them apart: one line style per label value.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+_LABELS = {
+    "decode_tok_s": "decode throughput (tok/s, all streams)",
+    "tok_s_per_stream": "interactivity (tok/s per stream)",
+    "tpot_ms_p50": "TPOT p50 (ms)",
+    "tpot_ms_p90": "TPOT p90 (ms)",
+    "ttft_ms": "TTFT = prefill (ms)",
+    "prefill_ms": "prefill (ms)",
+    "prefill_tok_s": "prefill throughput (tok/s)",
+    "concurrency": "concurrency (batch size)",
+    "context_len": "KV-cache length (tokens)",
+    "peak_mem_gb": "peak memory (GB)",
+    "kv_cache_gb": "KV cache (GB)",
+    "achieved_gb_s": "achieved bandwidth (GB/s)",
+    "output_tok_s": "output throughput (tok/s)",
+    "usd_per_mtok": "$ per million tokens",
+    "tok_s_per_gpu": "tok/s/GPU",
+    "tok_s_per_user": "tok/s/user",
+}
+_STYLES = ["-", "--", ":", "-."]
+
+
+def label_of(col: str) -> str:
+    """Axis label for a column name (units included)."""
+    return _LABELS.get(col, col)
+
+
+def _check(df: pd.DataFrame, cols) -> None:
+    missing = [c for c in cols if c and c not in df.columns]
+    if missing:
+        raise ValueError(f"column(s) {missing} not in the results; available: {list(df.columns)}")
+
+
+def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, label: str | None = None, ax=None,
+              logx: bool = True, logy: bool = False, title: str | None = None, band: str | None = None):
+    """One line of ``y`` over ``x`` per value of ``hue`` (and per ``label`` value, by line style).
+
+    Args:
+        band: optional column drawn as a shaded band up to it (e.g. ``tpot_ms_p90`` above ``tpot_ms_p50``).
+
+    Returns: the Figure. Raises: ValueError for a missing column.
+    """
+    _check(df, [x, y, hue, label, band])
+    fig = ax.figure if ax is not None else plt.figure(figsize=(6.4, 4.2))
+    ax = ax or fig.add_subplot(111)
+    groups = [(None, df)] if label is None else list(df.groupby(label, sort=True))
+    hues = sorted(df[hue].dropna().unique())
+    cmap = plt.get_cmap("viridis", max(len(hues), 2))
+    bad_any = False
+    for gi, (lab, gdf) in enumerate(groups):
+        style = _STYLES[gi % len(_STYLES)]
+        for hi, h in enumerate(hues):
+            sub = gdf[gdf[hue] == h].sort_values(x)
+            ok = sub[sub["status"] == "ok"] if "status" in sub else sub
+            name = f"{label_of(hue).split(' (')[0]} {h}" + (f" · {lab}" if lab is not None else "")
+            color = cmap(hi)
+            if len(ok):
+                ax.plot(ok[x], ok[y], style, marker="o", color=color, label=name)
+                if band is not None:
+                    ax.fill_between(ok[x].astype(float), ok[y].astype(float), ok[band].astype(float), color=color,
+                                    alpha=0.15)
+            bad = sub[sub["status"] != "ok"] if "status" in sub else sub.iloc[0:0]
+            if len(bad):
+                bad_any = True
+                ax.plot(bad[x], [0.0] * len(bad), "x", color="red", markersize=10, mew=2,
+                        transform=ax.get_xaxis_transform(), clip_on=False)
+    if bad_any:
+        ax.plot([], [], "x", color="red", mew=2, label="OOM / error (not measured)")
+    if logx:
+        ax.set_xscale("log", base=2)
+        xs = sorted(df[x].dropna().unique())
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(int(v)) if float(v).is_integer() else str(v) for v in xs])
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(label_of(x))
+    ax.set_ylabel(label_of(y))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"{label_of(y).split(' (')[0]} vs {label_of(x).split(' (')[0]}")
+    fig.tight_layout()
+    return fig
+
+
+def throughput_vs_concurrency(df: pd.DataFrame, y: str = "decode_tok_s", label: str | None = None, ax=None):
+    """Decode tok/s vs concurrency, one line per KV length (rises with concurrency until compute-bound)."""
+    return line_plot(df, "concurrency", y, "context_len", label=label, ax=ax, logy=True,
+                     title=_title(df, "decode throughput vs concurrency"))
+
+
+def tpot_vs_context(df: pd.DataFrame, y: str = "tpot_ms_p50", label: str | None = None, ax=None):
+    """TPOT p50 vs KV length, one line per concurrency, shaded up to p90 (rises with KV length)."""
+    band = "tpot_ms_p90" if y == "tpot_ms_p50" and "tpot_ms_p90" in df.columns else None
+    return line_plot(df, "context_len", y, "concurrency", label=label, ax=ax, band=band,
+                     title=_title(df, "TPOT vs KV-cache length" + (" (band: p50 to p90)" if band else "")))
+
+
+def heatmap(df: pd.DataFrame, value: str = "decode_tok_s", x: str = "concurrency", y: str = "context_len",
+            ax=None, fmt: str = "{:.0f}"):
+    """Heatmap of ``value`` over the (y, x) grid; OOM/error cells hatched and labelled with their status.
+
+    Raises: ValueError for a missing column or duplicate (x, y) points (filter to one model/dtype first).
+    """
+    _check(df, [value, x, y])
+    if df.duplicated([x, y]).any():
+        raise ValueError(f"several rows per ({y}, {x}); filter to one model/dtype/run before a heatmap")
+    xs, ys = sorted(df[x].unique()), sorted(df[y].unique())
+    grid = np.full((len(ys), len(xs)), np.nan)
+    status = {}
+    for _, r in df.iterrows():
+        i, j = ys.index(r[y]), xs.index(r[x])
+        st = r.get("status", "ok")
+        status[(i, j)] = st
+        if st == "ok":
+            grid[i, j] = r[value]
+    fig = ax.figure if ax is not None else plt.figure(figsize=(6.4, 4.2))
+    ax = ax or fig.add_subplot(111)
+    im = ax.imshow(np.ma.masked_invalid(grid), origin="lower", aspect="auto", cmap="viridis")
+    for (i, j), st in status.items():
+        if st != "ok":
+            ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="xx", edgecolor="red"))
+            ax.text(j, i, st.upper(), ha="center", va="center", color="red", fontsize=9, fontweight="bold")
+        else:
+            v = grid[i, j]
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
+                    color="white" if v < np.nanmean(grid) else "black")
+    ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+    ax.set_yticks(range(len(ys)), [str(v) for v in ys])
+    ax.set_xlabel(label_of(x))
+    ax.set_ylabel(label_of(y))
+    fig.colorbar(im, ax=ax, label=label_of(value))
+    ax.set_title(_title(df, f"{label_of(value).split(' (')[0]} over the grid"))
+    fig.tight_layout()
+    return fig
+
+
+def _title(df: pd.DataFrame, what: str) -> str:
+    parts = []
+    for col in ("model", "dtype", "device_name"):
+        if col in df.columns:
+            vals = df[col].dropna().unique()
+            if len(vals) == 1:
+                parts.append(str(vals[0]))
+    return what + (f"\n{' · '.join(parts)}" if parts else "")
+
+
+def save_standard_plots(df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Write the three standard plots per dtype into ``out_dir``; returns the PNG paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    dtypes = df["dtype"].dropna().unique()
+    for dt in dtypes:
+        sub = df[df["dtype"] == dt]
+        suffix = f"_{dt}" if len(dtypes) > 1 else ""
+        for name, fn in (("throughput_vs_concurrency", throughput_vs_concurrency),
+                         ("tpot_vs_context", tpot_vs_context), ("heatmap_decode_tok_s", heatmap)):
+            fig = fn(sub)
+            path = out / f"{name}{suffix}.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            paths.append(path)
+    return paths

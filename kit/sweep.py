@@ -1,0 +1,266 @@
+"""Sweeps: a grid of KV-cache lengths x concurrencies (x dtypes), one in-process point at a time.
+
+Guarantees:
+- Everything is validated before any work starts (unknown preset/dtype, kv or concurrency <= 0, kv beyond the
+  model's positions, a dtype the device cannot run, an output path that is a file): ``ValueError`` naming the value.
+- Each finished point is appended to ``out_dir/points.jsonl`` (fsync'd) before the next starts, so an OOM, an
+  exception, Ctrl-C or ``kill -9`` never loses a finished point; re-running the same sweep resumes and skips
+  points already recorded as ok or oom (points that errored are retried).
+- ``torch.OutOfMemoryError`` (a RuntimeError subclass; matched by type, not message) is recorded as status
+  ``oom``; memory is freed *outside* the ``except`` block (the exception's traceback keeps the failed point's
+  tensors alive while it is being handled; pytorch #27600) and the sweep continues.
+- Any other exception in a point is recorded as ``error`` with its text; the sweep continues.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import torch
+
+from . import hardware, models
+from .engine import KV_FILLS, PointConfig, run_point
+from .results import ResultStore, run_metadata
+
+#: torch.OutOfMemoryError (torch >= 2.5) is torch.cuda.OutOfMemoryError on older builds; a RuntimeError subclass
+OOM_ERROR = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+def _h(text: str, **kw):
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass
+class SweepConfig:
+    """A sweep's settings (each field's ``help`` is also the CLI's)."""
+
+    model: str = _h("model preset name or local checkpoint directory", default=models.DEFAULT_PRESET)
+    dtypes: list = _h("dtypes: float32, bfloat16, float16", default_factory=lambda: ["float32"])
+    device: str = _h("auto | cpu | cuda | rocm", default="auto")
+    kv_lens: list = _h("KV-cache lengths at the start of decode (tokens)", default_factory=lambda: [128, 512, 2048])
+    concurrencies: list = _h("batch sizes = concurrent sequences", default_factory=lambda: [1, 4, 16])
+    decode_steps: int = _h("timed decode steps per repeat", default=16)
+    warmup_steps: int = _h("untimed decode steps before each timed block", default=3)
+    repeats: int = _h("interleaved measurement blocks per point (prefill + warm-up + timed steps)", default=3)
+    kv_fill: str = _h("prefill (real, timed TTFT) | synthetic (random KV, for long contexts)", default="prefill")
+    seed: int = _h("seed for weights and token ids", default=0)
+    accelerator: str | None = _h("catalog accelerator for cost columns (default: detected)", default=None)
+
+    def points(self) -> list[tuple[str, PointConfig]]:
+        """The grid as (dtype, PointConfig), ordered dtype → KV length → concurrency."""
+        return [(dt, PointConfig(int(b), int(c), self.decode_steps, self.warmup_steps, self.repeats, self.kv_fill))
+                for dt in self.dtypes for c in self.kv_lens for b in self.concurrencies]
+
+    def validate(self) -> "SweepConfig":
+        """Check every setting before any work; raise ValueError naming the bad value and what is allowed."""
+        cfg = models.get_config(self.model)  # unknown preset → ValueError listing presets
+        for name in ("dtypes", "kv_lens", "concurrencies"):
+            v = getattr(self, name)
+            if isinstance(v, (str, int)) or not list(v):
+                raise ValueError(f"{name}={v!r} must be a non-empty list")
+        for dt in self.dtypes:
+            hardware.parse_dtype(dt)
+        for name, vals in (("kv_lens", self.kv_lens), ("concurrencies", self.concurrencies)):
+            for v in vals:
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    what = "KV length" if name == "kv_lens" else "concurrency"
+                    raise ValueError(f"{what} {v!r} in {name} must be an integer >= 1")
+        if self.kv_fill not in KV_FILLS:
+            raise ValueError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
+        maxpos = models.max_positions(cfg)
+        for _, p in self.points():
+            p.validate(maxpos)
+        info = hardware.detect(self.device)
+        for dt in self.dtypes:
+            hardware.check_dtype_supported(hardware.parse_dtype(dt), info.device)
+        return self
+
+
+def point_id(model: str, dtype: str, device: str, p: PointConfig) -> str:
+    """Stable key of a point's configuration (resume skips ids already recorded)."""
+    key = json.dumps([model, hardware.dtype_name(hardware.parse_dtype(dtype)), device, asdict(p)], sort_keys=True)
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+_MODEL_CACHE: dict = {}
+
+
+def get_model(model: str, dtype: str, device: str, seed: int = 0):
+    """Build (or reuse the last built) model; one model is kept so notebooks and the panel re-run quickly."""
+    key = (model, hardware.dtype_name(hardware.parse_dtype(dtype)), device, seed)
+    if key not in _MODEL_CACHE:
+        _MODEL_CACHE.clear()
+        hardware.free_memory(device)
+        _MODEL_CACHE[key] = models.build_model(model, dtype, device, seed)
+    return _MODEL_CACHE[key]
+
+
+def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, progress: bool = True,
+              on_point: Callable[[dict, pd.DataFrame], None] | None = None,
+              should_stop: Callable[[], bool] | None = None,
+              runner: Callable | None = None) -> pd.DataFrame:
+    """Run every point of ``config``, appending each finished point to ``out_dir``; return all rows.
+
+    Args:
+        out_dir: run directory (created); must not be a file.
+        resume: skip points already recorded as ok/oom in ``out_dir``.
+        progress: show a tqdm progress bar.
+        on_point: called after each point with (record, frame of all rows so far): live plots, widgets.
+        should_stop: polled between points; when it returns True the sweep ends after the current point.
+        runner: ``runner(model, point, device, seed) -> record``; defaults to :func:`kit.engine.run_point`
+            (tests inject failures here).
+
+    Returns:
+        DataFrame in the :mod:`kit.results` schema (also in ``out_dir/results.parquet``).
+
+    Raises:
+        ValueError / NotADirectoryError before any work for bad settings. KeyboardInterrupt is re-raised after
+        the finished points are saved.
+    """
+    from tqdm.auto import tqdm
+
+    config.validate()
+    store_dir = Path(out_dir)
+    if store_dir.exists() and not store_dir.is_dir():
+        raise NotADirectoryError(f"output directory {str(store_dir)!r} exists and is a file; give a directory")
+    info = hardware.detect(config.device)
+    dev = info.device
+    meta = run_metadata(device=info.as_dict(), model=config.model, config=asdict(config))
+    store = ResultStore(store_dir, meta)
+    done = store.finished_ids() if resume else set()
+    runner = runner or run_point
+    run_id = meta["created_utc"]
+    todo = [(dt, p) for dt, p in config.points() if point_id(config.model, dt, info.backend, p) not in done]
+    accel = config.accelerator or info.catalog_name
+    bar = tqdm(total=len(todo), desc=f"sweep {config.model}", disable=not progress, unit="pt")
+    baseline_gb = None
+    try:
+        for dt, p in todo:
+            if should_stop is not None and should_stop():
+                break
+            pid = point_id(config.model, dt, info.backend, p)
+            base = {"run_id": run_id, "point_id": pid, "model": config.model, "dtype": hardware.dtype_name(
+                hardware.parse_dtype(dt)), "device": info.backend, "device_name": info.name, "accelerator": accel,
+                "n_gpus": 1, "concurrency": p.concurrency, "context_len": p.context_len,
+                "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats, "backend": "engine"}
+            bar.set_postfix_str(f"{base['dtype']} kv={p.context_len} B={p.concurrency}")
+            rec, failure = None, None
+            try:
+                model = get_model(config.model, dt, dev, config.seed)
+                if baseline_gb is None:
+                    baseline_gb = hardware.allocated_gb(dev)
+                rec = runner(model, p, dev, config.seed)
+            except OOM_ERROR as e:
+                failure = ("oom", f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else 'out of memory'}")
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # recorded, the sweep continues
+                failure = ("error", f"{type(e).__name__}: {e}"[:1000])
+            if failure is not None:
+                # outside the except block: the exception and its frames are gone, so their tensors can be freed
+                hardware.free_memory(dev)
+                rec = {"status": failure[0], "error": failure[1]}
+                after = hardware.allocated_gb(dev)
+                if dev != "cpu" and baseline_gb is not None:
+                    rec["x_mem_above_baseline_gb"] = round(after - baseline_gb, 4)
+            full = {**base, **rec}
+            full["backend"] = "engine"
+            store.append(full)
+            bar.update(1)
+            if on_point is not None:
+                on_point(full, store.frame())
+    finally:
+        bar.close()
+    return store.frame()
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def _int_list(text: str) -> list[int]:
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            out.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not an integer (expected a comma list like 128,512)")
+    return out
+
+
+def _str_list(text: str) -> list[str]:
+    return [p.strip() for p in str(text).split(",") if p.strip()]
+
+
+def add_cli(sub) -> None:
+    """``kit sweep``: run a sweep, write results + plots, print a summary."""
+    d = SweepConfig()
+    helps = {f.name: f.metadata.get("help", "") for f in fields(SweepConfig)}
+    p = sub.add_parser("sweep", help="sweep KV-cache length x concurrency in-process; write results and plots",
+                       description="Measure prefill and decode of a model on this machine over a grid of KV-cache "
+                                   "lengths and concurrencies. Writes OUT/results.parquet (+ .json metadata), "
+                                   "OUT/points.jsonl (append log; a re-run resumes) and OUT/*.png plots.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=d.model, help=helps["model"] + f"; presets: {', '.join(models.PRESETS)}")
+    p.add_argument("--kv", type=_int_list, default=d.kv_lens, help=helps["kv_lens"] + " (comma list)")
+    p.add_argument("--concurrency", type=_int_list, default=d.concurrencies, help=helps["concurrencies"] +
+                   " (comma list)")
+    p.add_argument("--dtype", type=_str_list, default=d.dtypes, help=helps["dtypes"] + " (comma list)")
+    p.add_argument("--device", default=d.device, help=helps["device"])
+    p.add_argument("--decode-steps", type=int, default=d.decode_steps, help=helps["decode_steps"])
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help=helps["warmup_steps"])
+    p.add_argument("--repeats", type=int, default=d.repeats, help=helps["repeats"])
+    p.add_argument("--kv-fill", default=d.kv_fill, choices=KV_FILLS, help=helps["kv_fill"])
+    p.add_argument("--seed", type=int, default=d.seed, help=helps["seed"])
+    p.add_argument("--accelerator", default=None, help=helps["accelerator"])
+    p.add_argument("--out", default="results/sweep", help="output directory (created; a re-run resumes)")
+    p.add_argument("--no-resume", action="store_true", help="measure every point again even if recorded")
+    p.add_argument("--no-plots", action="store_true", help="skip writing PNG plots")
+    p.set_defaults(func=_cli_sweep)
+
+
+def summary_table(df: pd.DataFrame) -> str:
+    """Text table: decode tok/s and TPOT p50 per (dtype, KV length, concurrency), OOM/errors marked."""
+    rows = []
+    for _, r in df.sort_values(["dtype", "context_len", "concurrency"]).iterrows():
+        ok = r["status"] == "ok"
+        fmt = (lambda v, f: f.format(v) if ok and v is not None and not pd.isna(v) else "-")
+        rows.append({"dtype": r["dtype"], "kv": r["context_len"], "B": r["concurrency"], "status": r["status"],
+                     "ttft_ms": fmt(r["ttft_ms"], "{:.1f}"), "tpot_p50_ms": fmt(r["tpot_ms_p50"], "{:.2f}"),
+                     "tpot_min_ms": fmt(r["tpot_ms_min"], "{:.2f}"), "n": r["tpot_n"] if ok else "-",
+                     "decode_tok_s": fmt(r["decode_tok_s"], "{:.0f}"), "tok_s/stream": fmt(r["tok_s_per_stream"],
+                                                                                        "{:.1f}"),
+                     "peak_GB": fmt(r["peak_mem_gb"], "{:.2f}")})
+    return pd.DataFrame(rows).to_string(index=False) if rows else "(no points)"
+
+
+def _cli_sweep(args) -> int:
+    cfg = SweepConfig(model=args.model, dtypes=args.dtype, device=args.device, kv_lens=args.kv,
+                      concurrencies=args.concurrency, decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
+                      repeats=args.repeats, kv_fill=args.kv_fill, seed=args.seed, accelerator=args.accelerator)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {str(out)!r} exists and is a file; give a directory")
+    cfg.validate()
+    t0 = time.perf_counter()
+    df = run_sweep(cfg, out, resume=not args.no_resume)
+    wall = time.perf_counter() - t0
+    cur = df[df["model"] == cfg.model]
+    print(summary_table(cur))
+    if not args.no_plots:
+        from .plots import save_standard_plots
+
+        for path in save_standard_plots(cur, out):
+            print(f"plot: {path}")
+    bad = cur[cur["status"] != "ok"]
+    print(f"\n{len(cur)} points ({(cur['status'] == 'ok').sum()} ok, {len(bad)} not ok) in {wall:.1f} s; "
+          f"results: {out / 'results.parquet'} (+ results.json metadata, points.jsonl log)")
+    for _, r in bad.iterrows():
+        print(f"  {r['status']}: kv={r['context_len']} B={r['concurrency']} {r['dtype']}: {r['error']}")
+    return 0
