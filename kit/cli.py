@@ -15,6 +15,8 @@ COMMANDS: dict[str, str] = {
     "sweep": "kit.sweep",
     "devices": "kit.hardware",
     "bench": "kit.bench",
+    "plan": "kit.planner",
+    "calibrate": "kit.calibrate",
 }
 
 

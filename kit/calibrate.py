@@ -1,0 +1,255 @@
+"""``kit calibrate``: measure what this device really does, for the planner.
+
+Three measurements, each warmed up, synchronised, repeated, and summarised by the median with ``n``:
+
+- **memory bandwidth** (GB/s): ``dst.copy_(src)`` of a large float32 buffer; bytes moved = read + write =
+  2 × buffer bytes (the STREAM "copy" convention). Also a read-only figure (``src.sum()``: 1 × bytes), reported
+  beside it.
+- **matmul TFLOPS per dtype** (float32, bfloat16, float16): ``a @ b`` of n × n matrices, 2·n³ FLOPs per product.
+  A dtype the device cannot run is recorded as missing, not as zero.
+- **per-step overhead** (ms): the kit's own decode step (:func:`kit.engine.run_point`) on two toy Llama models
+  (hidden 64, vocab 256; 1 and 4 layers) whose arithmetic is negligible: the difference gives the per-layer cost
+  of an eager PyTorch/transformers layer, the rest the fixed per-step cost (embedding, head, sampling, Python).
+  This is what makes small batches *overhead-bound* on CPU; the planner adds it to the roofline time.
+
+The result is a JSON file, by default ``$KIT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kit`` or ``~/.cache/kit``, named
+``calibration-<device>.json``; :func:`kit.planner.get_device` reads it for ``accelerator="local"`` / ``"cpu"``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from . import hardware
+from .metrics import percentiles
+
+MATMUL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cache_dir() -> Path:
+    """Where calibrations live: ``$KIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/kit``, else ``~/.cache/kit``."""
+    if os.environ.get("KIT_CACHE_DIR"):
+        return Path(os.environ["KIT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kit"
+
+
+def device_key(info: hardware.DeviceInfo | None = None) -> str:
+    """File-name key of a device: ``cpu``, or ``cuda-nvidia-h200`` / ``rocm-amd-mi350x-mi355x``."""
+    info = info or hardware.detect()
+    if info.backend == "cpu":
+        return "cpu"
+    return f"{info.backend}-" + re.sub(r"[^a-z0-9]+", "-", info.name.lower()).strip("-")
+
+
+def default_path(device: str | None = None) -> Path:
+    """Default calibration file for ``device`` ("cpu", "cuda", "rocm", None = detected)."""
+    info = hardware.detect(device)
+    return cache_dir() / f"calibration-{device_key(info)}.json"
+
+
+def _timed(fn, device, warmup: int, repeats: int) -> list[float]:
+    """Seconds per call of ``fn`` over ``repeats`` calls after ``warmup`` calls, synchronised around each."""
+    for _ in range(warmup):
+        fn()
+    hardware.synchronize(device)
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        hardware.synchronize(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def measure_bandwidth(device: str = "cpu", size_mb: float = 256.0, warmup: int = 2, repeats: int = 10) -> dict:
+    """Copy and read bandwidth of ``device`` memory, GB/s (1e9 bytes/s).
+
+    Returns:
+        ``{"copy_gb_s": median, "copy_p10": .., "copy_p90": .., "read_gb_s": median, "n": repeats, "size_mb"}``.
+
+    Raises:
+        ValueError: size_mb or repeats not positive.
+    """
+    if not size_mb > 0 or repeats < 1:
+        raise ValueError(f"size_mb={size_mb!r} and repeats={repeats!r} must be > 0")
+    n = int(size_mb * 1e6 // 4)
+    src = torch.rand(n, device=device)
+    dst = torch.empty_like(src)
+    nbytes = n * 4
+    t_copy = _timed(lambda: dst.copy_(src), device, warmup, repeats)
+    t_read = _timed(lambda: src.sum(), device, warmup, repeats)
+    cp = percentiles([2 * nbytes / t / 1e9 for t in t_copy], (10, 50, 90))
+    rd = percentiles([nbytes / t / 1e9 for t in t_read], (50,))
+    del src, dst
+    return {"copy_gb_s": cp["p50"], "copy_p10": cp["p10"], "copy_p90": cp["p90"], "read_gb_s": rd["p50"],
+            "n": cp["n"], "size_mb": nbytes / 1e6}
+
+
+def measure_matmul(device: str = "cpu", dtype: str = "float32", n: int = 1024, warmup: int = 2,
+                   repeats: int = 5) -> dict:
+    """Matmul throughput of ``n × n`` by ``n × n`` in ``dtype``, TFLOPS (2·n³ FLOPs per product, median).
+
+    Returns:
+        ``{"tflops": median, "p10": .., "p90": .., "n": repeats, "size": n}``; ``{"tflops": None, "error": ...}``
+        when the device cannot run the dtype.
+    """
+    dt = hardware.parse_dtype(dtype)
+    try:
+        a = torch.randn(n, n, device=device).to(dt)
+        b = torch.randn(n, n, device=device).to(dt)
+        ts = _timed(lambda: a @ b, device, warmup, repeats)
+    except (RuntimeError, TypeError) as e:
+        return {"tflops": None, "error": f"{type(e).__name__}: {e}"[:200], "n": 0, "size": n}
+    p = percentiles([2 * n ** 3 / t / 1e12 for t in ts], (10, 50, 90))
+    return {"tflops": p["p50"], "p10": p["p10"], "p90": p["p90"], "n": p["n"], "size": n}
+
+
+def _toy_model(layers: int, device: str, dtype: str):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=4096,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=hardware.parse_dtype(dtype), attn_implementation="sdpa")
+    return m.eval()
+
+
+def measure_overhead(device: str = "cpu", dtype: str = "float32", layers=(1, 4), decode_steps: int = 16,
+                     repeats: int = 3) -> dict:
+    """Per-step overhead of the kit's decode loop, ms: ``fixed + per_layer × layers``, fitted on toy Llama models
+    with ``layers`` layers (batch 1, context 16) where arithmetic and memory traffic are negligible.
+
+    Returns:
+        ``{"overhead_ms_fixed", "overhead_ms_per_layer", "step_ms": {layers: median ms}, "n": steps per fit}``.
+    """
+    from .engine import PointConfig, run_point
+
+    lo, hi = min(layers), max(layers)
+    if lo == hi:
+        raise ValueError(f"layers={layers!r} needs two different layer counts")
+    med = {}
+    for n in (lo, hi):
+        m = _toy_model(n, device, dtype)
+        rec = run_point(m, PointConfig(concurrency=1, context_len=16, decode_steps=decode_steps, warmup_steps=3,
+                                       repeats=repeats, kv_fill="synthetic"), device=device)
+        med[n] = rec["tpot_ms_p50"]
+        del m
+    per_layer = max(0.0, (med[hi] - med[lo]) / (hi - lo))
+    fixed = max(0.0, med[lo] - per_layer * lo)
+    return {"overhead_ms_fixed": fixed, "overhead_ms_per_layer": per_layer, "step_ms": med,
+            "n": decode_steps * repeats}
+
+
+def calibrate(device: str | None = None, quick: bool = False, size_mb: float | None = None,
+              matmul_n: int | None = None, dtypes=MATMUL_DTYPES) -> dict:
+    """Measure bandwidth, matmul TFLOPS per dtype and per-step overhead on ``device`` (default: detected).
+
+    Args:
+        quick: smaller buffers and fewer repeats (seconds; for tests and CI).
+
+    Returns:
+        the calibration dict (what :func:`save_calibration` writes): ``mem_bw_gb_s`` (copy, median),
+        ``mem_read_gb_s``, ``matmul_tflops`` {float32, bfloat16, float16} (median), ``overhead_ms_fixed``,
+        ``overhead_ms_per_layer``, ``details`` (every summary with n), device, threads, versions, time.
+
+    Raises:
+        ValueError: unknown device.
+    """
+    info = hardware.detect(device)
+    dev = info.device
+    size_mb = size_mb or (32.0 if quick else 256.0)
+    matmul_n = matmul_n or (256 if quick else 1024)
+    bw = measure_bandwidth(dev, size_mb, warmup=1 if quick else 2, repeats=3 if quick else 10)
+    mm = {dt: measure_matmul(dev, dt, matmul_n, warmup=1 if quick else 2, repeats=3 if quick else 5) for dt in dtypes}
+    ov = measure_overhead(dev, "float32", decode_steps=4 if quick else 16, repeats=1 if quick else 3)
+    return {
+        "device": info.backend, "device_name": info.name, "device_key": device_key(info), "memory_gb": info.memory_gb,
+        "threads": torch.get_num_threads(), "torch_version": torch.__version__,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "quick": quick,
+        "mem_bw_gb_s": bw["copy_gb_s"], "mem_read_gb_s": bw["read_gb_s"],
+        "matmul_tflops": {dt: r["tflops"] for dt, r in mm.items()},
+        "overhead_ms_fixed": ov["overhead_ms_fixed"], "overhead_ms_per_layer": ov["overhead_ms_per_layer"],
+        "details": {"bandwidth": bw, "matmul": mm, "overhead": ov},
+        "method": "median over repeats after warm-up; copy GB/s counts read + write; matmul 2n^3 FLOPs; overhead "
+                  "fitted on 1- and 4-layer toy Llama decode steps (kit.engine.run_point)",
+    }
+
+
+def save_calibration(cal: dict, path: str | Path | None = None) -> Path:
+    """Write ``cal`` as JSON to ``path`` (default :func:`default_path` of its device); returns the path.
+
+    Raises:
+        NotADirectoryError: ``path``'s parent exists and is a file.
+    """
+    p = Path(path) if path else cache_dir() / f"calibration-{cal.get('device_key', 'cpu')}.json"
+    if p.parent.exists() and not p.parent.is_dir():
+        raise NotADirectoryError(f"{p.parent} is a file; give a path inside a directory")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(cal, indent=2, default=str))
+    os.replace(tmp, p)
+    return p
+
+
+def load_calibration(path: str | Path | None = None, device: str | None = None) -> dict:
+    """Read a calibration file (``path``, else the default file of ``device`` / the detected device); the returned
+    dict carries ``path``.
+
+    Raises:
+        FileNotFoundError: no such file (the message says to run ``kit calibrate``).
+        ValueError: the file lacks ``mem_bw_gb_s`` or ``matmul_tflops``.
+    """
+    p = Path(path) if path else default_path(device)
+    if not p.exists():
+        raise FileNotFoundError(f"no calibration at {p}; run `kit calibrate` (or pass --calibration PATH)")
+    cal = json.loads(p.read_text())
+    for k in ("mem_bw_gb_s", "matmul_tflops"):
+        if k not in cal:
+            raise ValueError(f"calibration file {p} lacks {k!r}; rerun `kit calibrate`")
+    cal["matmul_tflops"] = {k: v for k, v in cal["matmul_tflops"].items() if v}
+    cal["path"] = str(p)
+    return cal
+
+
+def add_cli(sub) -> None:
+    """``kit calibrate``: measure this device and store the figures the planner uses."""
+    p = sub.add_parser("calibrate", help="measure local memory bandwidth, matmul TFLOPS and step overhead",
+                       description="Measure this device's memory bandwidth (copy), matmul TFLOPS per dtype and the "
+                                   "per-step overhead of the kit's decode loop (warm-up, repeats, medians), and "
+                                   "store them as JSON for `kit plan --accelerator local`.")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda | rocm (default: auto)")
+    p.add_argument("--out", default=None, help="JSON path (default: ~/.cache/kit/calibration-<device>.json)")
+    p.add_argument("--quick", action="store_true", help="small buffers, few repeats (seconds)")
+    p.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    cal = calibrate(args.device, quick=args.quick)
+    path = save_calibration(cal, args.out)
+    if args.json:
+        print(json.dumps({**cal, "path": str(path)}, indent=2, default=str))
+        return 0
+    d = cal["details"]
+    print(f"Calibrated {cal['device_name']} ({cal['device']}, {cal['threads']} threads) -> {path}")
+    bw = d["bandwidth"]
+    print(f"  memory copy   {bw['copy_gb_s']:.1f} GB/s (p10 {bw['copy_p10']:.1f}, p90 {bw['copy_p90']:.1f}, n={bw['n']}, "
+          f"{bw['size_mb']:.0f} MB); read {bw['read_gb_s']:.1f} GB/s")
+    for dt, r in d["matmul"].items():
+        if r.get("tflops"):
+            print(f"  matmul {dt:9s} {r['tflops'] * 1e3:.1f} GFLOP/s (n={r['n']}, {r['size']}x{r['size']})")
+        else:
+            print(f"  matmul {dt:9s} unavailable ({r.get('error')})")
+    ov = d["overhead"]
+    print(f"  step overhead {cal['overhead_ms_fixed']:.3f} ms fixed + {cal['overhead_ms_per_layer']:.3f} ms/layer "
+          f"(toy decode steps: {', '.join(f'{k} layers {v:.3f} ms' for k, v in ov['step_ms'].items())})")
+    return 0
