@@ -1,0 +1,983 @@
+"""Benchmark a running OpenAI-compatible server: async streaming client, load generator, served metrics.
+
+The served view of the kit (``backend = "openai"``): send streaming requests to ``/v1/completions`` or
+``/v1/chat/completions`` under a concurrency cap and/or an arrival rate, time every server-sent event, and
+reduce each run to one row of the shared results schema (:mod:`kit.results`), so a concurrency sweep against
+vLLM, SGLang or ``transformers serve`` plots beside an in-process sweep. Every formula comes from
+:mod:`kit.metrics` (definitions in ``METRICS.md``, "Served").
+
+Measuring choices (and the mistakes they avoid):
+
+- ``t0`` is taken when the request is sent, *after* waiting for a concurrency slot; that wait is reported as
+  ``client_queue_ms``. aiohttp's own connection pool is unbounded here (``limit=0``) so no hidden queue sits
+  between the semaphore and the socket.
+- Time stamps are taken once per network read; an event is stamped when its last byte arrived.
+- Only token-bearing chunks (non-empty ``text`` / ``delta.content`` / reasoning content / token ids) count:
+  role-only, empty and usage-only (``choices: []``) chunks do not. ``[DONE]`` is never parsed as JSON, and a
+  stream that simply ends (``transformers serve`` sends no ``[DONE]``) is fine when it carried a finish reason
+  or usage.
+- ``output_tokens`` = ``usage.completion_tokens`` (asked for with ``stream_options.include_usage``); without
+  it, the tokenizer count of the text (``output_tokens_estimated = True``).
+- ITL is token-normalised: a chunk carrying k tokens (speculative decoding, MTP, detokeniser batching) adds k
+  entries of gap/k. Tokens per chunk come from continuous usage stats, token ids, the tokenizer, or (last
+  resort) one per chunk; the source is recorded per request.
+- Failures (HTTP error, error event, timeout, stall, broken stream, refused connection) are counted in
+  ``failed`` with their text kept in the detail file; they never abort a run and never hang it (every request
+  has a total and a per-read timeout).
+- Self-check: an event-loop lag probe and the client's CPU use; a run where the client may be the bottleneck
+  says so (``x_client_bound``) instead of publishing a client-bound number.
+
+The API key is read from an environment variable (``OPENAI_API_KEY`` by default) and never written anywhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import metrics as M
+
+#: ISL/OSL workload presets (tokens): the seed's 1024/400 and InferenceX-style 1k/1k, 1k/8k, 8k/1k.
+WORKLOAD_PRESETS: dict[str, tuple[int, int]] = {
+    "seed": (1024, 400),
+    "1k/1k": (1024, 1024),
+    "1k/8k": (1024, 8192),
+    "8k/1k": (8192, 1024),
+}
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+#: self-check thresholds: client CPU (fraction of one core) and event-loop lag p99 (ms) above which a run is
+#: flagged as possibly client-bound
+CLIENT_CPU_LIMIT = 0.85
+LOOP_LAG_LIMIT_MS = 10.0
+
+
+# ---------------------------------------------------------------- configuration
+@dataclass
+class LoadConfig:
+    """One served load point (and, with a list of concurrencies, a sweep).
+
+    Attributes:
+        url: server base URL, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is accepted).
+        model: served model id; ``None`` asks ``/v1/models`` for the first one.
+        endpoint: ``"completions"`` or ``"chat"``.
+        max_concurrency: at most this many requests in flight (``None`` = unbounded).
+        request_rate: requests/s offered; ``inf`` sends all at once (bounded by ``max_concurrency``).
+        burstiness: Gamma shape b of the arrival gaps (1 = Poisson); gaps ~ Gamma(b, 1/(rate·b)).
+        seed: seed of prompts and arrivals (recorded in the row).
+        num_requests: measured requests (after warm-up); with ``duration_s`` set, the cap on requests sent.
+        duration_s: stop sending new requests after this many seconds (in-flight ones finish).
+        warmup_requests: requests sent first and excluded from every statistic.
+        isl, osl: input / output tokens per request; ``isl_range`` / ``osl_range`` (fractions, 0..1) draw each
+            request's lengths uniformly in ``[x·(1−r), x·(1+r)]``.
+        ignore_eos: ask the server to ignore EOS (vLLM, SGLang); a request whose output length differs from
+            ``max_tokens`` is flagged either way.
+        timeout_s: total time one request may take; stall_timeout_s: longest silence between reads.
+        api_key_env: environment variable holding the API key (never written to results or logs).
+        slo_ttft_ms, slo_tpot_ms, slo_e2el_ms: goodput SLOs (inclusive); ``None`` = not applied.
+        temperature: sampling temperature sent with each request.
+        extra_body: extra JSON fields merged into every request body.
+    """
+
+    url: str
+    model: str | None = None
+    endpoint: str = "completions"
+    max_concurrency: int | None = 1
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    seed: int = 0
+    num_requests: int | None = 32
+    duration_s: float | None = None
+    warmup_requests: int = 1
+    isl: int = 128
+    osl: int = 64
+    isl_range: float = 0.0
+    osl_range: float = 0.0
+    ignore_eos: bool = False
+    timeout_s: float = 300.0
+    stall_timeout_s: float = 60.0
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    slo_e2el_ms: float | None = None
+    temperature: float = 0.0
+    extra_body: dict = field(default_factory=dict)
+
+    def validate(self) -> "LoadConfig":
+        """Check the values; returns self.
+
+        Raises:
+            ValueError: naming the bad field, its value and what is allowed.
+        """
+        if self.endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint={self.endpoint!r}; allowed: {sorted(ENDPOINTS)}")
+        if not str(self.url).startswith(("http://", "https://")):
+            raise ValueError(f"url={self.url!r} must start with http:// or https://")
+        if self.max_concurrency is not None and int(self.max_concurrency) < 1:
+            raise ValueError(f"max_concurrency={self.max_concurrency}; must be >= 1 or None (unbounded)")
+        if not (self.request_rate > 0):
+            raise ValueError(f"request_rate={self.request_rate}; must be > 0 (inf = all at once)")
+        if not (self.burstiness > 0):
+            raise ValueError(f"burstiness={self.burstiness}; must be > 0 (1 = Poisson)")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("give num_requests or duration_s (or both)")
+        if self.num_requests is not None and int(self.num_requests) < 1:
+            raise ValueError(f"num_requests={self.num_requests}; must be >= 1")
+        if self.duration_s is not None and not (self.duration_s > 0):
+            raise ValueError(f"duration_s={self.duration_s}; must be > 0")
+        for name in ("isl", "osl"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}; must be >= 1 token")
+        for name in ("isl_range", "osl_range"):
+            if not 0.0 <= float(getattr(self, name)) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)}; must be in [0, 1)")
+        if self.warmup_requests < 0:
+            raise ValueError(f"warmup_requests={self.warmup_requests}; must be >= 0")
+        if not (self.timeout_s > 0 and self.stall_timeout_s > 0):
+            raise ValueError(f"timeout_s={self.timeout_s}, stall_timeout_s={self.stall_timeout_s}; both must be > 0")
+        return self
+
+    @property
+    def base_url(self) -> str:
+        u = str(self.url).rstrip("/")
+        return u[:-3] if u.endswith("/v1") else u
+
+
+@dataclass
+class RequestInput:
+    """One request of a workload: a prompt (text, or token ids for ``/v1/completions``) and its lengths."""
+
+    prompt: str | list[int]
+    input_tokens: int | None
+    max_tokens: int
+
+
+# ---------------------------------------------------------------- tokenizer helpers
+def load_tokenizer(name_or_path: str):
+    """A Hugging Face tokenizer from a local directory or the local cache (never downloads).
+
+    Raises:
+        ValueError: nothing loadable at ``name_or_path`` offline (the message names it).
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure means "no tokenizer here"
+        raise ValueError(f"cannot load a tokenizer from {name_or_path!r} offline: {e}") from e
+
+
+def token_counter(tokenizer) -> Callable[[list[str]], list[int]] | None:
+    """``texts -> token counts`` (``add_special_tokens=False``) from an HF tokenizer, a ``str -> int`` callable,
+    or ``None``."""
+    if tokenizer is None:
+        return None
+    if hasattr(tokenizer, "encode") and hasattr(tokenizer, "__call__") and hasattr(tokenizer, "vocab_size"):
+        def count(texts: list[str]) -> list[int]:
+            if not texts:
+                return []
+            ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+            return [len(x) for x in ids]
+        return count
+    if callable(tokenizer):
+        return lambda texts: [int(tokenizer(t)) for t in texts]
+    raise ValueError(f"tokenizer={tokenizer!r}: give a Hugging Face tokenizer, a callable str -> int, or None")
+
+
+def build_workload(n: int, isl: int, osl: int, tokenizer=None, seed: int = 0, isl_range: float = 0.0,
+                   osl_range: float = 0.0, as_token_ids: bool = False) -> list[RequestInput]:
+    """``n`` random prompts of ~``isl`` tokens, each asking for ~``osl`` output tokens.
+
+    With an HF tokenizer, prompts are random non-special token ids decoded to text and re-encoded (truncated to
+    the target length), and ``input_tokens`` is the re-encoded length. With ``as_token_ids`` (or no tokenizer)
+    the prompt is the token id list itself (``/v1/completions`` accepts it). Without a tokenizer and without
+    ``as_token_ids``, the prompt is ``isl`` random words and ``input_tokens`` is None (unknown).
+
+    Raises:
+        ValueError: n, isl or osl < 1, or a range outside [0, 1).
+    """
+    if n < 1 or isl < 1 or osl < 1:
+        raise ValueError(f"n={n}, isl={isl}, osl={osl}; all must be >= 1")
+    for name, r in (("isl_range", isl_range), ("osl_range", osl_range)):
+        if not 0.0 <= r < 1.0:
+            raise ValueError(f"{name}={r}; must be in [0, 1)")
+    rng = np.random.default_rng(seed)
+
+    def draw(x: int, r: float) -> int:
+        lo, hi = max(1, int(round(x * (1 - r)))), max(1, int(round(x * (1 + r))))
+        return int(rng.integers(lo, hi + 1)) if hi > lo else x
+
+    hf = tokenizer is not None and hasattr(tokenizer, "decode") and hasattr(tokenizer, "vocab_size")
+    if hf:
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        vocab = np.array([i for i in range(int(tokenizer.vocab_size)) if i not in special])
+    out = []
+    for _ in range(n):
+        li, lo_ = draw(isl, isl_range), draw(osl, osl_range)
+        if hf:
+            ids = [int(x) for x in rng.choice(vocab, size=li)]
+            if as_token_ids:
+                out.append(RequestInput(ids, li, lo_))
+                continue
+            text = tokenizer.decode(ids)
+            re_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(re_ids) > li:
+                text = tokenizer.decode(re_ids[:li])
+                re_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            out.append(RequestInput(text, len(re_ids), lo_))
+        elif as_token_ids:
+            out.append(RequestInput([int(x) for x in rng.integers(1000, 20000, size=li)], li, lo_))
+        else:
+            words = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta"]
+            out.append(RequestInput(" ".join(rng.choice(words, size=li)), None, lo_))
+    return out
+
+
+def arrival_gaps_s(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Gaps (s) before each of ``n`` requests: zeros for ``request_rate = inf``, else
+    Gamma(shape=b, scale=1/(rate·b)) with burstiness b (b = 1: Poisson). Convention of vLLM's
+    ``benchmarks/serve.py``; METRICS.md "Arrivals".
+
+    Raises:
+        ValueError: rate or burstiness not > 0.
+    """
+    if not (request_rate > 0) or not (burstiness > 0):
+        raise ValueError(f"request_rate={request_rate}, burstiness={burstiness}; both must be > 0")
+    if math.isinf(request_rate):
+        return np.zeros(n)
+    rng = np.random.default_rng(seed + 7919)
+    return rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+
+
+# ---------------------------------------------------------------- SSE parsing
+@dataclass
+class StreamCapture:
+    """What one streamed request produced (times are ``time.perf_counter()`` seconds)."""
+
+    t_send: float = 0.0
+    t_end: float = 0.0
+    http_status: int | None = None
+    error: str | None = None
+    chunk_times: list = field(default_factory=list)     # token-bearing chunks only
+    chunk_texts: list = field(default_factory=list)
+    chunk_usage: list = field(default_factory=list)     # cumulative completion_tokens in that chunk, or None
+    chunk_token_ids: list = field(default_factory=list)  # number of token ids in that chunk, or None
+    usage: dict | None = None
+    finish_reason: str | None = None
+    done: bool = False
+    n_events: int = 0
+
+    def add_events(self, payloads: Sequence[str], now: float) -> None:
+        """Record complete SSE ``data`` payloads that arrived at ``now`` (s). ``[DONE]`` is not parsed as
+        JSON; only token-bearing chunks get a time stamp; the first error (error event, bad JSON) is kept."""
+        for data in payloads:
+            self.n_events += 1
+            if data.strip() == "[DONE]":
+                self.done = True
+                continue
+            try:
+                obj = json.loads(data)
+            except json.JSONDecodeError:
+                self.error = self.error or f"malformed event (not JSON): {data[:200]!r}"
+                continue
+            text, n_ids, usage, finish, err = classify_event(obj)
+            if err:
+                self.error = self.error or err
+                continue
+            if usage is not None:
+                self.usage = usage
+            if finish:
+                self.finish_reason = finish
+            if text or n_ids:
+                self.chunk_times.append(now)
+                self.chunk_texts.append(text)
+                ct = usage.get("completion_tokens") if usage else None
+                self.chunk_usage.append(int(ct) if isinstance(ct, (int, float)) else None)
+                self.chunk_token_ids.append(n_ids)
+
+    def finish(self) -> None:
+        """Called at a clean end of stream: a stream with no [DONE], finish reason or usage was cut short."""
+        if self.error is None and not (self.done or self.finish_reason or self.usage):
+            self.error = "stream ended without [DONE], finish_reason or usage (truncated?)"
+
+
+def classify_event(obj: Any) -> tuple[str, int | None, dict | None, str | None, str | None]:
+    """One parsed SSE JSON payload → ``(text, n_token_ids, usage, finish_reason, error)``.
+
+    ``text`` concatenates every choice's ``text`` (completions) or ``delta.content`` / reasoning content (chat);
+    an empty string means the event is not token-bearing. ``choices: []`` (usage-only) is fine.
+    """
+    if not isinstance(obj, dict):
+        return "", None, None, None, f"unexpected event payload {str(obj)[:200]!r}"
+    if obj.get("error") is not None or obj.get("object") == "error":
+        err = obj.get("error", obj)
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        return "", None, None, None, f"error event: {str(msg)[:500]}"
+    text, n_ids, finish = "", None, None
+    for ch in obj.get("choices") or []:
+        if not isinstance(ch, dict):
+            continue
+        delta = ch.get("delta")
+        if isinstance(delta, dict):
+            for key in ("content", "reasoning_content", "reasoning"):
+                v = delta.get(key)
+                if isinstance(v, str):
+                    text += v
+        v = ch.get("text")
+        if isinstance(v, str):
+            text += v
+        ids = ch.get("token_ids")
+        if isinstance(ids, list) and ids:
+            n_ids = (n_ids or 0) + len(ids)
+        finish = ch.get("finish_reason") or finish
+    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    return text, n_ids, usage, finish, None
+
+
+class SSEParser:
+    """Incremental server-sent-events parser: feed bytes, get complete ``data`` payloads (strings).
+
+    Handles ``\\n`` / ``\\r\\n`` line ends, multi-line ``data:`` fields, comments and other fields; an event is
+    complete at a blank line, or at end of stream (:meth:`close`).
+    """
+
+    def __init__(self):
+        self._buf = b""
+        self._data: list[str] = []
+
+    def feed(self, raw: bytes) -> list[str]:
+        self._buf += raw
+        out = []
+        while True:
+            i = self._buf.find(b"\n")
+            if i < 0:
+                break
+            line, self._buf = self._buf[:i], self._buf[i + 1:]
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data:
+                    out.append("\n".join(self._data))
+                    self._data = []
+            elif line.startswith(b"data:"):
+                v = line[5:]
+                self._data.append((v[1:] if v.startswith(b" ") else v).decode("utf-8", "replace"))
+        return out
+
+    def close(self) -> list[str]:
+        out = self.feed(b"\n\n") if (self._buf or self._data) else []
+        self._buf = b""
+        return out
+
+
+# ---------------------------------------------------------------- one request
+def _payload(cfg: LoadConfig, model: str, req: RequestInput) -> dict:
+    body: dict[str, Any] = {"model": model, "max_tokens": int(req.max_tokens), "stream": True,
+                            "stream_options": {"include_usage": True}, "temperature": cfg.temperature}
+    if cfg.endpoint == "chat":
+        prompt = req.prompt if isinstance(req.prompt, str) else " ".join(map(str, req.prompt))
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = req.prompt
+    if cfg.ignore_eos:
+        body["ignore_eos"] = True
+    body.update(cfg.extra_body or {})
+    return body
+
+
+def _headers(cfg: LoadConfig) -> dict:
+    h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    return h
+
+
+async def stream_request(session, url: str, body: dict, headers: dict, timeout_s: float,
+                         stall_timeout_s: float) -> StreamCapture:
+    """Send one streaming request and capture every event's arrival time. Never raises for server faults.
+
+    Returns:
+        :class:`StreamCapture`; ``error`` is set for an HTTP status other than 200, an error event, a timeout
+        (total ``timeout_s`` or a silence longer than ``stall_timeout_s``), a broken or truncated stream, or a
+        failed connection.
+    """
+    import aiohttp
+
+    cap = StreamCapture()
+    parser = SSEParser()
+    tmo = aiohttp.ClientTimeout(total=timeout_s, sock_read=stall_timeout_s, sock_connect=min(30.0, timeout_s))
+
+    cap.t_send = time.perf_counter()
+    try:
+        async with session.post(url, json=body, headers=headers, timeout=tmo) as resp:
+            cap.http_status = resp.status
+            if resp.status != 200:
+                text = (await resp.text(errors="replace"))[:500]
+                cap.error = f"HTTP {resp.status}: {text}"
+            else:
+                async for raw in resp.content.iter_any():
+                    now = time.perf_counter()
+                    cap.add_events(parser.feed(raw), now)
+                cap.add_events(parser.close(), time.perf_counter())
+                cap.finish()
+    except asyncio.TimeoutError:
+        el = time.perf_counter() - cap.t_send
+        cap.error = (f"timeout: request exceeded {timeout_s:g} s" if el >= timeout_s * 0.99
+                     else f"timeout: stream stalled (no data for {stall_timeout_s:g} s)")
+    except aiohttp.ClientPayloadError as e:
+        cap.error = f"broken stream: {e}"
+    except aiohttp.ServerDisconnectedError as e:
+        cap.error = f"server disconnected: {e}"
+    except aiohttp.ClientConnectorError as e:
+        cap.error = f"connection failed: {e}"
+    except aiohttp.ClientError as e:
+        cap.error = f"{type(e).__name__}: {e}"
+    except OSError as e:
+        cap.error = f"{type(e).__name__}: {e}"
+    cap.t_end = time.perf_counter()
+    return cap
+
+
+def request_record(cap: StreamCapture, req: RequestInput, count_tokens=None, t0_run: float = 0.0,
+                   client_queue_ms: float = 0.0, request_id: int = 0, warmup: bool = False) -> dict:
+    """Per-request metrics (the detail-file row) from a :class:`StreamCapture`, via :func:`kit.metrics.request_timings`.
+
+    Tokens per chunk: continuous usage deltas when every token-bearing chunk carries usage, else token-id
+    counts, else ``count_tokens`` (tokenizer, ``add_special_tokens=False``), else 1 per chunk
+    (``tokens_per_chunk_source`` says which). ``output_tokens``: ``usage.completion_tokens``, else the
+    tokenizer count of the whole text, else the chunk count (then ``output_tokens_estimated`` is True).
+    Times in the record are ms; ``sent_s`` / ``end_s`` are seconds since the run started.
+    """
+    n = len(cap.chunk_times)
+    usage_ct = cap.usage.get("completion_tokens") if cap.usage else None
+    if n and all(u is not None for u in cap.chunk_usage):
+        prev, per_chunk = 0, []
+        for u in cap.chunk_usage:
+            per_chunk.append(max(0, u - prev))
+            prev = max(prev, u)
+        source = "usage"
+    elif n and all(x is not None for x in cap.chunk_token_ids):
+        per_chunk, source = [int(x) for x in cap.chunk_token_ids], "token_ids"
+    elif n and count_tokens is not None:
+        per_chunk, source = count_tokens(cap.chunk_texts), "tokenizer"
+    else:
+        per_chunk, source = [1] * n, "assumed_1"
+    if isinstance(usage_ct, (int, float)):
+        out_tok, est = int(usage_ct), False
+    elif count_tokens is not None:
+        out_tok, est = (count_tokens(["".join(cap.chunk_texts)])[0] if n else 0), True
+    else:
+        out_tok, est = sum(per_chunk), True
+    ok = cap.error is None
+    tm = M.request_timings(cap.chunk_times, per_chunk, out_tok, t0_s=cap.t_send)
+    pt = cap.usage.get("prompt_tokens") if cap.usage else None
+    return {
+        "request_id": request_id, "warmup": warmup, "ok": ok, "error": cap.error, "http_status": cap.http_status,
+        "sent_s": cap.t_send - t0_run, "end_s": cap.t_end - t0_run, "client_queue_ms": client_queue_ms,
+        "ttft_ms": tm.ttft_ms, "e2el_ms": tm.e2el_ms, "tpot_ms": tm.tpot_ms,
+        "tok_s_per_user": M.tok_s_per_stream(tm.tpot_ms) if tm.tpot_ms else None,
+        "chunk_gaps_ms": tm.chunk_gaps_ms, "itl_ms": tm.itl_ms, "chunk_times_ms":
+            [(t - cap.t_send) * 1000.0 for t in cap.chunk_times],
+        "output_tokens": out_tok, "output_tokens_estimated": est, "tokens_per_chunk_source": source,
+        "input_tokens": int(pt) if isinstance(pt, (int, float)) else req.input_tokens,
+        "max_tokens": req.max_tokens, "osl_mismatch": bool(ok and out_tok != req.max_tokens),
+        "n_chunks": n, "n_events": cap.n_events, "finish_reason": cap.finish_reason, "done_seen": cap.done,
+    }
+
+
+# ---------------------------------------------------------------- load generation
+class _LoopProbe:
+    """Event-loop lag (how late a 10 ms sleep wakes up) and process CPU over a run: the client self-check."""
+
+    def __init__(self, interval_s: float = 0.01):
+        self.interval = interval_s
+        self.lags_ms: list[float] = []
+        self._task = None
+
+    async def _run(self):
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(self.interval)
+            self.lags_ms.append(max(0.0, (time.perf_counter() - t - self.interval) * 1000.0))
+
+    def start(self):
+        self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> dict:
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        wall = time.perf_counter() - self._wall0
+        cpu = (time.process_time() - self._cpu0) / wall if wall > 0 else float("nan")
+        lag = M.percentiles(self.lags_ms, (50, 99))
+        lag_max = max(self.lags_ms) if self.lags_ms else float("nan")
+        bound, why = False, []
+        if cpu > CLIENT_CPU_LIMIT:
+            bound = True
+            why.append(f"client CPU {cpu:.0%} of one core > {CLIENT_CPU_LIMIT:.0%}")
+        if lag["n"] and lag["p99"] > LOOP_LAG_LIMIT_MS:
+            bound = True
+            why.append(f"event-loop lag p99 {lag['p99']:.1f} ms > {LOOP_LAG_LIMIT_MS:g} ms")
+        return {"x_client_cpu_frac": cpu, "x_loop_lag_ms_p50": lag["p50"], "x_loop_lag_ms_p99": lag["p99"],
+                "x_loop_lag_ms_max": lag_max, "x_client_bound": bound,
+                "x_client_warning": ("the client may be the bottleneck: " + "; ".join(why)) if why else None}
+
+
+async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, timeout_s: float = 10.0) -> str:
+    """The first model id listed by ``GET /v1/models``.
+
+    Raises:
+        ValueError: the server cannot be reached or lists no model (the message says which and where).
+    """
+    import aiohttp
+
+    key = os.environ.get(api_key_env) if api_key_env else None
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+            async with s.get(base_url.rstrip("/") + "/v1/models", headers=headers) as r:
+                data = await r.json(content_type=None)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"cannot list models at {base_url}/v1/models ({type(e).__name__}: {e}); "
+                         "pass the model id explicitly") from e
+    models = [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict)]
+    if not models:
+        raise ValueError(f"{base_url}/v1/models lists no model; pass the model id explicitly")
+    return models[0]
+
+
+async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], tokenizer=None,
+                         on_record: Callable[[dict], None] | None = None) -> tuple[list[dict], dict]:
+    """Run one load point: warm-up requests, then the measured ones, under the concurrency cap and arrivals.
+
+    Args:
+        workload: requests, used in order and cyclically (warm-up ones first).
+        tokenizer: HF tokenizer or ``str -> int`` callable for token counts (see :func:`request_record`).
+        on_record: called with each finished request's record (e.g. to append it to the detail file).
+
+    Returns:
+        ``(records, run_info)``: every request's record (warm-up ones flagged) and the run facts
+        (``duration_s``, model id, self-check figures).
+    """
+    import aiohttp
+
+    cfg.validate()
+    if not workload:
+        raise ValueError("workload is empty")
+    count = token_counter(tokenizer)
+    model = cfg.model or await get_model_id(cfg.base_url, cfg.api_key_env)
+    url = cfg.base_url + ENDPOINTS[cfg.endpoint]
+    headers = _headers(cfg)
+    sem = asyncio.Semaphore(int(cfg.max_concurrency)) if cfg.max_concurrency else None
+    records: list[dict] = []
+    t_run = time.perf_counter()
+
+    def req_at(i: int) -> RequestInput:
+        return workload[i % len(workload)]
+
+    async def one(i: int, warm: bool) -> None:
+        req = req_at(i)
+        t_q = time.perf_counter()
+        try:
+            if sem is not None:
+                await sem.acquire()
+            try:
+                q_ms = (time.perf_counter() - t_q) * 1000.0
+                cap = await stream_request(session, url, _payload(cfg, model, req), headers, cfg.timeout_s,
+                                           cfg.stall_timeout_s)
+            finally:
+                if sem is not None:
+                    sem.release()
+            rec = request_record(cap, req, count, t_run, q_ms, i, warm)
+        except Exception as e:  # noqa: BLE001 - a client bug must not abort the run either
+            rec = {"request_id": i, "warmup": warm, "ok": False, "error": f"client error {type(e).__name__}: {e}",
+                   "sent_s": t_q - t_run, "end_s": time.perf_counter() - t_run, "max_tokens": req.max_tokens}
+        records.append(rec)
+        if on_record is not None:
+            on_record(rec)
+
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        if cfg.warmup_requests:
+            await asyncio.gather(*(one(i, True) for i in range(cfg.warmup_requests)))
+        n_max = int(cfg.num_requests) if cfg.num_requests is not None else 10**9
+        gaps = arrival_gaps_s(min(n_max, 100_000), cfg.request_rate, cfg.burstiness, cfg.seed)
+        probe = _LoopProbe()
+        probe.start()
+        t_start = time.perf_counter()
+        tasks: list = []
+        pending: set = set()
+        # open-ended (duration-only) runs keep at most this many requests waiting or in flight, so an
+        # infinite rate cannot create unbounded tasks; counted runs create every arrival (queueing is measured)
+        cap_pending = 2 * int(cfg.max_concurrency) if cfg.max_concurrency else 1024
+        next_t = t_start
+        for k in range(n_max):
+            next_t += float(gaps[k % len(gaps)])
+            delay = next_t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if cfg.num_requests is None:
+                while len(pending) >= cap_pending:
+                    _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if cfg.duration_s is not None and time.perf_counter() - t_start >= cfg.duration_s:
+                break
+            t = asyncio.ensure_future(one(cfg.warmup_requests + k, False))
+            tasks.append(t)
+            if cfg.num_requests is None:
+                pending.add(t)
+            if len(tasks) % 64 == 0:
+                await asyncio.sleep(0)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        selfcheck = await probe.stop()
+    measured = [r for r in records if not r.get("warmup")]
+    if measured:
+        t_first = min(r["sent_s"] for r in measured)
+        t_last = max(r["end_s"] for r in measured)
+        duration = max(0.0, t_last - t_first)
+    else:
+        duration = 0.0
+    info = {"duration_s": duration, "model": model, "url": url, **selfcheck}
+    return records, info
+
+
+def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
+    """One results-schema row (``backend = "openai"``) from a run's request records.
+
+    Failed and warm-up requests are excluded from every latency statistic; failures are counted in ``failed``
+    and the first error texts kept in ``error``. Formulas: :mod:`kit.metrics` (throughputs, goodput, SLOs,
+    percentiles with n). Means of TTFT/TPOT/E2EL are per request; ITL pools the tokens of all requests.
+    """
+    meas = [r for r in records if not r.get("warmup")]
+    ok = [r for r in meas if r.get("ok")]
+    bad = [r for r in meas if not r.get("ok")]
+    dur = float(info.get("duration_s") or 0.0)
+    ttft = [r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]
+    tpot = [r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None]
+    e2el = [r["e2el_ms"] for r in ok if r.get("e2el_ms") is not None]
+    itl = [x for r in ok for x in r.get("itl_ms") or []]
+    gaps = [x for r in ok for x in r.get("chunk_gaps_ms") or []]
+    queue = [r.get("client_queue_ms") for r in meas if r.get("client_queue_ms") is not None]
+    users = [r["tok_s_per_user"] for r in ok if r.get("tok_s_per_user")]
+    in_tok = sum(int(r.get("input_tokens") or 0) for r in ok)
+    out_tok = sum(int(r.get("output_tokens") or 0) for r in ok)
+    thr = M.throughputs(len(ok), in_tok, out_tok, dur)
+    n_good = sum(M.meets_slo(r.get("ttft_ms"), r.get("tpot_ms"), r.get("e2el_ms"), int(r.get("output_tokens") or 0),
+                             cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.slo_e2el_ms) for r in ok)
+    any_slo = any(s is not None for s in (cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.slo_e2el_ms))
+    p_ttft, p_tpot, p_itl, p_e2el = (M.percentiles(v) for v in (ttft, tpot, itl, e2el))
+    p_user = M.percentiles(users, (10, 50, 90))
+    p_gap = M.percentiles(gaps, (50, 99))
+    errors = sorted({str(r.get("error")) for r in bad})
+    rate = float(cfg.request_rate)
+    row = {
+        "backend": "openai", "status": "ok" if ok else "error",
+        "error": (f"{len(bad)} of {len(meas)} requests failed: " + " | ".join(errors[:3])) if bad else None,
+        "model": info.get("model") or cfg.model, "device": "remote",
+        "concurrency": cfg.max_concurrency, "isl": cfg.isl, "osl": cfg.osl, "request_rate": rate,
+        "ttft_ms": p_ttft["p50"], "ttft_ms_p90": p_ttft["p90"], "ttft_ms_p99": p_ttft["p99"],
+        "tpot_ms_p50": p_tpot["p50"], "tpot_ms_p90": p_tpot["p90"], "tpot_ms_p99": p_tpot["p99"],
+        "tpot_ms_min": min(tpot) if tpot else None, "tpot_ms_mean": float(np.mean(tpot)) if tpot else None,
+        "tpot_n": p_tpot["n"],
+        "itl_ms_p50": p_itl["p50"], "itl_ms_p90": p_itl["p90"], "itl_ms_p99": p_itl["p99"], "itl_n": p_itl["n"],
+        "e2el_ms_p50": p_e2el["p50"], "e2el_ms_p90": p_e2el["p90"], "e2el_ms_p99": p_e2el["p99"],
+        "client_queue_ms_p50": M.percentiles(queue)["p50"],
+        "tok_s_per_stream": M.tok_s_per_stream(p_tpot["p50"]) if tpot else None,
+        "output_tok_s": thr["output_tok_s"], "total_tok_s": thr["total_tok_s"],
+        "request_throughput": thr["request_throughput"],
+        "goodput_rps": M.goodput_rps(n_good, dur) if any_slo else None,
+        "completed": len(ok), "failed": len(bad), "duration_s": dur,
+        "tok_s_basis": "output_tok_s",
+        # extras
+        "x_endpoint": cfg.endpoint, "x_url": info.get("url"), "x_seed": cfg.seed, "x_burstiness": cfg.burstiness,
+        "x_warmup_requests": cfg.warmup_requests, "x_ignore_eos": cfg.ignore_eos,
+        "x_ttft_n": p_ttft["n"], "x_e2el_n": p_e2el["n"],
+        "x_ttft_ms_mean": float(np.mean(ttft)) if ttft else None,
+        "x_e2el_ms_mean": float(np.mean(e2el)) if e2el else None,
+        "x_itl_ms_mean": float(np.mean(itl)) if itl else None,
+        "x_chunk_gap_ms_p50": p_gap["p50"], "x_chunk_gap_ms_p99": p_gap["p99"], "x_chunk_gap_n": p_gap["n"],
+        "x_tokens_per_chunk_mean": (out_tok / sum(r.get("n_chunks") or 0 for r in ok))
+        if ok and sum(r.get("n_chunks") or 0 for r in ok) else None,
+        "x_tok_s_per_user_p10": p_user["p10"], "x_tok_s_per_user_p50": p_user["p50"],
+        "x_tok_s_per_user_p90": p_user["p90"],
+        "x_client_queue_ms_p99": M.percentiles(queue)["p99"],
+        "x_input_tokens_total": in_tok, "x_output_tokens_total": out_tok,
+        "x_output_tokens_estimated": sum(bool(r.get("output_tokens_estimated")) for r in ok),
+        "x_osl_mismatch": sum(bool(r.get("osl_mismatch")) for r in ok),
+        "x_tokens_per_chunk_source": ",".join(sorted({str(r.get("tokens_per_chunk_source")) for r in ok})) or None,
+        "x_good_requests": n_good if any_slo else None,
+        "x_slo_ttft_ms": cfg.slo_ttft_ms, "x_slo_tpot_ms": cfg.slo_tpot_ms, "x_slo_e2el_ms": cfg.slo_e2el_ms,
+    }
+    for k in ("x_client_cpu_frac", "x_loop_lag_ms_p50", "x_loop_lag_ms_p99", "x_loop_lag_ms_max", "x_client_bound",
+              "x_client_warning"):
+        row[k] = info.get(k)
+    return row
+
+
+def run_coro(coro):
+    """Run a coroutine to completion from sync code, also inside Jupyter (whose event loop is already running:
+    then it runs on a fresh loop in a worker thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as ex:
+        return ex.submit(asyncio.run, coro).result()
+
+
+def point_id(cfg: LoadConfig) -> str:
+    """Stable key of a served point's configuration."""
+    rate = "inf" if math.isinf(cfg.request_rate) else f"{cfg.request_rate:g}"
+    return (f"openai-{cfg.endpoint}-c{cfg.max_concurrency or 'inf'}-r{rate}-b{cfg.burstiness:g}-"
+            f"isl{cfg.isl}-osl{cfg.osl}-s{cfg.seed}")
+
+
+def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None,
+              workload: Sequence[RequestInput] | None = None, store=None, extra: dict | None = None) -> dict:
+    """Run one served load point, write its per-request detail file, and return (and store) its row.
+
+    Args:
+        out_dir: directory for ``requests-<point_id>.jsonl`` (one JSON line per request, written as each
+            finishes) and, when ``store`` is None, the results (``points.jsonl`` / ``results.parquet``).
+        tokenizer: HF tokenizer (builds the prompts and counts tokens) or ``None``.
+        workload: explicit requests; default :func:`build_workload` from ``cfg``.
+        store: a :class:`kit.results.ResultStore` to append the row to.
+        extra: columns merged into the row (e.g. ``accelerator``, ``n_gpus``, ``device_name``).
+
+    Returns: the row (a dict of schema columns + ``x_`` extras). Never raises for server faults: a dead server
+    gives a row with ``status="error"`` and every request counted in ``failed``.
+    """
+    from . import results as R
+
+    cfg.validate()
+    if workload is None:
+        n = (cfg.num_requests or 256) + cfg.warmup_requests
+        workload = build_workload(min(n, 1024), cfg.isl, cfg.osl, tokenizer, cfg.seed, cfg.isl_range,
+                                  cfg.osl_range, as_token_ids=tokenizer is None and cfg.endpoint == "completions")
+    pid = point_id(cfg)
+    detail = None
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        detail = out_dir / f"requests-{pid}.jsonl"
+        detail.write_text("")
+        if store is None:
+            store = R.ResultStore(out_dir)
+    fh = open(detail, "a") if detail else None
+
+    def on_record(rec: dict) -> None:
+        if fh:
+            fh.write(json.dumps(rec, default=float) + "\n")
+            fh.flush()
+
+    try:
+        try:
+            records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_record))
+        except ValueError as e:  # e.g. the model list could not be fetched: a finished, failed point
+            records, info = [], {"duration_s": 0.0, "model": cfg.model, "setup_error": str(e)}
+    finally:
+        if fh:
+            fh.close()
+    row = aggregate(records, cfg, info)
+    if info.get("setup_error"):
+        row["error"] = info["setup_error"]
+    row["point_id"] = pid
+    row["x_detail_file"] = str(detail) if detail else None
+    row.update(extra or {})
+    if row.get("n_gpus") and row.get("output_tok_s") == row.get("output_tok_s") and row.get("output_tok_s"):
+        row["tok_s_per_gpu"] = M.tok_s_per_gpu(row["output_tok_s"], int(row["n_gpus"]))
+    if store is not None:
+        store.append(row)
+    return row
+
+
+def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path, tokenizer=None,
+              extra: dict | None = None, metadata: dict | None = None, progress: bool = True) -> "Any":
+    """A concurrency sweep against one server: one :func:`run_point` per value of ``concurrencies``.
+
+    Rows are appended to ``out_dir`` as each point finishes (``points.jsonl``, ``results.parquet``), beside one
+    detail file per point, so they concatenate with in-process rows via :func:`kit.results.to_frame`.
+
+    Returns: the results DataFrame of this sweep.
+
+    Raises:
+        ValueError: an empty list or a concurrency < 1.
+    """
+    from dataclasses import replace
+
+    from . import results as R
+
+    concs = [int(c) for c in concurrencies]
+    if not concs or min(concs) < 1:
+        raise ValueError(f"concurrencies={list(concurrencies)}; give one or more integers >= 1")
+    cfg.validate()
+    meta = R.run_metadata(backend="openai", config={k: v for k, v in asdict(cfg).items() if k != "api_key_env"},
+                          **(metadata or {}))
+    store = R.ResultStore(out_dir, metadata=meta)
+    tok = tokenizer
+    n = max(((cfg.num_requests or 256) + cfg.warmup_requests), 1)
+    workload = build_workload(min(n, 1024), cfg.isl, cfg.osl, tok, cfg.seed, cfg.isl_range, cfg.osl_range,
+                              as_token_ids=tok is None and cfg.endpoint == "completions")
+    rows = []
+    for c in concs:
+        row = run_point(replace(cfg, max_concurrency=c), out_dir, tok, workload, store, extra)
+        rows.append(row)
+        if progress:
+            print(summary_line(row), flush=True)
+    return R.to_frame(rows)
+
+
+def summary_line(row: dict) -> str:
+    """A one-line text summary of a served row (concurrency, throughput, TTFT, TPOT, failures, self-check)."""
+    def f(x, fmt=".1f"):
+        return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+    s = (f"c={row.get('concurrency')} rate={row.get('request_rate')}: {f(row.get('output_tok_s'))} out tok/s, "
+         f"{f(row.get('request_throughput'), '.2f')} req/s, TTFT p50 {f(row.get('ttft_ms'))} ms "
+         f"(n={row.get('x_ttft_n')}), TPOT p50 {f(row.get('tpot_ms_p50'))} ms (n={row.get('tpot_n')}), "
+         f"ITL p50 {f(row.get('itl_ms_p50'))} ms (n={row.get('itl_n')}), "
+         f"completed {row.get('completed')}, failed {row.get('failed')}")
+    if row.get("goodput_rps") is not None:
+        s += f", goodput {f(row.get('goodput_rps'), '.2f')} req/s"
+    if row.get("x_osl_mismatch"):
+        s += f"; {row['x_osl_mismatch']} requests' output length != max_tokens"
+    if row.get("x_client_warning"):
+        s += f"; WARNING {row['x_client_warning']}"
+    return s
+
+
+# ---------------------------------------------------------------- plots (until kit.plots takes them over)
+def _throughput_col(df):
+    """Served rows: output_tok_s; in-process rows: decode_tok_s (both output tokens per second)."""
+    return df["output_tok_s"].where(df["backend"] == "openai", df["decode_tok_s"]).astype("float64")
+
+
+def plot_served(df, title: str | None = None):
+    """Figure with two panels: output tok/s vs concurrency, and the Pareto curve tok/s/GPU vs tok/s/user.
+
+    ``df``: rows of the shared schema (served rows use ``output_tok_s``; in-process ``engine`` rows use
+    ``decode_tok_s``), grouped by ``backend`` (and ``model``). tok/s/GPU divides by ``n_gpus`` (1 when
+    missing); tok/s/user is ``tok_s_per_stream`` (1000 / median TPOT).
+
+    Returns: a matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from . import results as R
+
+    df = R.coerce(df)
+    df = df[df["status"] == "ok"].copy()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    df["_tok_s"] = _throughput_col(df)
+    df["_per_gpu"] = df["_tok_s"] / df["n_gpus"].fillna(1).astype("float64")
+    for (backend, model), g in df.groupby([df["backend"], df["model"].fillna("?")], sort=False):
+        g = g.sort_values("concurrency")
+        label = f"{backend}: {Path(str(model)).name}"
+        a1.plot(g["concurrency"].astype(float), g["_tok_s"], marker="o", label=label)
+        a2.plot(g["tok_s_per_stream"], g["_per_gpu"], marker="o", label=label)
+        for _, r in g.iterrows():
+            a2.annotate(str(r["concurrency"]), (r["tok_s_per_stream"], r["_per_gpu"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    a1.set_xscale("log", base=2)
+    a1.set_xlabel("concurrency (requests in flight / batch)")
+    a1.set_ylabel("output tok/s (served) | decode tok/s (in-process)")
+    a1.set_title("throughput vs concurrency")
+    a2.set_xlabel("tok/s per user (1000 / TPOT p50)")
+    a2.set_ylabel("tok/s per GPU")
+    a2.set_title("throughput vs interactivity (labels: concurrency)")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- CLI
+def _floats_or_none(x):
+    return None if x is None else float(x)
+
+
+def add_cli(subparsers) -> None:
+    """``kit serve-bench``: a concurrency sweep against a running OpenAI-compatible server."""
+    p = subparsers.add_parser(
+        "serve-bench", help="benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, goodput)",
+        description="Concurrency sweep against a running server; one results row per concurrency "
+                    "(backend=openai) plus a per-request detail file. The API key is read from the environment "
+                    f"variable named by --api-key-env (default {DEFAULT_API_KEY_ENV}).")
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="served model id (default: first of /v1/models)")
+    p.add_argument("--endpoint", default="completions", choices=sorted(ENDPOINTS))
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated max concurrency values")
+    p.add_argument("--workload", default=None, choices=sorted(WORKLOAD_PRESETS),
+                   help="ISL/OSL preset (overrides --isl/--osl): " +
+                        ", ".join(f"{k}={v[0]}/{v[1]}" for k, v in WORKLOAD_PRESETS.items()))
+    p.add_argument("--isl", type=int, default=1024, help="input tokens per request")
+    p.add_argument("--osl", type=int, default=400, help="output tokens per request (max_tokens)")
+    p.add_argument("--isl-range", type=float, default=0.0, help="draw ISL in isl*(1±r)")
+    p.add_argument("--osl-range", type=float, default=0.0, help="draw OSL in osl*(1±r)")
+    p.add_argument("--num-requests", type=int, default=64, help="measured requests per concurrency point")
+    p.add_argument("--duration-s", type=float, default=None, help="stop sending after this many seconds")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per point (excluded)")
+    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (default inf: all at once)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape of arrival gaps (1 = Poisson)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (vLLM, SGLang)")
+    p.add_argument("--tokenizer", default=None,
+                   help="local tokenizer path/id for prompts and token counts (default: try the model id)")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="total time one request may take")
+    p.add_argument("--stall-timeout-s", type=float, default=60.0, help="longest silence within a stream")
+    p.add_argument("--slo-ttft-ms", type=float, default=None)
+    p.add_argument("--slo-tpot-ms", type=float, default=None)
+    p.add_argument("--slo-e2el-ms", type=float, default=None)
+    p.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV, help="environment variable with the API key")
+    p.add_argument("--accelerator", default=None, help="catalog accelerator name for the rows (e.g. MI355X)")
+    p.add_argument("--n-gpus", type=int, default=None, help="GPUs behind the server (for tok/s/GPU)")
+    p.add_argument("--out", default="results/serve-bench", help="output directory")
+    p.add_argument("--plot", action="store_true", help="also write serve-bench.png")
+    p.set_defaults(func=_cli_main)
+
+
+def _cli_main(args) -> int:
+    isl, osl = WORKLOAD_PRESETS[args.workload] if args.workload else (args.isl, args.osl)
+    concs = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
+    cfg = LoadConfig(url=args.url, model=args.model, endpoint=args.endpoint, max_concurrency=concs[0],
+                     request_rate=args.request_rate, burstiness=args.burstiness, seed=args.seed,
+                     num_requests=args.num_requests, duration_s=args.duration_s, warmup_requests=args.warmup,
+                     isl=isl, osl=osl, isl_range=args.isl_range, osl_range=args.osl_range,
+                     ignore_eos=args.ignore_eos, timeout_s=args.timeout_s, stall_timeout_s=args.stall_timeout_s,
+                     api_key_env=args.api_key_env, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
+                     slo_e2el_ms=args.slo_e2el_ms).validate()
+    tok = None
+    if args.tokenizer:
+        tok = load_tokenizer(args.tokenizer)
+    else:
+        try:
+            mid = cfg.model or run_coro(get_model_id(cfg.base_url, cfg.api_key_env))
+            cfg.model = mid
+            tok = load_tokenizer(mid)
+        except ValueError as e:
+            print(f"kit serve-bench: no tokenizer ({e}); prompts are token ids, token counts per chunk assumed 1")
+    extra = {k: v for k, v in (("accelerator", args.accelerator), ("n_gpus", args.n_gpus)) if v is not None}
+    df = run_sweep(cfg, concs, args.out, tok, extra)
+    print(f"results: {Path(args.out) / 'results.parquet'} ({len(df)} rows; per-request detail in "
+          f"{Path(args.out)}/requests-*.jsonl)")
+    if args.plot:
+        fig = plot_served(df)
+        fig.savefig(Path(args.out) / "serve-bench.png", dpi=110)
+        print(f"plot: {Path(args.out) / 'serve-bench.png'}")
+    return 0 if (df["completed"].fillna(0) > 0).any() else 1

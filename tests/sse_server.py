@@ -1,0 +1,196 @@
+"""A scripted OpenAI-style SSE server for tests and the load-generator benchmark.
+
+It replays exact chunk timings (cases E1-E3 of ../shared/cases/CASES.md) and injects faults. The scenario is
+chosen by the request's ``model`` field:
+
+==============  ==========================================================================================
+``e1``          role-only chunk at 0.05 s; "A" 0.50; "B" 0.60; "CDE" 0.90; "F" 1.00; usage-only chunk
+                (``choices: []``, 6 completion tokens) at 1.00; ``[DONE]``
+``e1u``         E1 with continuous usage stats in every chunk (cumulative completion_tokens)
+``e2a``         one chunk "A" at 0.30 s, usage 1 token, ``[DONE]``
+``e2b``         empty output: a finish chunk with empty text, usage 0 tokens, ``[DONE]``
+``e2c``         "A" at 0.10, a whitespace-only chunk " " at 0.15 (0 tokens by continuous usage), "B" at 0.20
+``normal``      ``max_tokens`` one-token chunks, ``gap_ms`` apart (query/env), usage, **no** ``[DONE]``
+``fast``        ``max_tokens`` one-token chunks as fast as the server can write them (benchmark)
+``flaky``       HTTP 500 on every other request (1st ok, 2nd 500, ...), otherwise like ``normal``
+``stall``       one chunk, then silence for 120 s (a client must time out)
+``truncate``    two chunks, then the connection is cut mid-stream (no chunked-encoding terminator)
+``slow``        like ``normal`` with 50 ms between chunks
+==============  ==========================================================================================
+
+Run in-process with :func:`start_in_thread`, or as a separate process: ``python tests/sse_server.py --port N``
+(prints ``READY <port>`` when listening).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import sys
+import threading
+import time
+
+from aiohttp import web
+
+GAP_MS = 5.0
+
+
+def _chunk(obj_id: str, text: str | None = None, *, chat: bool, role: bool = False, finish: str | None = None,
+           usage: dict | None = None, empty_choices: bool = False) -> dict:
+    if empty_choices:
+        choices = []
+    elif chat:
+        delta = {"role": "assistant"} if role else ({} if text is None else {"content": text})
+        choices = [{"index": 0, "delta": delta, "finish_reason": finish}]
+    else:
+        choices = [{"index": 0, "text": text or "", "finish_reason": finish}]
+    out = {"id": obj_id, "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
+           "model": "scripted", "choices": choices}
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def script(name: str, chat: bool, max_tokens: int, gap_ms: float) -> list[tuple[float, object]]:
+    """The (offset s, payload) events of a scripted scenario; a payload is a dict (sent as JSON), a str
+    (sent verbatim after ``data: ``) or the sentinel ``"<cut>"`` (abort the connection)."""
+    i = "cmpl-1"
+    u = lambda n, p=4: {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}  # noqa: E731
+    if name in ("e1", "e1u"):
+        cont = name == "e1u"
+        ev = [(0.05, _chunk(i, chat=True, role=True, usage=u(0) if cont else None))]
+        n = 0
+        for t, txt in ((0.50, "A"), (0.60, "B"), (0.90, "CDE"), (1.00, "F")):
+            n += len(txt)
+            ev.append((t, _chunk(i, txt, chat=True, usage=u(n) if cont else None)))
+        ev.append((1.00, _chunk(i, chat=True, empty_choices=True, usage=u(6))))
+        ev.append((1.00, "[DONE]"))
+        return ev
+    if name == "e2a":
+        return [(0.30, _chunk(i, "A", chat=chat, finish="length")), (0.30, _chunk(i, chat=chat, empty_choices=True,
+                                                                                  usage=u(1))), (0.30, "[DONE]")]
+    if name == "e2b":
+        return [(0.05, _chunk(i, "", chat=chat, finish="stop")), (0.05, _chunk(i, chat=chat, empty_choices=True,
+                                                                               usage=u(0))), (0.05, "[DONE]")]
+    if name == "e2c":
+        return [(0.10, _chunk(i, "A", chat=chat, usage=u(1))), (0.15, _chunk(i, " ", chat=chat, usage=u(1))),
+                (0.20, _chunk(i, "B", chat=chat, finish="length", usage=u(2))), (0.20, "[DONE]")]
+    if name in ("normal", "flaky", "slow", "fast"):
+        g = 0.0 if name == "fast" else (0.05 if name == "slow" else gap_ms / 1000.0)
+        ev = [(g * (k + 1), _chunk(i, "t", chat=chat)) for k in range(max_tokens)]
+        ev.append((g * max_tokens, _chunk(i, "", chat=chat, finish="length", usage=u(max_tokens))))
+        return ev  # like transformers serve: no [DONE]
+    if name == "stall":
+        return [(0.02, _chunk(i, "A", chat=chat)), (120.0, _chunk(i, "B", chat=chat, finish="length"))]
+    if name == "truncate":
+        return [(0.02, _chunk(i, "A", chat=chat)), (0.04, _chunk(i, "B", chat=chat)), (0.05, "<cut>")]
+    raise KeyError(name)
+
+
+SCENARIOS = ("e1", "e1u", "e2a", "e2b", "e2c", "normal", "fast", "flaky", "stall", "truncate", "slow")
+
+
+def make_app(gap_ms: float = GAP_MS) -> web.Application:
+    counter = itertools.count()
+
+    async def models(_req):
+        return web.json_response({"object": "list", "data": [{"id": s, "object": "model"} for s in
+                                                             ("normal",) + SCENARIOS]})
+
+    async def health(_req):
+        return web.json_response({"status": "ok"})
+
+    async def generate(req: web.Request):
+        chat = req.path.endswith("/chat/completions")
+        body = await req.json()
+        name = body.get("model", "normal")
+        if name not in SCENARIOS:
+            return web.json_response({"error": {"message": f"unknown model {name!r}"}}, status=404)
+        k = next(counter)
+        if name == "flaky" and k % 2 == 1:
+            return web.json_response({"error": {"message": "injected failure"}}, status=500)
+        events = script(name, chat, int(body.get("max_tokens", 16)), float(req.query.get("gap_ms", gap_ms)))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(req)
+        t0 = time.perf_counter()
+        for off, payload in events:
+            delay = t0 + off - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if payload == "<cut>":
+                req.transport.abort() if req.transport else None
+                return resp
+            data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+            await resp.write(f"data: {data}\n\n".encode())
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/completions", generate)
+    app.router.add_post("/v1/chat/completions", generate)
+    return app
+
+
+class ThreadServer:
+    """The scripted server on 127.0.0.1 in a background thread (own event loop). ``url`` is its base URL."""
+
+    def __init__(self, port: int = 0, gap_ms: float = GAP_MS):
+        self._ready = threading.Event()
+        self._port, self._gap = port, gap_ms
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("scripted SSE server did not start within 10 s")
+
+    def _main(self):
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.runner = web.AppRunner(make_app(self._gap), access_log=None, shutdown_timeout=0.5,
+                                     handler_cancellation=True)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", self._port)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.runner.cleanup())
+        self.loop.close()
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def start_in_thread(port: int = 0, gap_ms: float = GAP_MS) -> ThreadServer:
+    """Start the scripted server in a background thread; call ``.stop()`` when done."""
+    return ThreadServer(port, gap_ms)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--gap-ms", type=float, default=GAP_MS)
+    a = ap.parse_args(argv)
+
+    async def run():
+        runner = web.AppRunner(make_app(a.gap_ms), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", a.port)
+        await site.start()
+        print(f"READY {site._server.sockets[0].getsockname()[1]}", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,349 @@
+"""kit.serving: SSE parsing, cases E1-E3 (exact), arrivals, workloads, aggregation, faults against a scripted
+server (500s, stalls, truncated streams, a server killed mid-run, a dead server), the CLI."""
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kit import results as R
+from kit import serving as S
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sse_server import script, start_in_thread  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def sse_bytes(payload) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {data}\n\n".encode()
+
+
+def replay(name: str, chat: bool = True, split: bool = False) -> S.StreamCapture:
+    """Feed a scripted scenario to the real parser and capture with its *exact* time stamps (t0 = 0)."""
+    cap, parser = S.StreamCapture(t_send=0.0), S.SSEParser()
+    for t, payload in script(name, chat, 64, 5.0):
+        raw = sse_bytes(payload)
+        if split:  # the event arrives in two network reads; it completes (and is stamped) at the second
+            cap.add_events(parser.feed(raw[:7]), t - 0.01)
+            cap.add_events(parser.feed(raw[7:]), t)
+        else:
+            cap.add_events(parser.feed(raw), t)
+    cap.add_events(parser.close(), 99.0)
+    cap.finish()
+    return cap
+
+
+def chars(text: str) -> int:
+    """Stand-in tokenizer for the scripted cases: one token per non-space character."""
+    return len(text.strip())
+
+
+# ---------------------------------------------------------------- E1-E3, exact
+@pytest.mark.parametrize("split", [False, True])
+def test_e1_role_chunk_multi_token_chunk_usage_chunk(split):
+    cap = replay("e1", split=split)
+    assert cap.error is None and cap.done
+    rec = S.request_record(cap, S.RequestInput("p", 4, 64), S.token_counter(chars))
+    assert rec["ok"]
+    assert rec["ttft_ms"] == pytest.approx(500.0)  # not 50 (the role-only chunk)
+    assert rec["e2el_ms"] == pytest.approx(1000.0)
+    assert rec["output_tokens"] == 6 and not rec["output_tokens_estimated"]  # not 4 chunks, not 64
+    assert rec["tpot_ms"] == pytest.approx(100.0)
+    assert rec["chunk_gaps_ms"] == pytest.approx([100.0, 300.0, 100.0])
+    assert rec["itl_ms"] == pytest.approx([100.0] * 5)
+    assert 500.0 not in [round(x, 6) for x in rec["itl_ms"]]  # the ITL list never contains the TTFT
+    assert rec["osl_mismatch"]  # 6 tokens for max_tokens 64 is flagged
+
+
+def test_e1_with_continuous_usage_needs_no_tokenizer():
+    rec = S.request_record(replay("e1u"), S.RequestInput("p", 4, 64), None)
+    assert rec["tokens_per_chunk_source"] == "usage"
+    assert rec["itl_ms"] == pytest.approx([100.0] * 5)
+    assert rec["output_tokens"] == 6 and rec["tpot_ms"] == pytest.approx(100.0)
+
+
+def test_e2_one_and_zero_output_tokens():
+    a = S.request_record(replay("e2a", chat=False), S.RequestInput("p", 4, 64), S.token_counter(chars))
+    assert a["ok"] and a["ttft_ms"] == pytest.approx(300.0) and a["tpot_ms"] is None and a["itl_ms"] == []
+    b = S.request_record(replay("e2b", chat=False), S.RequestInput("p", 4, 64), S.token_counter(chars))
+    assert b["ok"] and b["output_tokens"] == 0 and b["ttft_ms"] is None and b["tpot_ms"] is None
+    c = S.request_record(replay("e2c", chat=False), S.RequestInput("p", 4, 64), None)
+    assert c["ok"] and c["output_tokens"] == 2
+    assert c["itl_ms"] == pytest.approx([100.0])  # the whitespace chunk (0 tokens) adds no ITL entry
+    # B (no usage, tokenizer says whitespace is 0 tokens) gives the same
+    cap = replay("e2c", chat=False)
+    cap.chunk_usage = [None] * len(cap.chunk_usage)
+    assert S.request_record(cap, S.RequestInput("p", 4, 64), S.token_counter(chars))["itl_ms"] == \
+        pytest.approx([100.0])
+    cfg = S.LoadConfig(url="http://x", slo_tpot_ms=50.0)
+    row = S.aggregate([a, b, c], cfg, {"duration_s": 1.0})
+    assert row["completed"] == 3 and row["failed"] == 0
+    assert row["tpot_n"] == 1  # only C has a TPOT; A (1 token) and B (0 tokens) are excluded, no ZeroDivision
+    assert row["x_good_requests"] == 2  # A and B pass the TPOT SLO by definition; C's 100 ms does not
+
+
+def test_e3_goodput():
+    def rec(ttft, tpot, n_out):
+        e2el = ttft + (tpot or 0) * (n_out - 1)
+        return {"ok": True, "ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el, "output_tokens": n_out,
+                "input_tokens": 4, "itl_ms": [], "chunk_gaps_ms": [], "n_chunks": n_out, "client_queue_ms": 0.0}
+    recs = [rec(400, 90, 10), rec(600, 50, 10), rec(300, 100, 10), rec(200, None, 1)]
+    cfg = S.LoadConfig(url="http://x", slo_ttft_ms=500, slo_tpot_ms=100)
+    row = S.aggregate(recs, cfg, {"duration_s": 2.0})
+    assert row["x_good_requests"] == 3
+    assert row["goodput_rps"] == pytest.approx(1.5)
+    assert row["request_throughput"] == pytest.approx(2.0)
+    # no SLO given -> goodput missing, not equal to throughput
+    assert S.aggregate(recs, S.LoadConfig(url="http://x"), {"duration_s": 2.0})["goodput_rps"] is None
+
+
+# ---------------------------------------------------------------- parsing details
+def test_sse_parser_crlf_multiline_comments_and_eof_without_blank_line():
+    p = S.SSEParser()
+    out = p.feed(b": keep-alive\r\n\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\nevent: x\ndata: [DONE]")
+    assert out == ['{"a":\n1}']
+    assert p.close() == ["[DONE]"]
+
+
+def test_classify_events():
+    assert S.classify_event({"choices": [], "usage": {"completion_tokens": 3}})[2] == {"completion_tokens": 3}
+    assert S.classify_event({"choices": [{"delta": {"role": "assistant"}}]})[0] == ""
+    assert S.classify_event({"choices": [{"delta": {"reasoning_content": "hm"}}]})[0] == "hm"
+    assert S.classify_event({"choices": [{"text": "", "token_ids": [5, 6]}]})[1] == 2
+    assert "boom" in S.classify_event({"object": "error", "message": "boom"})[4]
+    assert "boom" in S.classify_event({"error": {"message": "boom"}})[4]
+
+
+def test_done_is_never_parsed_and_bad_json_is_an_error():
+    cap = S.StreamCapture()
+    cap.add_events(["[DONE]"], 1.0)
+    assert cap.done and cap.error is None
+    cap.add_events(["{not json"], 1.1)
+    assert "malformed" in cap.error
+
+
+def test_stream_without_done_finish_or_usage_is_truncated():
+    cap = S.StreamCapture()
+    cap.add_events([json.dumps({"choices": [{"text": "a"}]})], 0.1)
+    cap.finish()
+    assert "truncated" in cap.error
+    cap2 = S.StreamCapture()
+    cap2.add_events([json.dumps({"choices": [{"text": "a", "finish_reason": "length"}]})], 0.1)
+    cap2.finish()
+    assert cap2.error is None  # transformers serve: no [DONE], but a finish reason
+
+
+def test_output_tokens_estimated_without_usage():
+    cap = S.StreamCapture()
+    cap.add_events([json.dumps({"choices": [{"text": "ab", "finish_reason": None}]})], 0.1)
+    cap.add_events([json.dumps({"choices": [{"text": "c", "finish_reason": "stop"}]})], 0.2)
+    rec = S.request_record(cap, S.RequestInput("p", 1, 3), S.token_counter(chars))
+    assert rec["output_tokens"] == 3 and rec["output_tokens_estimated"]
+    assert rec["tpot_ms"] == pytest.approx(50.0) and rec["itl_ms"] == pytest.approx([100.0])
+
+
+# ---------------------------------------------------------------- config, arrivals, workloads
+def test_config_validation_names_bad_values():
+    with pytest.raises(ValueError, match="endpoint='embed'"):
+        S.LoadConfig(url="http://x", endpoint="embed").validate()
+    with pytest.raises(ValueError, match="max_concurrency=0"):
+        S.LoadConfig(url="http://x", max_concurrency=0).validate()
+    with pytest.raises(ValueError, match="request_rate=0"):
+        S.LoadConfig(url="http://x", request_rate=0).validate()
+    with pytest.raises(ValueError, match="url="):
+        S.LoadConfig(url="localhost:8000").validate()
+    with pytest.raises(ValueError, match="num_requests or duration_s"):
+        S.LoadConfig(url="http://x", num_requests=None).validate()
+    assert S.LoadConfig(url="http://h:1/v1/").base_url == "http://h:1"
+
+
+def test_arrivals_gamma_poisson_and_inf():
+    assert (S.arrival_gaps_s(5, math.inf) == 0).all()
+    g = S.arrival_gaps_s(20000, 10.0, 1.0, seed=1)
+    assert g.mean() == pytest.approx(0.1, rel=0.03)
+    assert g.std() == pytest.approx(0.1, rel=0.05)  # exponential: std = mean
+    bursty = S.arrival_gaps_s(20000, 10.0, 0.25, seed=1)
+    assert bursty.mean() == pytest.approx(0.1, rel=0.05) and bursty.std() > 1.8 * g.std()
+    assert (S.arrival_gaps_s(10, 5.0, seed=3) == S.arrival_gaps_s(10, 5.0, seed=3)).all()
+    with pytest.raises(ValueError):
+        S.arrival_gaps_s(3, 1.0, burstiness=0)
+
+
+def test_workload_presets_and_token_ids():
+    assert S.WORKLOAD_PRESETS["seed"] == (1024, 400) and S.WORKLOAD_PRESETS["8k/1k"] == (8192, 1024)
+    w = S.build_workload(6, 50, 20, None, seed=1, osl_range=0.5, as_token_ids=True)
+    assert all(len(r.prompt) == 50 and r.input_tokens == 50 for r in w)
+    assert all(10 <= r.max_tokens <= 30 for r in w) and len({r.max_tokens for r in w}) > 1
+    words = S.build_workload(2, 7, 3, None)
+    assert len(words[0].prompt.split()) == 7 and words[0].input_tokens is None
+    with pytest.raises(ValueError, match="isl_range"):
+        S.build_workload(2, 7, 3, None, isl_range=1.5)
+
+
+# ---------------------------------------------------------------- against the scripted server
+@pytest.fixture(scope="module")
+def scripted():
+    srv = start_in_thread()
+    yield srv
+    srv.stop()
+
+
+def test_e1_end_to_end_over_http(scripted):
+    cfg = S.LoadConfig(url=scripted.url, model="e1", endpoint="chat", num_requests=2, max_concurrency=2,
+                       warmup_requests=0)
+    recs, info = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 64)], tokenizer=chars))
+    for r in recs:
+        assert r["ok"] and r["output_tokens"] == 6
+        assert r["ttft_ms"] == pytest.approx(500, abs=60) and r["tpot_ms"] == pytest.approx(100, abs=20)
+        assert len(r["itl_ms"]) == 5 and r["chunk_gaps_ms"][1] == pytest.approx(300, abs=40)
+
+
+def test_client_queue_is_reported_not_hidden(scripted):
+    cfg = S.LoadConfig(url=scripted.url, model="e2a", num_requests=4, max_concurrency=1, warmup_requests=0)
+    recs, _ = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 1)], tokenizer=chars))
+    queues = sorted(r["client_queue_ms"] for r in recs)
+    assert queues[0] < 50 and queues[-1] > 800  # the 4th waited ~3 x 300 ms for its slot ...
+    assert all(r["ttft_ms"] == pytest.approx(300, abs=60) for r in recs)  # ... and TTFT does not include it
+
+
+def test_fault_500_on_every_other_request(scripted, tmp_path):
+    cfg = S.LoadConfig(url=scripted.url, model="flaky", num_requests=6, max_concurrency=1, warmup_requests=0,
+                       osl=8)
+    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    assert row["completed"] == 3 and row["failed"] == 3 and row["status"] == "ok"
+    assert "HTTP 500" in row["error"]
+    df = R.load_results(tmp_path)
+    assert int(df["failed"].iloc[0]) == 3
+    detail = [json.loads(x) for x in Path(row["x_detail_file"]).read_text().splitlines()]
+    assert len(detail) == 6 and sum(not d["ok"] for d in detail) == 3
+    assert all("injected failure" in d["error"] for d in detail if not d["ok"])
+
+
+def test_fault_stall_past_the_timeout(scripted, tmp_path):
+    cfg = S.LoadConfig(url=scripted.url, model="stall", num_requests=2, max_concurrency=2, warmup_requests=0,
+                       stall_timeout_s=0.4, timeout_s=5)
+    t = time.perf_counter()
+    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    assert time.perf_counter() - t < 5
+    assert row["failed"] == 2 and row["completed"] == 0 and row["status"] == "error"
+    assert "stalled" in row["error"]
+    assert R.load_results(tmp_path)["failed"].iloc[0] == 2
+
+
+def test_fault_truncated_stream(scripted, tmp_path):
+    cfg = S.LoadConfig(url=scripted.url, model="truncate", num_requests=2, warmup_requests=0)
+    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    assert row["failed"] == 2 and "broken stream" in row["error"]
+
+
+def test_fault_total_timeout(scripted, tmp_path):
+    cfg = S.LoadConfig(url=scripted.url, model="slow", num_requests=1, warmup_requests=0, osl=100,
+                       timeout_s=0.5, stall_timeout_s=5)
+    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    assert row["failed"] == 1 and "exceeded" in row["error"]
+
+
+def test_dead_server_finishes_with_failures(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    row = S.run_point(S.LoadConfig(url=url, model="m", num_requests=3, warmup_requests=1), tmp_path / "a")
+    assert row["failed"] == 3 and row["completed"] == 0 and "connection failed" in row["error"]
+    row = S.run_point(S.LoadConfig(url=url, num_requests=3), tmp_path / "b")  # model lookup fails
+    assert row["status"] == "error" and "/v1/models" in row["error"]
+    assert R.load_results(tmp_path / "b")["status"].iloc[0] == "error"
+
+
+def test_server_killed_mid_run(tmp_path):
+    proc = subprocess.Popen([sys.executable, str(HERE / "sse_server.py"), "--port", "0", "--gap-ms", "5"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), line
+        url = f"http://127.0.0.1:{int(line.split()[1])}"
+        cfg = S.LoadConfig(url=url, model="normal", num_requests=12, max_concurrency=2, warmup_requests=0,
+                           osl=60, timeout_s=10, stall_timeout_s=2)
+        killer = threading.Timer(0.7, lambda: os.killpg(proc.pid, 9))
+        killer.start()
+        t = time.perf_counter()
+        row = S.run_point(cfg, tmp_path, tokenizer=chars)
+        killer.join()
+        assert time.perf_counter() - t < 10
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        proc.wait(5)
+    assert row["completed"] >= 1 and row["failed"] >= 1 and row["completed"] + row["failed"] == 12
+    df = R.load_results(tmp_path)
+    assert int(df["failed"].iloc[0]) == row["failed"]
+    detail = Path(row["x_detail_file"]).read_text().splitlines()
+    assert len(detail) == 12
+
+
+def test_api_key_is_sent_but_never_written(scripted, tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_TEST_API_KEY", "sk-very-secret-123")
+    cfg = S.LoadConfig(url=scripted.url, model="e2a", num_requests=2, api_key_env="KIT_TEST_API_KEY")
+    assert S._headers(cfg)["Authorization"] == "Bearer sk-very-secret-123"
+    S.run_sweep(cfg, [1, 2], tmp_path, tokenizer=chars, progress=False)
+    for f in tmp_path.iterdir():
+        assert "sk-very-secret-123" not in f.read_bytes().decode("utf-8", "replace"), f
+
+
+def test_sweep_rows_concat_with_in_process_rows_and_plot(scripted, tmp_path):
+    cfg = S.LoadConfig(url=scripted.url, model="normal", num_requests=4, osl=16, warmup_requests=1,
+                       slo_ttft_ms=1000)
+    df = S.run_sweep(cfg, [1, 2], tmp_path, tokenizer=chars, extra={"n_gpus": 1}, progress=False)
+    assert list(df["backend"]) == ["openai", "openai"] and list(df["concurrency"]) == [1, 2]
+    assert (df["completed"] == 4).all() and (df["x_output_tokens_total"] == 64).all()
+    assert df["goodput_rps"].notna().all() and df["tok_s_per_gpu"].notna().all()
+    assert df["tpot_n"].iloc[0] == 4 and df["itl_n"].iloc[0] == 4 * 15
+    engine = {"backend": "engine", "status": "ok", "model": "tiny", "concurrency": 2, "decode_tok_s": 500.0,
+              "tpot_ms_p50": 4.0, "tok_s_per_stream": 250.0, "n_gpus": 1}
+    both = R.to_frame(R.load_results(tmp_path).to_dict("records") + [engine])
+    assert set(both["backend"]) == {"openai", "engine"} and len(both) == 3
+    fig = S.plot_served(both)
+    fig.savefig(tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_duration_mode_stops_sending(scripted):
+    cfg = S.LoadConfig(url=scripted.url, model="normal", num_requests=None, duration_s=0.5, osl=4,
+                       max_concurrency=2, warmup_requests=0)
+    t = time.perf_counter()
+    recs, info = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 4)], tokenizer=chars))
+    assert time.perf_counter() - t < 3 and len(recs) > 4 and all(r["ok"] for r in recs)
+
+
+def test_request_rate_spaces_arrivals(scripted):
+    cfg = S.LoadConfig(url=scripted.url, model="e2b", num_requests=6, request_rate=20.0, max_concurrency=None,
+                       warmup_requests=0, seed=2)
+    recs, info = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 1)], tokenizer=chars))
+    sent = sorted(r["sent_s"] for r in recs)
+    expected = S.arrival_gaps_s(6, 20.0, 1.0, 2).cumsum()
+    assert sent[-1] - sent[0] == pytest.approx(expected[-1] - expected[0], abs=0.05)
+    assert info["x_client_cpu_frac"] >= 0 and info["x_client_bound"] in (True, False)
+
+
+def test_cli_serve_bench(scripted, tmp_path):
+    out = tmp_path / "cli"
+    cmd = [sys.executable, "-m", "kit.cli", "serve-bench", "--url", scripted.url, "--model", "normal",
+           "--concurrency", "1,2", "--isl", "8", "--osl", "8", "--num-requests", "3", "--warmup", "0",
+           "--tokenizer", "", "--out", str(out), "--plot"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=HERE.parent)
+    assert p.returncode == 0, p.stderr + p.stdout
+    df = R.load_results(out)
+    assert list(df["concurrency"]) == [1, 2] and (df["completed"] == 3).all()
+    assert (out / "serve-bench.png").exists()
+    bad = subprocess.run([sys.executable, "-m", "kit.cli", "serve-bench", "--url", "localhost:1"],
+                         capture_output=True, text=True, timeout=60, cwd=HERE.parent)
+    assert bad.returncode == 2 and "url='localhost:1'" in bad.stderr
