@@ -1,0 +1,384 @@
+"""Launch recipes for the servers :mod:`kit.serving` benchmarks: vLLM and SGLang on ROCm (MI355X, MI300X) and
+CUDA (B300, B200, H200), and ``transformers serve`` (runs on CPU).
+
+A recipe is data first: :func:`build_command` turns a :class:`LaunchSpec` into ``(argv, env)``, which
+:func:`shell_line` prints for a job script, and :class:`Server` starts in its own process group with its
+output in a log file, waits for readiness (``/health``, then ``/v1/models``) with a timeout, and stops by
+process group (SIGTERM, then SIGKILL), so no worker process outlives it.
+
+Vendor environment variables (:func:`vendor_env`) are defaults a user can override with ``LaunchSpec.env``;
+each has a reason beside it. Sources (read, not copied): the vLLM and SGLang server-argument docs, AMD's
+ROCm vLLM/SGLang benchmark guides for MI300X/MI355X, InferenceX launch scripts. Flags follow vLLM >= 0.11
+(multi-node without Ray: ``--nnodes/--node-rank/--master-addr/--master-port``, ``--headless`` on the other
+nodes) and SGLang >= 0.4 (``--tp-size/--ep-size/--nnodes/--node-rank/--dist-init-addr``).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENGINES = ("vllm", "sglang", "transformers")
+#: accelerator → platform the recipes target
+ACCELERATORS: dict[str, str] = {"MI355X": "rocm", "MI300X": "rocm", "B300": "cuda", "B200": "cuda",
+                                "H200": "cuda", "CPU": "cpu"}
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+@dataclass
+class LaunchSpec:
+    """What to serve and how.
+
+    Attributes:
+        engine: ``vllm`` | ``sglang`` | ``transformers``.
+        model: checkpoint directory or model id.
+        accelerator: ``MI355X`` | ``MI300X`` | ``B300`` | ``B200`` | ``H200`` | ``CPU``.
+        tp: tensor-parallel size per model replica; ep: expert-parallel size (MoE; vLLM turns EP on over the
+            TP×DP group, SGLang takes the size); dp: data-parallel replicas.
+        dtype: activation/weight dtype (``auto`` derives it from the checkpoint).
+        quantization: e.g. ``fp8``, ``mxfp4``, ``modelopt_fp4`` (passed through); kv_cache_dtype: e.g. ``fp8``.
+        max_model_len: context length cap (tokens); max_num_seqs: concurrent sequences cap.
+        nnodes, node_rank, master_addr, master_port: multi-node: the same spec runs on every node with its
+            ``node_rank``; ``master_addr`` is node 0's address.
+        env: extra/overriding environment variables; extra_args: appended verbatim.
+    """
+
+    engine: str
+    model: str
+    accelerator: str = "CPU"
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int = 29500
+    served_model_name: str | None = None
+    trust_remote_code: bool = False
+    continuous_batching: bool = True
+    env: dict = field(default_factory=dict)
+    extra_args: list = field(default_factory=list)
+
+    def validate(self) -> "LaunchSpec":
+        """Check the combination; returns self.
+
+        Raises:
+            ValueError: naming the bad field and value, and what is allowed.
+        """
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine={self.engine!r}; allowed: {ENGINES}")
+        if self.accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator={self.accelerator!r}; allowed: {sorted(ACCELERATORS)}")
+        if self.engine in ("vllm", "sglang") and ACCELERATORS[self.accelerator] == "cpu":
+            raise ValueError(f"engine={self.engine!r} recipes target GPUs (ROCm or CUDA), not accelerator='CPU'; "
+                             "use engine='transformers' on CPU")
+        for name in ("tp", "ep", "dp", "nnodes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}; must be >= 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank}; must be in [0, nnodes={self.nnodes})")
+        if self.nnodes > 1 and not self.master_addr:
+            raise ValueError(f"nnodes={self.nnodes} needs master_addr (node 0's address)")
+        if self.nnodes > 1 and self.engine == "transformers":
+            raise ValueError("engine='transformers' serves from one process; nnodes must be 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}; allowed: {DTYPES}")
+        if not 0 < int(self.port) < 65536:
+            raise ValueError(f"port={self.port}; must be in 1..65535")
+        return self
+
+    @property
+    def platform(self) -> str:
+        return ACCELERATORS[self.accelerator]
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def vendor_env(engine: str, accelerator: str, quantization: str | None = None) -> dict[str, str]:
+    """Environment variables that matter for ``engine`` on ``accelerator`` (defaults; override per spec).
+
+    Raises:
+        ValueError: unknown engine or accelerator.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r}; allowed: {ENGINES}")
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"accelerator={accelerator!r}; allowed: {sorted(ACCELERATORS)}")
+    plat = ACCELERATORS[accelerator]
+    env: dict[str, str] = {}
+    if plat == "rocm":
+        # RCCL on MEC firmware older than 177 cannot reclaim scratch memory and may crash (ROCm 6.4 notes);
+        # harmless on newer firmware.
+        env["HSA_NO_SCRATCH_RECLAIM"] = "1"
+        # load safetensors straight to GPU memory (AMD's vLLM guides)
+        env["SAFETENSORS_FAST_GPU"] = "1"
+        if engine == "vllm":
+            env["VLLM_ROCM_USE_AITER"] = "1"  # AITER kernels (attention, MoE, GEMM) on MI300X/MI355X
+            # quantised quick all-reduce for TP on MI300-series/MI355X (InferenceX MI355X recipes)
+            env["VLLM_ROCM_QUICK_REDUCE_QUANTIZATION"] = "INT4"
+        elif engine == "sglang":
+            env["SGLANG_USE_AITER"] = "1"  # AITER kernels in SGLang's ROCm build
+    elif plat == "cuda":
+        if engine == "vllm" and accelerator in ("B300", "B200") and quantization and "fp4" in quantization:
+            env["VLLM_USE_FLASHINFER_MOE_FP4"] = "1"  # FlashInfer NVFP4 MoE kernels (Blackwell, SM100+)
+    else:
+        env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    return env
+
+
+def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """``(argv, env)`` that start ``spec``'s server; ``env`` holds only the variables the recipe sets.
+
+    Raises:
+        ValueError: an invalid spec (see :meth:`LaunchSpec.validate`).
+    """
+    spec.validate()
+    py = python or sys.executable
+    env = {**vendor_env(spec.engine, spec.accelerator, spec.quantization), **{k: str(v) for k, v in spec.env.items()}}
+    if spec.engine == "vllm":
+        a = ["vllm", "serve", spec.model, "--host", spec.host, "--port", str(spec.port),
+             "--tensor-parallel-size", str(spec.tp), "--dtype", spec.dtype]
+        if spec.dp > 1:
+            a += ["--data-parallel-size", str(spec.dp)]
+        if spec.ep > 1:
+            a += ["--enable-expert-parallel"]
+        if spec.quantization:
+            a += ["--quantization", spec.quantization]
+        if spec.kv_cache_dtype:
+            a += ["--kv-cache-dtype", spec.kv_cache_dtype]
+        if spec.max_model_len:
+            a += ["--max-model-len", str(spec.max_model_len)]
+        if spec.max_num_seqs:
+            a += ["--max-num-seqs", str(spec.max_num_seqs)]
+        if spec.served_model_name:
+            a += ["--served-model-name", spec.served_model_name]
+        if spec.trust_remote_code:
+            a += ["--trust-remote-code"]
+        a += ["--no-enable-prefix-caching"]  # random prompts: a prefix cache would only add noise
+        if spec.nnodes > 1:
+            a += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank),
+                  "--master-addr", spec.master_addr, "--master-port", str(spec.master_port)]
+            if spec.node_rank > 0:
+                a += ["--headless"]  # only node 0 serves HTTP
+    elif spec.engine == "sglang":
+        a = [py, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host,
+             "--port", str(spec.port), "--tp-size", str(spec.tp), "--dtype", spec.dtype]
+        if spec.dp > 1:
+            a += ["--dp-size", str(spec.dp)]
+        if spec.ep > 1:
+            a += ["--ep-size", str(spec.ep)]
+        if spec.quantization:
+            a += ["--quantization", spec.quantization]
+        if spec.kv_cache_dtype:
+            kv = "fp8_e4m3" if spec.kv_cache_dtype == "fp8" else spec.kv_cache_dtype
+            a += ["--kv-cache-dtype", kv]
+        if spec.max_model_len:
+            a += ["--context-length", str(spec.max_model_len)]
+        if spec.max_num_seqs:
+            a += ["--max-running-requests", str(spec.max_num_seqs)]
+        if spec.served_model_name:
+            a += ["--served-model-name", spec.served_model_name]
+        if spec.trust_remote_code:
+            a += ["--trust-remote-code"]
+        if spec.nnodes > 1:
+            a += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank),
+                  "--dist-init-addr", f"{spec.master_addr}:{spec.master_port}"]
+    else:  # transformers serve
+        exe = Path(py).with_name("transformers")
+        a = [str(exe) if exe.exists() else "transformers", "serve", spec.model, "--host", spec.host,
+             "--port", str(spec.port), "--dtype", spec.dtype,
+             "--device", "cpu" if spec.platform == "cpu" else "auto"]
+        a += ["--continuous-batching"] if spec.continuous_batching else ["--no-continuous-batching"]
+        if spec.quantization:
+            a += ["--quantization", spec.quantization]
+        if spec.trust_remote_code:
+            a += ["--trust-remote-code"]
+    a += [str(x) for x in spec.extra_args]
+    return a, env
+
+
+def shell_line(spec: LaunchSpec) -> str:
+    """The recipe as one shell line (``VAR=value ... command args``), for a job script or a README."""
+    argv, env = build_command(spec, python="python3")
+    return " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(argv)])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - local URL the caller chose
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+class Server:
+    """A server process started from a recipe (or any argv): own process group, log file, readiness, stop.
+
+    Use as a context manager: ``with Server(spec, log_path) as srv: ... srv.url ...``; leaving the block (also
+    by an exception) stops the whole process group.
+    """
+
+    def __init__(self, spec: LaunchSpec | None = None, log_path: str | Path = "server.log",
+                 argv: list[str] | None = None, env: dict | None = None, url: str | None = None):
+        if spec is None and argv is None:
+            raise ValueError("give a LaunchSpec or an argv")
+        if spec is not None:
+            argv, env_r = build_command(spec)
+            env = {**env_r, **(env or {})}
+            url = url or spec.url
+        if url is None:
+            raise ValueError("with an explicit argv, give the server's base url too")
+        self.argv, self.env, self.url = list(argv), dict(env or {}), url.rstrip("/")
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Server":
+        """Start the process in a new session (its own process group), stdout+stderr to the log file.
+
+        Raises:
+            FileNotFoundError: the executable does not exist (the message names it).
+        """
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self._log.write(("$ " + shlex.join(self.argv) + "\n").encode())
+        self._log.flush()
+        try:
+            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                         start_new_session=True)
+        except FileNotFoundError as e:
+            self._log.close()
+            raise FileNotFoundError(f"cannot start {self.argv[0]!r}: not found (is the engine installed?)") from e
+        return self
+
+    def log_tail(self, n_chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n_chars:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout_s: float = 600.0, poll_s: float = 0.5) -> float:
+        """Block until ``/health`` (or ``/v1/models``) answers 200.
+
+        Returns: seconds waited.
+
+        Raises:
+            RuntimeError: the process exited first (with the log's tail).
+            TimeoutError: not ready within ``timeout_s`` (the process is left running; call :meth:`stop`).
+        """
+        t0 = time.monotonic()
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode} before it was ready; "
+                                   f"log {self.log_path}:\n{self.log_tail()}")
+            if _get(self.url + "/health", 2.0) == 200 or _get(self.url + "/v1/models", 2.0) == 200:
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"server at {self.url} not ready after {timeout_s:g} s; log {self.log_path}:\n"
+                                   f"{self.log_tail()}")
+            time.sleep(poll_s)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM the process group, wait up to ``timeout_s``, then SIGKILL it. Returns the exit code."""
+        if self.proc is None:
+            return None
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                # the leader is gone; make sure no child of the group lingers
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if not self._log.closed:
+            self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "Server":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def build_tiny_checkpoint(path: str | Path, vocab_size: int = 512, hidden_size: int = 64, layers: int = 2,
+                          seed: int = 0) -> Path:
+    """Write a tiny random-weight Llama and a byte-level BPE tokenizer trained locally (no downloads) to
+    ``path``, ready for ``transformers serve`` on CPU. Reuses an existing checkpoint at ``path``.
+
+    Shapes: hidden ``hidden_size``, ``layers`` decoder layers, 4 heads / 2 KV heads, vocab ``vocab_size``.
+
+    Returns: the directory.
+    """
+    import random
+
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = Path(path)
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists() and \
+            any(path.glob("*.safetensors")):
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    words = ("time person year way day thing man world life hand part child eye woman place work week case point "
+             "number group problem fact be have do say get make go know take see come think look want give use "
+             "find tell ask seem feel try leave call good new first last long great little own other old right "
+             "big high different small large next early young important few public bad same able to of in for "
+             "on with at by from up about into over after the a and that it not he as you this but his they").split()
+    rng = random.Random(seed)
+    corpus = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(400)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}assistant: {% endif %}")
+    fast.save_pretrained(path)
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=4096, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+                      pad_token_id=fast.pad_token_id, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path

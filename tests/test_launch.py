@@ -1,0 +1,119 @@
+"""kit.launch: recipe commands and environments for vLLM / SGLang on ROCm and CUDA and transformers serve;
+the Server process wrapper (readiness, early exit, timeout, stop by process group)."""
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kit import launch as L
+
+HERE = Path(__file__).parent
+
+
+def arg(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize("acc", ["MI355X", "MI300X"])
+def test_vllm_rocm_recipe(acc):
+    argv, env = L.build_command(L.LaunchSpec("vllm", "/models/kimi", acc, tp=8, ep=8, dtype="bfloat16",
+                                             quantization="fp8", kv_cache_dtype="fp8", max_model_len=8192))
+    assert argv[:3] == ["vllm", "serve", "/models/kimi"]
+    assert arg(argv, "--tensor-parallel-size") == "8" and "--enable-expert-parallel" in argv
+    assert arg(argv, "--quantization") == "fp8" and arg(argv, "--kv-cache-dtype") == "fp8"
+    assert arg(argv, "--max-model-len") == "8192" and arg(argv, "--host") == "127.0.0.1"
+    assert env["VLLM_ROCM_USE_AITER"] == "1" and env["HSA_NO_SCRATCH_RECLAIM"] == "1"
+    assert not any(k.startswith("SGLANG") for k in env)
+
+
+@pytest.mark.parametrize("acc", ["B300", "B200", "H200"])
+def test_sglang_cuda_recipe_multinode(acc):
+    spec = L.LaunchSpec("sglang", "/models/kimi", acc, tp=16, ep=16, nnodes=2, node_rank=1,
+                        master_addr="node0", master_port=5000, kv_cache_dtype="fp8", trust_remote_code=True)
+    argv, env = L.build_command(spec, python="python3")
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert arg(argv, "--model-path") == "/models/kimi" and arg(argv, "--tp-size") == "16"
+    assert arg(argv, "--ep-size") == "16" and arg(argv, "--kv-cache-dtype") == "fp8_e4m3"
+    assert arg(argv, "--nnodes") == "2" and arg(argv, "--node-rank") == "1"
+    assert arg(argv, "--dist-init-addr") == "node0:5000" and "--trust-remote-code" in argv
+    assert not any(k.startswith(("VLLM", "HSA", "SGLANG_USE_AITER")) for k in env)
+
+
+def test_sglang_rocm_env_and_vllm_multinode_headless():
+    _, env = L.build_command(L.LaunchSpec("sglang", "m", "MI355X", tp=8))
+    assert env["SGLANG_USE_AITER"] == "1"
+    a0, _ = L.build_command(L.LaunchSpec("vllm", "m", "B200", tp=8, nnodes=2, node_rank=0, master_addr="10.0.0.1"))
+    a1, _ = L.build_command(L.LaunchSpec("vllm", "m", "B200", tp=8, nnodes=2, node_rank=1, master_addr="10.0.0.1"))
+    assert "--headless" not in a0 and "--headless" in a1
+    assert arg(a1, "--master-addr") == "10.0.0.1" and arg(a1, "--nnodes") == "2"
+    _, env = L.build_command(L.LaunchSpec("vllm", "m", "B300", quantization="modelopt_fp4"))
+    assert env.get("VLLM_USE_FLASHINFER_MOE_FP4") == "1"
+
+
+def test_user_env_overrides_vendor_defaults_and_shell_line():
+    spec = L.LaunchSpec("vllm", "my model", "MI300X", env={"VLLM_ROCM_USE_AITER": "0", "HIP_VISIBLE_DEVICES": "0,1"},
+                        extra_args=["--max-num-batched-tokens", "16384"])
+    argv, env = L.build_command(spec)
+    assert env["VLLM_ROCM_USE_AITER"] == "0" and env["HIP_VISIBLE_DEVICES"] == "0,1"
+    assert argv[-2:] == ["--max-num-batched-tokens", "16384"]
+    line = L.shell_line(spec)
+    assert line.startswith("HSA_NO_SCRATCH_RECLAIM=1 ") and "'my model'" in line
+
+
+def test_transformers_cpu_recipe():
+    argv, env = L.build_command(L.LaunchSpec("transformers", "/tmp/m", port=8123))
+    assert argv[1:3] == ["serve", "/tmp/m"] and "--continuous-batching" in argv
+    assert arg(argv, "--device") == "cpu" and arg(argv, "--port") == "8123"
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(engine="tgi"), "engine='tgi'"),
+    (dict(accelerator="A100"), "accelerator='A100'"),
+    (dict(engine="vllm", accelerator="CPU"), "not accelerator='CPU'"),
+    (dict(tp=0), "tp=0"),
+    (dict(nnodes=2), "master_addr"),
+    (dict(nnodes=2, node_rank=2, master_addr="x"), "node_rank=2"),
+    (dict(dtype="fp8"), "dtype='fp8'"),
+])
+def test_bad_specs_name_the_value(kw, match):
+    base = dict(engine="transformers", model="m", accelerator="CPU")
+    base.update(kw)
+    with pytest.raises(ValueError, match=match):
+        L.LaunchSpec(**base).validate()
+
+
+def test_server_ready_and_stop_by_process_group(tmp_path):
+    port = L.free_port()
+    srv = L.Server(argv=[sys.executable, str(HERE / "sse_server.py"), "--port", str(port)],
+                   url=f"http://127.0.0.1:{port}", log_path=tmp_path / "s.log")
+    with srv:
+        waited = srv.wait_ready(30, poll_s=0.1)
+        assert waited < 30 and L._get(srv.url + "/health", 2) == 200
+        pid = srv.proc.pid
+    assert srv.proc.returncode is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    assert "sse_server.py" in (tmp_path / "s.log").read_text()
+
+
+def test_server_exits_early_or_never_ready(tmp_path):
+    srv = L.Server(argv=[sys.executable, "-c", "print('boom'); raise SystemExit(3)"], url="http://127.0.0.1:9",
+                   log_path=tmp_path / "a.log")
+    with srv, pytest.raises(RuntimeError, match="(?s)code 3.*boom"):
+        srv.wait_ready(20, poll_s=0.1)
+    # a server that never answers (and has a child) times out, then stop() kills the whole group
+    srv = L.Server(argv=["bash", "-c", "sleep 120 & sleep 120"], url=f"http://127.0.0.1:{L.free_port()}",
+                   log_path=tmp_path / "b.log")
+    srv.start()
+    t = time.monotonic()
+    with pytest.raises(TimeoutError, match="not ready"):
+        srv.wait_ready(1.0, poll_s=0.2)
+    pid = srv.proc.pid
+    srv.stop(timeout_s=5)
+    assert time.monotonic() - t < 15
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    with pytest.raises(FileNotFoundError, match="no-such-engine"):
+        L.Server(argv=["no-such-engine"], url="http://x", log_path=tmp_path / "c.log").start()
