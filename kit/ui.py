@@ -425,14 +425,14 @@ def compare_frame(sets: dict[str, pd.DataFrame], prices: dict[str, float] | None
         tok_s_col: throughput behind the cost (decode_tok_s in-process; output_tok_s for served runs).
 
     Returns:
-        One frame with ``label`` and usd_per_gpu_hr, price_basis, tok_s_per_gpu, usd_per_mtok, tok_per_usd,
-        tok_s_basis filled by :mod:`kit.metrics` (formula: usd_per_mtok = $/GPU-h x n_gpus / (tok/s x 3600) x 1e6).
+        One frame with ``label`` and the cost columns of :func:`kit.cost.add_cost_columns` (usd_per_gpu_hr,
+        price_basis, tok_s_per_gpu, usd_per_mtok, tok_per_usd, tok_s_basis; formulas in :mod:`kit.metrics`).
 
     Raises:
-        ValueError: fewer than one set, a price <= 0, or ``tok_s_col`` missing from a set.
+        ValueError: no sets, a price <= 0, or an unknown ``tok_s_col``.
     """
-    from . import metrics
     from .catalog import DEFAULT_BASIS, load_catalog
+    from .cost import add_cost_columns
 
     if not sets:
         raise ValueError("give at least one result set to compare")
@@ -444,30 +444,16 @@ def compare_frame(sets: dict[str, pd.DataFrame], prices: dict[str, float] | None
     cat = load_catalog()
     parts = []
     for lab, df in sets.items():
-        if tok_s_col not in df.columns:
-            raise ValueError(f"result set {lab!r} has no column {tok_s_col!r}")
         d = df.copy()
         d["label"] = str(lab)
-        price, pbasis = prices.get(lab), "user"
-        if price is None:
-            acc = d["accelerator"].dropna().unique() if "accelerator" in d else []
-            pbasis = basis
-            if len(acc):
-                try:
-                    price = cat.price(str(acc[0]), basis).usd_per_gpu_hr
-                except KeyError:
-                    price = None
-        n_gpus = d["n_gpus"].fillna(1).astype(float) if "n_gpus" in d else pd.Series(1.0, index=d.index)
-        tok = pd.to_numeric(d[tok_s_col], errors="coerce")
-        d["usd_per_gpu_hr"] = float(price) if price is not None else float("nan")
-        d["price_basis"] = pbasis if price is not None else None
-        d["tok_s_basis"] = tok_s_col
-        d["tok_s_per_gpu"] = [metrics.tok_s_per_gpu(t, g) if pd.notna(t) else float("nan")
-                              for t, g in zip(tok, n_gpus)]
-        d["usd_per_mtok"] = [metrics.usd_per_mtok(t, price, int(g)) if price is not None and pd.notna(t)
-                             else float("nan") for t, g in zip(tok, n_gpus)]
-        d["tok_per_usd"] = [metrics.tok_per_usd(t, price, int(g)) if price is not None and pd.notna(t)
-                            else float("nan") for t, g in zip(tok, n_gpus)]
+        price = prices.get(lab)
+        try:
+            d = add_cost_columns(d, basis=basis, usd_per_gpu_hr=price, tok_s_col=tok_s_col, catalog=cat)
+        except KeyError:  # no catalog price for this accelerator on this basis: cost unknown, speed still compared
+            d = add_cost_columns(d, usd_per_gpu_hr=1.0, tok_s_col=tok_s_col, catalog=cat, accelerator=None)
+            for c in ("usd_per_gpu_hr", "usd_per_mtok", "tok_per_usd"):
+                d[c] = float("nan")
+            d["price_basis"] = pd.Series([None] * len(d), index=d.index, dtype="string")
         parts.append(d)
     return pd.concat(parts, ignore_index=True)
 

@@ -1,0 +1,161 @@
+"""Small analyses the how-to notebooks run on sweep results: the concurrency knee, a dtype comparison that refuses to
+report the speed of broken numerics, and an export bundle for CI.
+
+All functions take and return DataFrames in the :mod:`kit.results` schema; none measures anything.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+#: x_ columns holding per-step lists; dropped from flat exports (CSV, Markdown)
+LIST_COLUMNS = ("x_step_ms", "x_prefill_ms")
+
+
+def scaling_exponents(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concurrency") -> pd.DataFrame:
+    """Per KV length, the scaling exponent between consecutive concurrencies:
+    ``k = log(y2 / y1) / log(x2 / x1)`` (1 = throughput grows in proportion to concurrency, 0 = flat).
+
+    Returns: DataFrame context_len, from, to, y_from, y_to, exponent (ok rows only, sorted).
+    Raises: ValueError when a needed column is missing.
+    """
+    for c in (y, x, "context_len", "status"):
+        if c not in df.columns:
+            raise ValueError(f"column {c!r} missing; need {y}, {x}, context_len and status")
+    ok = df[(df["status"] == "ok") & df[y].notna()]
+    rows = []
+    for ctx, g in ok.groupby("context_len", sort=True):
+        g = g.groupby(x, sort=True)[y].median()
+        xs, ys = list(g.index), list(g.values)
+        for (x1, y1), (x2, y2) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            k = math.log(y2 / y1) / math.log(x2 / x1) if y1 > 0 and y2 > 0 else float("nan")
+            rows.append({"context_len": int(ctx), "from": int(x1), "to": int(x2), "y_from": float(y1),
+                         "y_to": float(y2), "exponent": k})
+    return pd.DataFrame(rows, columns=["context_len", "from", "to", "y_from", "y_to", "exponent"])
+
+
+def concurrency_knee(df: pd.DataFrame, y: str = "decode_tok_s", min_exponent: float = 0.5) -> pd.DataFrame:
+    """Where ``y`` (decode tok/s) stops scaling with concurrency, per KV length.
+
+    The knee is the last concurrency before the first step whose scaling exponent (see
+    :func:`scaling_exponents`) falls below ``min_exponent``: past it, doubling the batch buys less than
+    2**min_exponent times the throughput (default 0.5: less than 1.41x per doubling). When no step falls below, the
+    knee is not reached inside the grid (``knee`` is NA, ``reached`` False): extend the grid.
+
+    Returns: DataFrame context_len, knee (Int64), reached, y_at_knee, max_y, max_at, min_exponent.
+    Raises: ValueError for ``min_exponent`` outside (0, 1] or a missing column.
+    """
+    if not 0 < min_exponent <= 1:
+        raise ValueError(f"min_exponent={min_exponent!r} must be in (0, 1]")
+    steps = scaling_exponents(df, y)
+    ok = df[(df["status"] == "ok") & df[y].notna()]
+    rows = []
+    for ctx, g in ok.groupby("context_len", sort=True):
+        s = steps[steps["context_len"] == ctx]
+        below = s[s["exponent"] < min_exponent]
+        med = g.groupby("concurrency")[y].median()
+        knee = int(below.iloc[0]["from"]) if len(below) else None
+        rows.append({"context_len": int(ctx), "knee": knee, "reached": knee is not None,
+                     "y_at_knee": float(med.loc[knee]) if knee is not None else float("nan"),
+                     "max_y": float(med.max()), "max_at": int(med.idxmax()), "min_exponent": min_exponent})
+    out = pd.DataFrame(rows, columns=["context_len", "knee", "reached", "y_at_knee", "max_y", "max_at",
+                                      "min_exponent"])
+    out["knee"] = out["knee"].astype("Int64")
+    return out
+
+
+def dtype_comparison(df: pd.DataFrame, baseline: str = "float32") -> pd.DataFrame:
+    """Speed of each dtype relative to ``baseline`` at the same (KV length, concurrency), numerics first.
+
+    A point whose logits were non-finite (``x_logits_finite`` False) measured garbage arithmetic: its speed is not
+    reported (NaN) and ``flag`` says why. OOM/error points are flagged with their status.
+
+    Returns: DataFrame dtype, context_len, concurrency, status, logits_finite, decode_tok_s, tpot_ms_p50,
+    speedup_vs_<baseline>, flag.
+    """
+    need = ["dtype", "context_len", "concurrency", "status", "decode_tok_s", "tpot_ms_p50"]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise ValueError(f"column(s) {missing} missing from the results")
+    d = df.copy()
+    fin = d["x_logits_finite"] if "x_logits_finite" in d else pd.Series(True, index=d.index)
+    d["logits_finite"] = fin.map(lambda v: bool(v) if v is not None and not pd.isna(v) else None)
+    flags = []
+    for _, r in d.iterrows():
+        if r["status"] != "ok":
+            flags.append(f"{r['status']}: not measured")
+        elif r["logits_finite"] is False:
+            flags.append("non-finite logits: speed not reported")
+        else:
+            flags.append("")
+    d["flag"] = flags
+    bad = d["flag"] != ""
+    d.loc[bad, ["decode_tok_s", "tpot_ms_p50"]] = np.nan
+    base = d[d["dtype"] == baseline].set_index(["context_len", "concurrency"])["decode_tok_s"]
+    key = list(zip(d["context_len"], d["concurrency"]))
+    d[f"speedup_vs_{baseline}"] = [r / base.get(k, np.nan) if k in base.index else np.nan
+                                   for r, k in zip(d["decode_tok_s"], key)]
+    cols = ["dtype", "context_len", "concurrency", "status", "logits_finite", "decode_tok_s", "tpot_ms_p50",
+            f"speedup_vs_{baseline}", "flag"]
+    return d[cols].sort_values(["context_len", "concurrency", "dtype"]).reset_index(drop=True)
+
+
+def ci_summary(df: pd.DataFrame) -> list[dict]:
+    """One JSON-ready dict per point: identity, status, TTFT/TPOT/throughput with sample count (no per-step lists)."""
+    keep = ["model", "dtype", "device", "device_name", "context_len", "concurrency", "decode_steps", "repeats",
+            "status", "error", "ttft_ms", "tpot_ms_p50", "tpot_ms_p90", "tpot_n", "decode_tok_s",
+            "tok_s_per_stream", "peak_mem_gb"]
+    out = []
+    for _, r in df.iterrows():
+        rec = {}
+        for c in keep:
+            if c in df.columns:
+                v = r[c]
+                rec[c] = None if v is None or (not isinstance(v, str) and pd.isna(v)) else (
+                    v.item() if hasattr(v, "item") else v)
+        out.append(rec)
+    return out
+
+
+def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None = None) -> dict[str, Path]:
+    """Write a results bundle a CI job can archive and read:
+
+    - ``results.parquet`` + ``results.json`` (full rows + run metadata, :func:`kit.results.save_results`),
+    - ``results.csv`` (flat: per-step list columns dropped),
+    - ``summary.json`` (``{"n_points", "n_ok", "statuses", "points": [...]}``, see :func:`ci_summary`),
+    - ``summary.md`` (a Markdown table, e.g. for ``$GITHUB_STEP_SUMMARY``).
+
+    Returns: name → path.
+    """
+    from .results import save_results
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = metadata if metadata is not None else df.attrs.get("metadata", {})
+    paths = {"parquet": save_results(df, out / "results.parquet", meta)}
+    flat = df.drop(columns=[c for c in LIST_COLUMNS if c in df.columns])
+    paths["csv"] = out / "results.csv"
+    flat.to_csv(paths["csv"], index=False)
+    points = ci_summary(df)
+    statuses = {s: int(n) for s, n in df["status"].value_counts().items()} if len(df) else {}
+    summary = {"n_points": len(df), "n_ok": statuses.get("ok", 0), "statuses": statuses, "points": points}
+    paths["summary_json"] = out / "summary.json"
+    paths["summary_json"].write_text(json.dumps(summary, indent=2, default=str))
+    cols = ["dtype", "context_len", "concurrency", "status", "ttft_ms", "tpot_ms_p50", "tpot_n", "decode_tok_s"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for p in points:
+        cells = []
+        for c in cols:
+            v = p.get(c)
+            cells.append("-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)))
+        lines.append("| " + " | ".join(cells) + " |")
+    paths["summary_md"] = out / "summary.md"
+    paths["summary_md"].write_text(f"{summary['n_ok']}/{summary['n_points']} points ok\n\n" + "\n".join(lines) + "\n")
+    return paths
+
+
+__all__ = ["scaling_exponents", "concurrency_knee", "dtype_comparison", "ci_summary", "export_for_ci"]
