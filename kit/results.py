@@ -161,6 +161,9 @@ def coerce(df: pd.DataFrame) -> pd.DataFrame:
                 df[name] = pd.to_numeric(df[name], errors="coerce").astype("Int64")
             else:
                 df[name] = df[name].astype(dt)
+    for name in df.columns:  # extras (x_*): missing values are None whatever the storage round trip made of them
+        if name not in _DTYPES and df[name].dtype == object:
+            df[name] = df[name].map(lambda v: None if isinstance(v, float) and v != v else v)
     return df
 
 

@@ -1,0 +1,131 @@
+"""``kit bench``: benchmarks of the kit itself, printed as figures (not timed unit tests).
+
+(a) harness overhead: the kit's median decode step (:func:`kit.engine.run_point`, per-step clock + device sync)
+    beside a bare loop of the same forward calls on the same static cache, timed as a whole. Goal: ratio <= 1.05.
+(b) against what users would do instead: the kit's decode tok/s beside ``model.generate()`` (transformers'
+    default dynamic cache, greedy) on the same model, batch and context. generate's
+    decode tok/s = B / (median gap between consecutive generated tokens), taken with a timestamping
+    StoppingCriteria (prefill excluded). Goal: kit >= 1.3x.
+
+Both alternate the two sides for ``rounds`` rounds (interleaved, so machine noise hits both alike) and report
+medians and minima with n.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from . import hardware
+from .engine import PointConfig, bare_decode_loop_ms, run_point
+from .sweep import get_model
+
+
+def harness_overhead(model, batch: int, context_len: int, steps: int, rounds: int, device: str) -> dict:
+    """Interleaved rounds of the kit's timed decode vs a bare forward loop; ms per step for each.
+
+    Returns: dict with kit_step_ms / bare_step_ms medians and minima, n (rounds) and ratio (median kit / median
+    bare).
+    """
+    kit_ms, bare_ms = [], []
+    for _ in range(rounds):
+        r = run_point(model, PointConfig(batch, context_len, steps, warmup_steps=3, repeats=1,
+                                         kv_fill="synthetic"), device)
+        kit_ms.append(r["tpot_ms_p50"])
+        bare_ms.append(bare_decode_loop_ms(model, batch, context_len, steps, device))
+    k, b = float(np.median(kit_ms)), float(np.median(bare_ms))
+    return {"kit_step_ms_p50": k, "kit_step_ms_min": float(min(kit_ms)), "bare_step_ms_p50": b,
+            "bare_step_ms_min": float(min(bare_ms)), "n": rounds, "ratio": k / b}
+
+
+class _StepClock:
+    """A transformers ``StoppingCriteria`` that only timestamps: generate() calls it once per generated token."""
+
+    def __init__(self, device):
+        self.device, self.times = device, []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        hardware.synchronize(self.device)
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def generate_step_ms(model, ids, new_tokens: int, device) -> list[float]:
+    """Per-step decode times (ms) of ``model.generate()`` (greedy, default cache): gaps between consecutive
+    generated tokens, so prefill and the first token are excluded."""
+    from transformers import StoppingCriteriaList
+
+    clock = _StepClock(device)
+    model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                   eos_token_id=None, stopping_criteria=StoppingCriteriaList([clock]))
+    return [(b - a) * 1000.0 for a, b in zip(clock.times, clock.times[1:])]
+
+
+def versus_generate(model, batch: int, context_len: int, steps: int, rounds: int, device: str) -> dict:
+    """Interleaved rounds of the kit's decode tok/s vs ``model.generate()``'s on the same batch and context.
+
+    Both sides use the median decode step of the round: decode tok/s = B / (median step ms / 1000).
+
+    Returns: dict with kit/generate decode tok/s medians over rounds, n and speedup (kit / generate).
+    """
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (batch, context_len), generator=g).to(device)
+    kit_tps, gen_tps = [], []
+    with torch.inference_mode():
+        generate_step_ms(model, ids[:, :16], 3, device)  # warm-up
+        for _ in range(rounds):
+            r = run_point(model, PointConfig(batch, context_len, steps, warmup_steps=3, repeats=1,
+                                             kv_fill="prefill"), device)
+            kit_tps.append(r["decode_tok_s"])
+            gen_tps.append(batch / (float(np.median(generate_step_ms(model, ids, steps + 1, device))) / 1000.0))
+    k, gm = float(np.median(kit_tps)), float(np.median(gen_tps))
+    return {"kit_decode_tok_s_p50": k, "generate_decode_tok_s_p50": gm, "kit_decode_tok_s_max": float(max(kit_tps)),
+            "generate_decode_tok_s_max": float(max(gen_tps)), "n": rounds, "speedup": k / gm}
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark the kit: harness overhead and speed vs model.generate()",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny-llama", help="preset or checkpoint directory")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | rocm")
+    p.add_argument("--batch", type=int, default=16, help="concurrency B")
+    p.add_argument("--context", type=int, default=1024, help="KV-cache length C (tokens)")
+    p.add_argument("--steps", type=int, default=32, help="decode steps per round")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per side")
+    p.add_argument("--which", choices=("overhead", "generate", "all"), default="all", help="which benchmark")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    for name in ("batch", "context", "steps", "rounds"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name}={getattr(args, name)} must be >= 1")
+    info = hardware.detect(args.device)
+    model = get_model(args.model, args.dtype, info.device)
+    out = {"model": args.model, "dtype": args.dtype, "device": info.name, "batch": args.batch,
+           "context": args.context, "steps": args.steps}
+    if args.which in ("overhead", "all"):
+        out["overhead"] = harness_overhead(model, args.batch, args.context, args.steps, args.rounds, info.device)
+    if args.which in ("generate", "all"):
+        out["vs_generate"] = versus_generate(model, args.batch, args.context, args.steps, args.rounds, info.device)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{args.model} {args.dtype} on {info.name}: B={args.batch}, C={args.context}, {args.steps} steps, "
+          f"{args.rounds} interleaved rounds")
+    if "overhead" in out:
+        o = out["overhead"]
+        print(f"(a) harness overhead: kit step p50 {o['kit_step_ms_p50']:.3f} ms (min {o['kit_step_ms_min']:.3f}) vs "
+              f"bare loop {o['bare_step_ms_p50']:.3f} ms (min {o['bare_step_ms_min']:.3f}), n={o['n']}: "
+              f"ratio {o['ratio']:.3f} (goal <= 1.05)")
+    if "vs_generate" in out:
+        v = out["vs_generate"]
+        print(f"(b) vs model.generate(): kit {v['kit_decode_tok_s_p50']:.0f} tok/s vs generate "
+              f"{v['generate_decode_tok_s_p50']:.0f} tok/s (medians, n={v['n']}): speedup {v['speedup']:.2f}x "
+              f"(goal >= 1.3x)")
+    return 0

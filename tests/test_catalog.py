@@ -1,0 +1,74 @@
+"""The shipped accelerator catalog and price tables: content, validation, user overrides."""
+import pandas as pd
+import pytest
+
+from kit.catalog import CatalogError, load_catalog
+
+REQUIRED = ["MI300X", "MI325X", "MI355X", "H100", "H200", "B200", "B300", "CPU"]
+
+
+def test_shipped_catalog_has_required_accelerators_and_fields():
+    cat = load_catalog()
+    for name in REQUIRED:
+        row = cat.get(name)
+        for col in ("hbm_gb", "hbm_tb_s", "fp32_tflops", "bf16_tflops", "gpus_per_node", "fp8_format"):
+            assert pd.notna(row[col]), (name, col)
+    assert cat.get("MI300X")["fp8_format"] == "e4m3fnuz"
+    assert cat.get("MI355X")["fp8_format"] == "e4m3fn"
+    assert cat.get("B300")["fp8_format"] == "e4m3fn"
+    assert cat.get("mi355x")["hbm_gb"] == 288 and cat.get("H200 SXM")["name"] == "H200"
+    assert cat.peak_tflops("MI355X", "bfloat16") == pytest.approx(2516.6)
+
+
+def test_prices_by_basis():
+    cat = load_catalog()
+    assert cat.price("MI355X", "assumed-rental").usd_per_gpu_hr == 2.5
+    assert cat.price("B300", "assumed-rental").usd_per_gpu_hr == 6.0
+    assert cat.price("MI355X").basis == "tco"
+    with pytest.raises(KeyError, match="no price for CPU"):
+        cat.price("CPU")
+    user = cat.with_price("B300", 4.0)
+    assert user.price("B300", "user").usd_per_gpu_hr == 4.0
+    with pytest.raises(ValueError, match="must be > 0"):
+        cat.with_price("B300", -1)
+    with pytest.raises(KeyError, match="unknown accelerator 'Z100'"):
+        cat.get("Z100")
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+HEADER = "name,vendor,hbm_gb,hbm_tb_s,fp32_tflops,bf16_tflops,fp16_tflops,gpus_per_node,fp8_format\n"
+
+
+def test_user_file_adds_and_overrides(tmp_path):
+    acc = _write(tmp_path, "acc.csv", HEADER + "MyGPU,Acme,96,4.0,50,900,900,8,e4m3fn\n"
+                                              "H200,NVIDIA,141,5.0,67,989.4,989.4,8,e4m3fn\n")
+    pr = _write(tmp_path, "p.csv", "accelerator,usd_per_gpu_hr,basis\nMyGPU,1.1,rental\nH200,2.0,tco\n")
+    cat = load_catalog(acc, pr)
+    assert cat.get("MyGPU")["hbm_gb"] == 96 and cat.get("H200")["hbm_tb_s"] == 5.0
+    assert cat.price("MyGPU", "rental").usd_per_gpu_hr == 1.1
+    assert cat.price("H200", "tco").usd_per_gpu_hr == 2.0
+
+
+@pytest.mark.parametrize("row,match", [
+    ("Bad,Acme,-5,4.0,50,900,900,8,e4m3fn", "hbm_gb=-5"),
+    ("Bad,Acme,96,fast,50,900,900,8,e4m3fn", "hbm_tb_s='fast' is not a number"),
+    ("Bad,Acme,96,4.0,50,900,900,8,e5m2", "fp8_format='e5m2'"),
+])
+def test_validation_names_the_bad_value(tmp_path, row, match):
+    with pytest.raises(CatalogError, match=match):
+        load_catalog(_write(tmp_path, "acc.csv", HEADER + row + "\n"))
+
+
+def test_validation_missing_column_and_unknown_price_target(tmp_path):
+    with pytest.raises(CatalogError, match="missing column"):
+        load_catalog(_write(tmp_path, "a.csv", "name,vendor\nX,Y\n"))
+    with pytest.raises(CatalogError, match="accelerator='Nope' is not in the catalog"):
+        load_catalog(extra_prices=_write(tmp_path, "p.csv", "accelerator,usd_per_gpu_hr,basis\nNope,1,tco\n"))
+    with pytest.raises(CatalogError, match="more than one price"):
+        load_catalog(extra_prices=_write(tmp_path, "p.csv",
+                                         "accelerator,usd_per_gpu_hr,basis\nH100,1,x\nH100,2,x\n"))

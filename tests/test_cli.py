@@ -1,0 +1,85 @@
+"""`kit` CLI end to end: sweep writes results + plots + summary, devices, --help, clear errors on bad input."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kit import cli
+from kit.results import load_results
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _kit(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "kit.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path):
+    out = tmp_path / "run"
+    r = _kit("sweep", "--kv", "32,256", "--concurrency", "1,8", "--decode-steps", "6", "--repeats", "2",
+             "--warmup-steps", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "decode_tok_s" in r.stdout and "4 points (4 ok" in r.stdout
+    df = load_results(out)
+    assert len(df) == 4 and set(df.status) == {"ok"} and set(df.backend) == {"engine"}
+    for png in ("throughput_vs_concurrency.png", "tpot_vs_context.png", "heatmap_decode_tok_s.png"):
+        assert (out / png).stat().st_size > 10_000
+    # shape, not values: more streams → more aggregate decode throughput (8 vs 1 stream, a wide margin)
+    ok = df.set_index(["context_len", "concurrency"])
+    for kv in (32, 256):
+        assert ok.loc[(kv, 8), "decode_tok_s"] > 2 * ok.loc[(kv, 1), "decode_tok_s"]
+    # a re-run resumes: nothing measured again, same rows
+    r2 = _kit("sweep", "--kv", "32,256", "--concurrency", "1,8", "--decode-steps", "6", "--repeats", "2",
+              "--warmup-steps", "2", "--out", str(out), "--no-plots")
+    assert r2.returncode == 0 and len(load_results(out)) == 4
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--model", "gpt-9"], "unknown model preset 'gpt-9'"),
+    (["--kv", "0,128"], "KV length 0"),
+    (["--concurrency", "-2"], "concurrency -2"),
+    (["--kv", "100000"], "at most 16384 positions"),
+    (["--dtype", "float8"], "unknown dtype 'float8'"),
+    (["--device", "tpu"], "device='tpu'"),
+])
+def test_bad_input_clear_error(tmp_path, capsys, args, match):
+    rc = cli.main(["sweep", *args, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and match in err and not (tmp_path / "o").exists()
+
+
+def test_output_dir_is_a_file(tmp_path, capsys):
+    f = tmp_path / "f.txt"
+    f.write_text("")
+    assert cli.main(["sweep", "--out", str(f)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_non_integer_list_rejected():
+    r = _kit("sweep", "--kv", "12k")
+    assert r.returncode == 2 and "'12k' is not an integer" in r.stderr
+
+
+def test_help_documents_every_option():
+    r = _kit("sweep", "--help")
+    for opt in ("--model", "--kv", "--concurrency", "--dtype", "--device", "--decode-steps", "--warmup-steps",
+                "--repeats", "--kv-fill", "--seed", "--accelerator", "--out", "--no-resume", "--no-plots"):
+        assert opt in r.stdout
+    assert "tiny-llama" in r.stdout
+    top = _kit("--help")
+    assert top.returncode == 0 and "sweep" in top.stdout and "devices" in top.stdout
+
+
+def test_devices(capsys):
+    assert cli.main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "backend" in out and "MI355X" in out and "B300" in out and "e4m3fnuz" in out
+
+
+def test_bench_runs_small(capsys):
+    assert cli.main(["bench", "--batch", "2", "--context", "32", "--steps", "3", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "harness overhead" in out and "model.generate()" in out

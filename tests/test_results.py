@@ -1,0 +1,61 @@
+"""Results schema: round trip, validation, the append log surviving a torn write."""
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from kit import results
+
+
+def _rec(**kw):
+    base = {"backend": "engine", "status": "ok", "model": "tiny-llama", "dtype": "float32", "concurrency": 4,
+            "context_len": 128, "tpot_ms_p50": 3.2, "tpot_n": 48, "decode_tok_s": 1250.0, "x_step_ms": [3.1, 3.3]}
+    base.update(kw)
+    return base
+
+
+def test_round_trip_is_identical(tmp_path):
+    df = results.to_frame([_rec(), _rec(status="oom", error="OutOfMemoryError: boom", tpot_ms_p50=None),
+                           {"backend": "openai", "status": "ok", "request_rate": math.inf, "output_tok_s": 10.5},
+                           {"backend": "planner", "status": "ok", "assumptions": "eff_bw=0.8", "tp": 8}])
+    assert list(df.columns[:len(results.COLUMN_NAMES)]) == list(results.COLUMN_NAMES)
+    path = results.save_results(df, tmp_path / "r.parquet", {"model": "tiny-llama"})
+    back = results.load_results(path)
+    pd.testing.assert_frame_equal(df, back)
+    assert back.attrs["metadata"]["model"] == "tiny-llama"
+    side = json.loads((tmp_path / "r.json").read_text())
+    assert side["schema_version"] == results.SCHEMA_VERSION
+
+
+def test_validate_record():
+    with pytest.raises(ValueError, match="unknown column.*'tok_per_sec'"):
+        results.validate_record(_rec(tok_per_sec=1))
+    with pytest.raises(ValueError, match="status='done'"):
+        results.validate_record(_rec(status="done"))
+    with pytest.raises(ValueError, match="backend='vllm'"):
+        results.validate_record(_rec(backend="vllm"))
+
+
+def test_store_appends_and_survives_torn_line(tmp_path):
+    store = results.ResultStore(tmp_path / "run", {"model": "m"})
+    store.append(_rec(point_id="a"))
+    store.append(_rec(point_id="b", status="oom"))
+    with open(tmp_path / "run" / "points.jsonl", "a") as f:
+        f.write('{"backend": "engine", "status": "o')  # killed mid-write
+    again = results.ResultStore(tmp_path / "run")
+    assert again.finished_ids() == {"a", "b"}
+    df = results.load_results(tmp_path / "run")
+    assert list(df.point_id) == ["a", "b"]
+
+
+def test_store_refuses_a_file(tmp_path):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        results.ResultStore(f)
+
+
+def test_schema_table_documents_every_column():
+    t = results.schema_table()
+    assert len(t) == len(results.COLUMNS) and t.meaning.str.len().min() > 5

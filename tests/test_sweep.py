@@ -1,0 +1,142 @@
+"""Sweep persistence: kill -9 loses no finished point and resumes; OOM recorded, memory freed, sweep goes on."""
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+from kit import results, sweep
+from kit.engine import run_point
+
+SMALL = dict(kv_lens=[16, 32], concurrencies=[1, 2], decode_steps=3, warmup_steps=1, repeats=1)
+
+
+def test_small_sweep_and_resume(tmp_path):
+    cfg = sweep.SweepConfig(**SMALL)
+    seen = []
+    df = sweep.run_sweep(cfg, tmp_path, progress=False, on_point=lambda rec, frame: seen.append(len(frame)))
+    assert len(df) == 4 and set(df.status) == {"ok"} and seen == [1, 2, 3, 4]
+    assert (tmp_path / "results.parquet").exists() and (tmp_path / "results.json").exists()
+    meta = results.load_results(tmp_path).attrs["metadata"]
+    assert meta["model"] == "tiny-llama" and meta["torch_version"] and meta["device"]["backend"] == "cpu"
+    calls = []
+    df2 = sweep.run_sweep(cfg, tmp_path, progress=False, runner=lambda *a: calls.append(a) or {})
+    assert calls == [] and len(df2) == 4  # everything already finished: nothing re-measured
+
+
+def test_should_stop_keeps_finished_points(tmp_path):
+    cfg = sweep.SweepConfig(**SMALL)
+    n = {"k": 0}
+
+    def on_point(rec, frame):
+        n["k"] += 1
+
+    df = sweep.run_sweep(cfg, tmp_path, progress=False, on_point=on_point, should_stop=lambda: n["k"] >= 2)
+    assert len(df) == 2 and len(results.load_results(tmp_path)) == 2
+
+
+class _Holder:
+    pass
+
+
+def test_oom_recorded_memory_freed_and_sweep_continues(tmp_path):
+    """Case R1: batches [8, 64, 16], the runner raises torch.OutOfMemoryError at batch >= 64."""
+    refs = []
+
+    def runner(model, point, device, seed):
+        if point.concurrency >= 64:
+            big = _Holder()
+            big.t = torch.empty(1_000_000)
+            refs.append(weakref.ref(big))
+            raise sweep.OOM_ERROR("CUDA out of memory. Tried to allocate 20.00 GiB")  # message text irrelevant
+        if refs:  # the next point starts only after the failed point's tensors are gone
+            gc.collect()
+            assert refs[0]() is None, "the OOM point's tensors are still alive"
+        return run_point(model, point, device, seed)
+
+    cfg = sweep.SweepConfig(kv_lens=[16], concurrencies=[8, 64, 16], decode_steps=2, warmup_steps=0, repeats=1)
+    df = sweep.run_sweep(cfg, tmp_path, progress=False, runner=runner)
+    assert dict(zip(df.concurrency, df.status)) == {8: "ok", 64: "oom", 16: "ok"}
+    assert "OutOfMemoryError" in df.set_index("concurrency").loc[64, "error"]
+    assert issubclass(sweep.OOM_ERROR, RuntimeError)
+
+
+def test_other_errors_recorded_and_retried_on_resume(tmp_path):
+    def runner(model, point, device, seed):
+        if point.concurrency == 2:
+            raise RuntimeError("kernel exploded")
+        return run_point(model, point, device, seed)
+
+    cfg = sweep.SweepConfig(**SMALL)
+    df = sweep.run_sweep(cfg, tmp_path, progress=False, runner=runner)
+    assert sorted(df.status) == ["error", "error", "ok", "ok"]
+    assert df[df.status == "error"].error.str.contains("kernel exploded").all()
+    df2 = sweep.run_sweep(cfg, tmp_path, progress=False)  # errors are retried, ok points skipped
+    latest = df2.drop_duplicates("point_id", keep="last")
+    assert set(latest.status) == {"ok"} and len(df2) == 6
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(model="gpt-9"), "unknown model preset 'gpt-9'"),
+    (dict(kv_lens=[0, 128]), "KV length 0"),
+    (dict(concurrencies=[-1]), "concurrency -1"),
+    (dict(kv_lens=[20000]), "at most 16384 positions"),
+    (dict(dtypes=["float8"]), "unknown dtype 'float8'"),
+    (dict(device="tpu"), "device='tpu'"),
+    (dict(kv_fill="nope"), "kv_fill='nope'"),
+])
+def test_bad_input_rejected_before_any_work(tmp_path, kw, match):
+    calls = []
+    with pytest.raises(ValueError, match=match):
+        sweep.run_sweep(sweep.SweepConfig(**{**SMALL, **kw}), tmp_path / "o", progress=False,
+                        runner=lambda *a: calls.append(1))
+    assert calls == [] and not (tmp_path / "o").exists()
+
+
+def test_output_path_that_is_a_file(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        sweep.run_sweep(sweep.SweepConfig(**SMALL), f, progress=False)
+
+
+def test_killed_subprocess_loses_no_finished_point_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    code = f"""
+import time
+from kit import sweep
+from kit.engine import run_point
+def slow(model, point, device, seed):
+    rec = run_point(model, point, device, seed)
+    if point.context_len == 32 and point.concurrency == 1:
+        print('READY', flush=True)
+        time.sleep(60)  # killed here, after two points are on disk
+    return rec
+sweep.run_sweep(sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode_steps=2, warmup_steps=0,
+                                  repeats=1), {str(out)!r}, progress=False, runner=slow)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).parent.parent)
+    deadline = time.time() + 120
+    line = ""
+    while time.time() < deadline and "READY" not in line:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+    assert "READY" in line, "the sweep subprocess never reached the third point"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    before = results.load_results(out)
+    assert len(before) == 2 and set(before.status) == {"ok"}
+    cfg = sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode_steps=2, warmup_steps=0, repeats=1)
+    measured = []
+    df = sweep.run_sweep(cfg, out, progress=False,
+                         runner=lambda m, p, d, s: measured.append((p.context_len, p.concurrency)) or run_point(m, p, d, s))
+    assert sorted(measured) == [(32, 1), (32, 2)]
+    assert len(df) == 4 and df.point_id.nunique() == 4
