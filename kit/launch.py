@@ -31,6 +31,8 @@ ENGINES = ("vllm", "sglang", "transformers")
 ACCELERATORS: dict[str, str] = {"MI355X": "rocm", "MI300X": "rocm", "B300": "cuda", "B200": "cuda",
                                 "H200": "cuda", "CPU": "cpu"}
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+#: KV-cache block (page) size, tokens, the transformers recipe uses when it sizes the cache
+TRANSFORMERS_CB_BLOCK = 32
 
 
 @dataclass
@@ -45,7 +47,11 @@ class LaunchSpec:
             TP×DP group, SGLang takes the size); dp: data-parallel replicas.
         dtype: activation/weight dtype (``auto`` derives it from the checkpoint).
         quantization: e.g. ``fp8``, ``mxfp4``, ``modelopt_fp4`` (passed through); kv_cache_dtype: e.g. ``fp8``.
-        max_model_len: context length cap (tokens); max_num_seqs: concurrent sequences cap.
+        max_model_len: context length cap (tokens); max_num_seqs: concurrent sequences cap; max_batch_tokens:
+            tokens per scheduler step (vLLM ``--max-num-batched-tokens``, SGLang ``--chunked-prefill-size``,
+            transformers ``--cb-max-batch-tokens``). For ``transformers serve`` give max_model_len and
+            max_num_seqs: its KV cache is then sized to them (its default on CPU is large and makes the first
+            request take many seconds).
         nnodes, node_rank, master_addr, master_port: multi-node: the same spec runs on every node with its
             ``node_rank``; ``master_addr`` is node 0's address.
         env: extra/overriding environment variables; extra_args: appended verbatim.
@@ -62,6 +68,7 @@ class LaunchSpec:
     kv_cache_dtype: str | None = None
     max_model_len: int | None = None
     max_num_seqs: int | None = None
+    max_batch_tokens: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     nnodes: int = 1
@@ -168,6 +175,8 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
             a += ["--max-model-len", str(spec.max_model_len)]
         if spec.max_num_seqs:
             a += ["--max-num-seqs", str(spec.max_num_seqs)]
+        if spec.max_batch_tokens:
+            a += ["--max-num-batched-tokens", str(spec.max_batch_tokens)]
         if spec.served_model_name:
             a += ["--served-model-name", spec.served_model_name]
         if spec.trust_remote_code:
@@ -194,6 +203,8 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
             a += ["--context-length", str(spec.max_model_len)]
         if spec.max_num_seqs:
             a += ["--max-running-requests", str(spec.max_num_seqs)]
+        if spec.max_batch_tokens:
+            a += ["--chunked-prefill-size", str(spec.max_batch_tokens)]
         if spec.served_model_name:
             a += ["--served-model-name", spec.served_model_name]
         if spec.trust_remote_code:
@@ -207,6 +218,12 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
              "--port", str(spec.port), "--dtype", spec.dtype,
              "--device", "cpu" if spec.platform == "cpu" else "auto"]
         a += ["--continuous-batching"] if spec.continuous_batching else ["--no-continuous-batching"]
+        if spec.continuous_batching and spec.max_model_len and spec.max_num_seqs:
+            block = TRANSFORMERS_CB_BLOCK
+            n_blocks = -(-int(spec.max_model_len) * int(spec.max_num_seqs) // block)
+            a += ["--cb-block-size", str(block), "--cb-num-blocks", str(n_blocks)]
+        if spec.continuous_batching and spec.max_batch_tokens:
+            a += ["--cb-max-batch-tokens", str(spec.max_batch_tokens)]
         if spec.quantization:
             a += ["--quantization", spec.quantization]
         if spec.trust_remote_code:

@@ -1,0 +1,76 @@
+"""kit.serving against a real server: ``transformers serve --continuous-batching`` on CPU with a tiny
+random-weight Llama and a locally trained tokenizer (kit.launch.build_tiny_checkpoint), on 127.0.0.1.
+
+transformers serve streams ``data:`` events without a final ``[DONE]``, sends usage in its last chunk, and its
+chunks are decoded text, not tokens. One server per module (start-up ~10 s); the last test kills it mid-run.
+"""
+import threading
+import time
+
+import pytest
+
+from kit import launch as L
+from kit import results as R
+from kit import serving as S
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tserve")
+    ckpt = L.build_tiny_checkpoint(d / "tiny-llama")
+    spec = L.LaunchSpec("transformers", str(ckpt), "CPU", port=L.free_port(), max_model_len=256, max_num_seqs=16,
+                        max_batch_tokens=512)
+    srv = L.Server(spec, log_path=d / "server.log")
+    srv.start()
+    try:
+        srv.wait_ready(120, poll_s=0.25)
+        yield srv, str(ckpt), S.load_tokenizer(str(ckpt))
+    finally:
+        srv.stop()
+
+
+def test_completions_and_chat_stream(server, tmp_path):
+    srv, model, tok = server
+    for endpoint in ("completions", "chat"):
+        cfg = S.LoadConfig(url=srv.url, endpoint=endpoint, isl=32, osl=12, num_requests=3, max_concurrency=3,
+                           warmup_requests=1)
+        row = S.run_point(cfg, tmp_path / endpoint, tokenizer=tok)
+        assert row["model"] == model  # from /v1/models
+        assert row["completed"] == 3 and row["failed"] == 0, row["error"]
+        assert row["x_output_tokens_estimated"] == 0  # usage came in the last chunk
+        assert row["x_tokens_per_chunk_source"] == "tokenizer"
+        assert row["ttft_ms"] > 0 and row["tpot_ms_p50"] > 0 and row["itl_n"] > 0
+        assert row["x_input_tokens_total"] >= 3 * 32 * (0.9 if endpoint == "completions" else 1.0)
+
+
+def test_concurrency_sweep_throughput_rises(server, tmp_path):
+    srv, _, tok = server
+    cfg = S.LoadConfig(url=srv.url, isl=32, osl=24, num_requests=8, warmup_requests=2)
+    df = S.run_sweep(cfg, [1, 8], tmp_path, tokenizer=tok, progress=False)
+    assert (df["failed"] == 0).all() and (df["completed"] == 8).all()
+    tps = df.set_index("concurrency")["output_tok_s"]
+    assert tps[8] > 1.5 * tps[1], tps.to_dict()  # continuous batching: more in flight, more tok/s
+    assert R.load_results(tmp_path)["backend"].eq("openai").all()
+
+
+def test_ignore_eos_rejected_is_counted_not_raised(server, tmp_path):
+    srv, _, tok = server
+    cfg = S.LoadConfig(url=srv.url, isl=8, osl=4, num_requests=2, warmup_requests=0, ignore_eos=True)
+    row = S.run_point(cfg, tmp_path, tokenizer=tok)
+    assert row["failed"] == 2 and "HTTP 422" in row["error"] and "ignore_eos" in row["error"]
+
+
+def test_server_killed_mid_run(server, tmp_path):
+    srv, _, tok = server
+    cfg = S.LoadConfig(url=srv.url, isl=16, osl=64, num_requests=12, max_concurrency=2, warmup_requests=0,
+                       timeout_s=20, stall_timeout_s=5)
+    killer = threading.Timer(1.5, srv.stop)
+    killer.start()
+    t = time.perf_counter()
+    row = S.run_point(cfg, tmp_path, tokenizer=tok)
+    killer.join()
+    assert time.perf_counter() - t < 30
+    assert row["failed"] >= 1 and row["completed"] + row["failed"] == 12
+    assert int(R.load_results(tmp_path)["failed"].iloc[0]) == row["failed"]
