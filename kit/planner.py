@@ -453,7 +453,8 @@ def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict 
     # MLP / MoE
     E = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if E:
-        k = int(_need(cfg, "num_experts_per_tok", "the active experts per token", "experts_per_token"))
+        k = int(_need(cfg, "num_experts_per_tok", "the active experts per token", "num_experts_per_token",
+                      "experts_per_token", "moe_topk"))
         if mt == "gpt_oss":
             mi = int(_need(cfg, "intermediate_size", "the expert width"))
         else:
@@ -470,7 +471,7 @@ def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict 
         else:
             n_dense = 0
         kw.update(n_routed_experts=int(E), experts_per_token=k, moe_intermediate_size=mi, n_dense_layers=n_dense,
-                  n_shared_experts=int(cfg.get("n_shared_experts") or 0), expert_bias=mt == "gpt_oss",
+                  n_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0), expert_bias=mt == "gpt_oss",
                   shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size"),
                   moe_latent_size=cfg.get("moe_latent_size"))
         if n_dense:

@@ -1,0 +1,80 @@
+"""Planner accuracy: predicted vs measured decode step time (TPOT) on a sweep grid of this machine.
+
+Steps: (1) calibrate this device (``kit calibrate``: bandwidth, matmul TFLOPS, per-step overhead) unless a
+calibration file is given; (2) run a sweep (default: the kit's default CPU grid — tiny-llama, float32, KV
+128/512/2048 × concurrency 1/4/16, 16 decode steps); (3) predict every point with the planner from the calibration
+alone (no fitting to the sweep); (4) print the error per point and the median absolute error. Goal: ≤ 20 %.
+
+This is a benchmark, not a test: the figure depends on the machine and on what else runs on it.
+
+    .venv/bin/python benchmarks/planner_accuracy.py                 # calibrate, sweep, compare
+    .venv/bin/python benchmarks/planner_accuracy.py --calibration ~/.cache/kit/calibration-cpu.json \
+        --sweep results/quickstart                                  # reuse both
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calibration", default=None, help="calibration JSON (default: measure now and store it)")
+    ap.add_argument("--sweep", default=None, help="existing sweep directory to compare against (default: run one)")
+    ap.add_argument("--model", default=None, help="model preset for a new sweep (default: the sweep default)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--kv-lens", default=None, help="comma list (default: the sweep default)")
+    ap.add_argument("--concurrencies", default=None, help="comma list (default: the sweep default)")
+    ap.add_argument("--out", default=None, help="directory for the sweep, the table and the overlay PNG")
+    ap.add_argument("--goal", type=float, default=20.0, help="median |error| goal, %%")
+    args = ap.parse_args(argv)
+
+    from kit import calibrate, planner
+    from kit.results import load_results, save_results
+    from kit.sweep import SweepConfig, run_sweep
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="planner-accuracy-"))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.calibration:
+        cal = calibrate.load_calibration(args.calibration)
+    else:
+        cal = calibrate.calibrate(args.device)
+        cal["path"] = str(calibrate.save_calibration(cal))
+    print(f"calibration: copy {cal['mem_bw_gb_s']:.1f} GB/s, matmul "
+          + ", ".join(f"{k} {v * 1e3:.0f} GFLOP/s" for k, v in cal["matmul_tflops"].items() if v)
+          + f", overhead {cal['overhead_ms_fixed']:.3f} ms + {cal['overhead_ms_per_layer']:.3f} ms/layer "
+          f"({cal.get('path', '')})")
+    if args.sweep:
+        measured = load_results(args.sweep)
+    else:
+        kw = {"dtypes": [args.dtype], "device": args.device}
+        if args.model:
+            kw["model"] = args.model
+        if args.kv_lens:
+            kw["kv_lens"] = [int(x) for x in args.kv_lens.split(",")]
+        if args.concurrencies:
+            kw["concurrencies"] = [int(x) for x in args.concurrencies.split(",")]
+        measured = run_sweep(SweepConfig(**kw), out / "sweep", resume=False, progress=False)
+    predicted = planner.predict_like(measured, "local", calibration=cal)
+    save_results(predicted, out / "planner.parquet")
+    err = planner.compare(measured, predicted, "tpot_ms_p50")
+    err.to_csv(out / "planner_vs_measured.csv", index=False)
+    fig = planner.overlay_figure(measured, predicted)
+    fig.savefig(out / "planner_vs_measured.png", dpi=110)
+    print(f"\n{'model':12s} {'dtype':8s} {'B':>4s} {'C':>6s} {'measured ms':>11s} {'predicted ms':>12s} "
+          f"{'error':>7s}  bound")
+    for _, r in err.iterrows():
+        print(f"{r['model']:12s} {r['dtype']:8s} {r['concurrency']:>4d} {r['context_len']:>6d} {r['measured']:>11.3f} "
+              f"{r['predicted']:>12.3f} {r['error_pct']:>+6.1f}%  {r.get('x_bound', '')}")
+    med = float(err["error_pct"].abs().median())
+    print(f"\nmedian |error| = {med:.1f}% over n={len(err)} points (goal <= {args.goal:g}%): "
+          f"{'MET' if med <= args.goal else 'NOT MET'}")
+    print(f"files: {out}/planner_vs_measured.csv, {out}/planner_vs_measured.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

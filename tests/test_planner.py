@@ -1,0 +1,355 @@
+"""kit.planner: architecture specs, parameter counts, KV bytes (case P1), memory fit, roofline rows, kit plan."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from kit import planner
+from kit.planner import get_spec, kv_bytes_per_token, memory_fit, predict_point, spec_from_config
+from kit.results import validate_record
+
+REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "models.csv"
+
+
+# ---------------------------------------------------------------- case P1: KV bytes per token
+def test_p1_llama_31_8b_gqa():
+    s = get_spec("llama-3.1-8b")
+    assert kv_bytes_per_token(s, "bfloat16") == 131_072
+    assert 131_072 * 128 * 1024 == 16 * 2**30  # 16 GiB at 128k tokens
+    assert kv_bytes_per_token(s, "fp8") == 65_536
+
+
+def test_p1_deepseek_v3_mla_not_mha():
+    s = get_spec("deepseek-v3")
+    assert kv_bytes_per_token(s, "bfloat16") == 70_272
+    assert kv_bytes_per_token(s, "fp8") == 35_136
+    assert kv_bytes_per_token(s, "bf16") not in (124_928, 4_997_120)  # the wrong answers seen in the wild
+
+
+def test_p1_from_transformers_configs():
+    """The same numbers from transformers config objects (the planner's other entry point)."""
+    from transformers import DeepseekV3Config, LlamaConfig
+
+    llama = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                        num_key_value_heads=8, vocab_size=128256)
+    assert kv_bytes_per_token(spec_from_config(llama), "bfloat16") == 131_072
+    ds = DeepseekV3Config(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
+                          num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+                          qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=256,
+                          num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=3, vocab_size=129280)
+    s = spec_from_config(ds)
+    assert kv_bytes_per_token(s, "bfloat16") == 70_272
+    assert kv_bytes_per_token(s, "fp8") == 35_136
+    assert abs(s.total_params / 671.03e9 - 1) < 0.01
+
+
+def _table():
+    return planner.model_table()
+
+
+@pytest.mark.parametrize("key", planner.list_models())
+def test_kv_bytes_and_state_match_models_csv_exactly(key):
+    row = _table().set_index("key").loc[key]
+    s = get_spec(key)
+    assert kv_bytes_per_token(s, "bfloat16") == int(row["kv_bytes_per_token_bf16"])
+    assert kv_bytes_per_token(s, "fp8") == int(row["kv_bytes_per_token_fp8"])
+    assert planner.state_bytes_per_seq(s, 10**9, "bfloat16", "bfloat16") == int(row["per_seq_const_state_bytes_bf16"])
+
+
+@pytest.mark.skipif(not REF.exists(), reason="../shared/reference/models.csv not beside the checkout")
+def test_shipped_models_csv_matches_the_reference():
+    ref = pd.read_csv(REF, dtype=str, keep_default_na=False).set_index("model")
+    ours = _table().set_index("model")
+    for m, r in ref.iterrows():
+        for col in ("kv_bytes_per_token_bf16", "kv_bytes_per_token_fp8", "per_seq_const_state_bytes_bf16",
+                    "total_params_b", "hidden_size", "num_layers", "source"):
+            assert ours.loc[m, col] == r[col], (m, col)
+
+
+def test_kimi_k3_fp32_state_matches_note():
+    s = get_spec("kimi-k3")
+    assert planner.state_bytes_per_seq(s, 10**6, "bfloat16", "float32") == 449_372_160
+    assert "UNSURE" in s.flags
+
+
+# ---------------------------------------------------------------- parameter counts
+@pytest.mark.parametrize("key", planner.list_models())
+def test_total_params_within_1pct_of_published(key):
+    s = get_spec(key)
+    assert abs(s.total_params / (s.published_total_b * 1e9) - 1) < 0.01
+
+
+# Kimi K3: "2.8T" is the rounding of the 2,779.3B total in ../shared/reference/models.csv; the recomputation
+# (2,771.5B) is within 0.3% of that total (and 1.02% under the rounded 2.8T).
+@pytest.mark.parametrize("key,published", [("deepseek-v3", 671e9), ("llama-3.1-405b", 405e9), ("kimi-k2", 1.03e12),
+                                           ("kimi-k3", 2779.3e9)])
+def test_headline_totals(key, published):
+    assert abs(get_spec(key).total_params / published - 1) < 0.01
+
+
+@pytest.mark.parametrize("key", ["llama-3.1-8b", "qwen3-235b-a22b", "deepseek-v3", "kimi-k2"])
+def test_active_params_within_1pct(key):
+    s = get_spec(key)
+    assert abs(s.active_params / (s.published_active_b * 1e9) - 1) < 0.01
+
+
+def test_gpt_oss_active_without_embedding():
+    s = get_spec("gpt-oss-120b")
+    assert abs(s.active_matmul_params / 5.13e9 - 1) < 0.01
+
+
+def _meta_count(cfg) -> int:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    return sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+
+
+def _small_configs():
+    from transformers import AutoConfig
+
+    from kit.models import get_config
+
+    return {
+        "tiny-llama": get_config("tiny-llama"),
+        "tiny-deepseek": get_config("tiny-deepseek"),
+        "qwen3": AutoConfig.for_model("qwen3", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=48, vocab_size=1000),
+        "qwen3_moe": AutoConfig.for_model("qwen3_moe", hidden_size=128, intermediate_size=256,
+                                          moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+                                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                          head_dim=32, vocab_size=1000),
+        "gpt_oss": AutoConfig.for_model("gpt_oss", hidden_size=128, intermediate_size=96, num_local_experts=8,
+                                        num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=32, vocab_size=1000, sliding_window=16),
+        "kimi_linear": AutoConfig.for_model("kimi_linear", hidden_size=128, intermediate_size=256,
+                                            moe_intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
+                                            num_hidden_layers=8, num_attention_heads=4, q_lora_rank=48,
+                                            kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+                                            vocab_size=1000, linear_num_heads=4, linear_head_dim=16, pad_token_id=0,
+                                            bos_token_id=1, eos_token_id=2),
+    }
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-deepseek", "qwen3", "qwen3_moe", "gpt_oss", "kimi_linear"])
+def test_analytic_count_equals_the_real_architecture(name):
+    """Every formula checked against transformers' own modules (built on the meta device: no memory)."""
+    cfg = _small_configs()[name]
+    s = spec_from_config(cfg)
+    assert s.total_params == _meta_count(cfg)
+
+
+def test_layer_kinds_from_configs():
+    c = _small_configs()
+    g = spec_from_config(c["gpt_oss"])
+    assert (g.n_kv_layers, g.n_swa_layers, g.sliding_window, g.expert_bias) == (2, 2, 16, True)
+    k = spec_from_config(c["kimi_linear"])
+    assert k.attention == "mla" and k.n_linear_layers == 7 and k.n_kv_layers == 1
+
+
+def test_config_json_path_and_dict(tmp_path):
+    from kit.models import get_config
+
+    d = get_config("tiny-llama").to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    a, b = spec_from_config(tmp_path), spec_from_config(d)
+    assert a.total_params == b.total_params == get_spec("tiny-llama").total_params
+
+
+def test_quantization_config_sets_group_dtypes():
+    d = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
+         "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "intermediate_size": 2880,
+         "num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128,
+         "layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True,
+         "quantization_config": {"quant_method": "mxfp4"}}
+    s = spec_from_config(d)
+    assert s.dtypes()["routed_experts"] == "mxfp4" and s.dtypes()["attn"] == "bfloat16"
+    assert abs(s.total_params / 116.83e9 - 1) < 0.01
+    w = sum(planner.weight_bytes(s).values())
+    assert 55e9 < w < 70e9  # MXFP4 experts at 4.25 bits: ~61 GB, not 234 GB
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("drop,field", [("num_hidden_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
+                                        ("vocab_size", "vocab_size"), ("intermediate_size", "intermediate_size")])
+def test_missing_field_is_named(drop, field):
+    from kit.models import get_config
+
+    d = get_config("tiny-llama").to_dict()
+    d.pop(drop)
+    with pytest.raises(ValueError, match=field):
+        spec_from_config(d)
+
+
+def test_missing_moe_field_is_named():
+    from kit.models import get_config
+
+    d = get_config("tiny-deepseek").to_dict()
+    d.pop("moe_intermediate_size")
+    with pytest.raises(ValueError, match="moe_intermediate_size"):
+        spec_from_config(d)
+    d = get_config("tiny-deepseek").to_dict()
+    d.pop("kv_lora_rank"), d.pop("qk_rope_head_dim")  # now looks like GQA, still needs nothing MLA
+    d2 = get_config("tiny-deepseek").to_dict()
+    d2.pop("qk_rope_head_dim")
+    with pytest.raises(ValueError, match="qk_rope_head_dim"):
+        spec_from_config(d2)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"context_len": 0}, "context_len"), ({"concurrency": -1}, "concurrency"), ({"n_gpus": 0}, "n_gpus"),
+    ({"kv_dtype": "fp7"}, "fp7"), ({"tp": 3, "n_gpus": 8}, "tp"), ({"mem_util": 1.5}, "mem_util"),
+])
+def test_bad_sizes_and_dtypes(kw, match):
+    args = dict(model="llama-3.1-8b", accelerator="H100", n_gpus=1, context_len=1024, concurrency=1)
+    args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        memory_fit(**args)
+
+
+def test_unknown_accelerator_and_model():
+    with pytest.raises(KeyError, match="Z100"):
+        memory_fit("llama-3.1-8b", "Z100", 1)
+    with pytest.raises(KeyError, match="kimi-k3"):  # the message lists the known models
+        get_spec("no-such-model")
+    with pytest.raises(ValueError, match="group"):
+        get_spec("llama-3.1-8b").dtypes("experts_typo=fp8")
+
+
+# ---------------------------------------------------------------- memory fit and sharding
+def test_gqa_kv_split_by_heads_mla_replicated():
+    l70 = get_spec("llama-3.1-70b")  # 8 kv heads
+    full = kv_bytes_per_token(l70, "bfloat16", tp=1)
+    assert kv_bytes_per_token(l70, "bfloat16", tp=8) == full / 8
+    assert kv_bytes_per_token(l70, "bfloat16", tp=16) == full / 8  # one head per rank, replicated
+    ds = get_spec("deepseek-v3")
+    assert kv_bytes_per_token(ds, "bfloat16", tp=8) == kv_bytes_per_token(ds, "bfloat16", tp=1) == 70_272
+
+
+def test_weights_shard_over_gpus():
+    s = get_spec("llama-3.1-70b")
+    one = sum(planner.weight_bytes(s, tp=1).values())
+    eight = sum(planner.weight_bytes(s, tp=8).values())
+    assert one == pytest.approx(70.55e9 * 2, rel=0.01)
+    assert eight == pytest.approx(one / 8, rel=0.01)
+
+
+def test_kimi_k3_on_8_mi355x_and_b300():
+    for acc in ("MI355X", "B300"):
+        r = memory_fit("kimi-k3", acc, 8, context_len=1424, concurrency=64)
+        assert r.fits and r.weights_gb_total > 1500  # ">1.5 TB of weights"
+        assert r.max_concurrency >= 64 and r.kv_tokens_free > 1e6
+    a = memory_fit("kimi-k3", "MI355X", 8, context_len=1424)
+    b = memory_fit("kimi-k3", "B300", 8, context_len=1424)
+    assert a.max_concurrency > b.max_concurrency  # 288 GB vs 268 GB usable
+    fp8 = memory_fit("kimi-k3", "B300", 8, context_len=1424, kv_dtype="fp8")
+    assert fp8.kv_tokens_free == pytest.approx(2 * b.kv_tokens_free)
+
+
+def test_min_gpus():
+    assert planner.min_gpus("kimi-k3", "B200") == 16  # 8 x 180 GB cannot hold ~1.54 TB
+    assert planner.min_gpus("kimi-k3", "MI355X") == 8
+    assert planner.min_gpus("llama-3.1-8b", "H100") == 1
+    assert not memory_fit("kimi-k3", "B200", 8).fits
+
+
+def test_max_context_at_concurrency_consistent():
+    r = memory_fit("llama-3.1-70b", "H200", 8, concurrency=32)
+    again = memory_fit("llama-3.1-70b", "H200", 8, context_len=r.max_context, concurrency=32)
+    assert again.fits
+    assert not memory_fit("llama-3.1-70b", "H200", 8, context_len=r.max_context + 100, concurrency=32).fits
+
+
+# ---------------------------------------------------------------- roofline
+def test_expert_coverage():
+    assert planner.expert_coverage(256, 1, 8) == pytest.approx(1 - (255 / 256) ** 8)
+    assert planner.expert_coverage(256, 10_000, 8) == pytest.approx(1.0)
+    assert planner.expert_coverage(0, 5, 1) == 0.0
+
+
+def test_decode_is_memory_bound_at_batch_one_and_matches_formula():
+    r = predict_point("llama-3.1-8b", "H100", 1, 1, 1024, prefill=False)
+    assert r["x_bound"] == "memory" and r["status"] == "ok"
+    s = get_spec("llama-3.1-8b")
+    bytes_ = sum(planner.weight_bytes(s).values()) - s.param_counts()["embed"] * 2 + 4096 * 2 \
+        + 1024 * 131_072
+    assert r["x_bytes_per_step"] == pytest.approx(bytes_)
+    assert r["tpot_ms_p50"] == pytest.approx(bytes_ / (3.35e12 * 0.7) * 1e3, rel=1e-6)
+    assert r["decode_tok_s"] == pytest.approx(1000 / r["tpot_ms_p50"])
+
+
+def test_decode_time_monotone_in_batch_and_context():
+    t = [predict_point("deepseek-v3", "H200", 8, b, c, prefill=False)["tpot_ms_p50"]
+         for b, c in ((1, 1024), (8, 1024), (64, 1024), (64, 8192))]
+    assert t == sorted(t)
+
+
+def test_planner_rows_fit_the_results_schema():
+    df = planner.predict_grid("tiny-llama", "H100", concurrencies=(1, 4), context_lens=(128, 512))
+    assert len(df) == 4 and set(df["backend"]) == {"planner"}
+    for rec in df.to_dict("records"):
+        validate_record(rec)
+    for col in ("eff_bw", "eff_flops", "tp", "assumptions", "tpot_ms_p50", "prefill_ms"):
+        assert df[col].notna().all(), col
+
+
+def test_oom_point_has_status_and_no_timings():
+    r = predict_point("kimi-k3", "B200", 8, 1, 1024)
+    assert r["status"] == "oom" and "fit" in r["error"] and r["tpot_ms_p50"] is None
+
+
+def test_local_calibration_drives_prediction():
+    cal = {"device": "cpu", "device_name": "test cpu", "memory_gb": 16.0, "mem_bw_gb_s": 10.0,
+           "matmul_tflops": {"float32": 0.1, "bfloat16": 0.2}, "overhead_ms_fixed": 1.0, "overhead_ms_per_layer": 0.5}
+    dev = planner.get_device("local", calibration=cal)
+    assert dev.eff_bw == 1.0 and dev.mem_bw_gb_s == 10.0
+    r = predict_point("tiny-llama", "local", 1, 1, 128, dtype="float32", calibration=cal)
+    s = get_spec("tiny-llama")
+    assert r["x_overhead_ms"] == pytest.approx(1.0 + 0.5 * s.num_layers)
+    assert r["tpot_ms_p50"] == pytest.approx(max(r["x_t_mem_ms"], r["x_t_compute_ms"]) + r["x_overhead_ms"])
+    with pytest.raises(ValueError, match="float16"):
+        predict_point("tiny-llama", "local", 1, 1, 128, dtype="float16", calibration=cal)
+
+
+def test_predict_like_and_compare():
+    cal = {"device": "cpu", "memory_gb": 16.0, "mem_bw_gb_s": 10.0, "matmul_tflops": {"float32": 0.1},
+           "overhead_ms_fixed": 1.0, "overhead_ms_per_layer": 0.5}
+    measured = pd.DataFrame([{"backend": "engine", "status": "ok", "model": "tiny-llama", "dtype": "float32",
+                              "concurrency": b, "context_len": c, "decode_steps": 16, "tpot_ms_p50": 5.0}
+                             for b in (1, 4) for c in (128, 512)])
+    pred = planner.predict_like(measured, "local", calibration=cal)
+    assert len(pred) == 4 and (pred["x_attend_len"] == pred["context_len"] + 16).all()
+    err = planner.compare(measured, pred)
+    assert len(err) == 4
+    assert err["error_pct"].tolist() == pytest.approx((100 * (err["predicted"] - 5.0) / 5.0).tolist())
+    fig = planner.overlay_figure(measured, pred)
+    assert fig.axes[0].get_title().startswith("planner")
+
+
+def test_cli_plan_json(capsys):
+    from kit.cli import main
+
+    rc = main(["plan", "--model", "kimi-k3", "--accelerator", "mi355x", "--gpus", "8", "--context", "1424",
+               "--concurrency", "64", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fit"]["fits"] and out["min_gpus"] == 8 and out["fit"]["max_concurrency"] >= 64
+    assert {c["price_basis"] for cost in out["cost"] for c in cost} >= {"tco", "assumed-rental"}
+    assert all(math.isfinite(p["decode_tok_s"]) for p in out["predictions"])
+
+
+def test_cli_plan_text_and_bad_accelerator(capsys):
+    from kit.cli import main
+
+    assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "H100", "--gpus", "1", "--context", "2048",
+                 "--concurrency", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "FITS" in out and "tok/s" in out and "$" in out
+    assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "Z100"]) == 2
+    assert "Z100" in capsys.readouterr().err
