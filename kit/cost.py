@@ -38,7 +38,10 @@ def get_price(accelerator: str, basis: str | None = DEFAULT_BASIS, usd_per_gpu_h
     if usd_per_gpu_hr is not None:
         if not float(usd_per_gpu_hr) > 0:
             raise ValueError(f"usd_per_gpu_hr={usd_per_gpu_hr!r} must be > 0")
-        name = cat.resolve(accelerator) if accelerator else "?"
+        try:
+            name = cat.resolve(accelerator) if accelerator else "?"
+        except KeyError:  # a user price needs no catalog entry (e.g. a local CPU or an unlisted GPU)
+            name = str(accelerator)
         b = basis if basis and basis != DEFAULT_BASIS else "user"
         return Price(name, float(usd_per_gpu_hr), b, "set by user")
     return cat.price(accelerator, basis or DEFAULT_BASIS)

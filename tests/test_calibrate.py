@@ -1,0 +1,79 @@
+"""kit.calibrate: measurements are positive medians with n, stored as JSON, and drive the planner's local device."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kit import calibrate, planner
+
+
+@pytest.fixture(scope="module")
+def quick_cal():
+    return calibrate.calibrate("cpu", quick=True, size_mb=8, matmul_n=128)
+
+
+def test_quick_calibration_figures(quick_cal):
+    c = quick_cal
+    assert c["device"] == "cpu" and c["mem_bw_gb_s"] > 0 and c["mem_read_gb_s"] > 0
+    assert c["matmul_tflops"]["float32"] > 0
+    assert c["details"]["bandwidth"]["n"] >= 3 and c["details"]["matmul"]["float32"]["n"] >= 3
+    assert c["overhead_ms_fixed"] >= 0 and c["overhead_ms_per_layer"] >= 0
+    assert c["overhead_ms_fixed"] + 4 * c["overhead_ms_per_layer"] > 0
+
+
+def test_save_load_and_planner_uses_it(quick_cal, tmp_path):
+    p = calibrate.save_calibration(quick_cal, tmp_path / "cal.json")
+    loaded = calibrate.load_calibration(p)
+    assert loaded["path"] == str(p) and loaded["mem_bw_gb_s"] == quick_cal["mem_bw_gb_s"]
+    dev = planner.get_device("local", calibration=p)
+    assert dev.mem_bw_gb_s == quick_cal["mem_bw_gb_s"] and dev.eff_bw == 1.0 and dev.eff_flops == 1.0
+    r = planner.predict_point("tiny-llama", "local", 1, 1, 64, dtype="float32", calibration=p)
+    assert r["status"] == "ok" and r["device"] == "cpu" and "calibration" in r["x_device_source"]
+
+
+def test_default_path_under_cache_dir(quick_cal, tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path / "cache"))
+    p = calibrate.save_calibration(quick_cal)
+    assert p == tmp_path / "cache" / "calibration-cpu.json"
+    assert calibrate.load_calibration(device="cpu")["path"] == str(p)
+    assert planner.get_device("cpu").source.startswith("calibration")
+
+
+def test_missing_calibration_says_what_to_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="kit calibrate"):
+        calibrate.load_calibration(device="cpu")
+    # without a calibration the planner falls back to the catalog's CPU placeholder (flagged UNSURE)
+    dev = planner.get_device("cpu")
+    assert dev.name == "CPU" and "UNSURE" in dev.source
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"device": "cpu"}))
+    with pytest.raises(ValueError, match="mem_bw_gb_s"):
+        calibrate.load_calibration(bad)
+
+
+def test_bad_sizes():
+    with pytest.raises(ValueError, match="size_mb"):
+        calibrate.measure_bandwidth("cpu", size_mb=0)
+    with pytest.raises(ValueError, match="dtype"):
+        calibrate.measure_matmul("cpu", "fp7")
+
+
+def test_cli_calibrate(tmp_path, capsys, monkeypatch):
+    from kit.cli import main
+
+    monkeypatch.setattr(calibrate, "calibrate", lambda device=None, quick=False: {
+        "device": "cpu", "device_name": "x", "device_key": "cpu", "threads": 1, "mem_bw_gb_s": 10.0,
+        "mem_read_gb_s": 12.0, "matmul_tflops": {"float32": 0.1, "bfloat16": None}, "overhead_ms_fixed": 0.5,
+        "overhead_ms_per_layer": 0.2,
+        "details": {"bandwidth": {"copy_gb_s": 10.0, "copy_p10": 9.0, "copy_p90": 11.0, "n": 3, "size_mb": 8,
+                                  "read_gb_s": 12.0},
+                    "matmul": {"float32": {"tflops": 0.1, "n": 3, "size": 128},
+                               "bfloat16": {"tflops": None, "error": "no"}},
+                    "overhead": {"step_ms": {1: 0.7, 4: 1.3}}}})
+    out = tmp_path / "c.json"
+    assert main(["calibrate", "--quick", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "GB/s" in text and "GFLOP/s" in text and str(out) in text
+    assert json.loads(out.read_text())["mem_bw_gb_s"] == 10.0
