@@ -1,0 +1,90 @@
+"""Execute the documentation notebooks once per test session, two at a time, with small parameters.
+
+The doc tests (``test_notebooks_docs.py``) assert on the files each executed notebook wrote; the docs build
+(``test_docs_build.py``) renders the executed copies with MyST-NB's execution switched off, so no notebook is
+executed twice. Executed copies mirror ``notebooks/`` under ``EXEC_DIR/notebooks``; each notebook's ``out_dir``
+is ``EXEC_DIR/out/<section>/<name>``.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit.notebooks import NOTEBOOK_DIR, run_notebook
+
+#: seconds any one cell may run before the notebook fails
+CELL_TIMEOUT_S = 180
+#: notebooks executing at once (CI has 2 cores; each kernel is mostly one busy core)
+WORKERS = int(os.environ.get("KIT_NB_WORKERS", "2"))
+
+TINY_GRID = {"kv_lens": [16, 64], "concurrencies": [1, 2], "decode_steps": 4}
+#: small parameters per notebook (relative to notebooks/); ``out_dir`` is always set by the runner.
+SMALL: dict[str, dict] = {
+    "tutorials/02-explore-with-the-panel.ipynb": {**TINY_GRID, "repeats": 1, "device": "cpu"},
+    "how-to/sweep-kv-cache-length.ipynb": {"kv_lens": [16, 64, 256], "decode_steps": 4, "repeats": 1,
+                                           "device": "cpu"},
+    "how-to/find-the-concurrency-knee.ipynb": {"kv_lens": [16], "concurrencies": [1, 2, 4], "decode_steps": 4,
+                                               "repeats": 1, "device": "cpu"},
+    "how-to/compare-dtypes.ipynb": {"kv_lens": [16], "concurrencies": [1, 2], "decode_steps": 4, "repeats": 1,
+                                    "device": "cpu"},
+    "how-to/compare-two-result-sets.ipynb": dict(TINY_GRID),
+    "how-to/run-the-seed-workload.ipynb": {"scale": 1 / 64, "device": "cpu"},
+    "how-to/load-a-local-checkpoint.ipynb": {**TINY_GRID, "repeats": 1, "device": "cpu"},
+    "how-to/export-results-for-ci.ipynb": dict(TINY_GRID),
+    "reference/accelerator-catalog.ipynb": {},
+    "reference/model-presets.ipynb": {},
+    "reference/metric-definitions.ipynb": {},
+    "reference/results-schema.ipynb": {},
+    "explanation/why-decode-is-memory-bound.ipynb": {"kv_lens": [16, 128], "concurrencies": [1, 4],
+                                                     "decode_steps": 4, "repeats": 1, "device": "cpu"},
+    "explanation/performance-per-dollar.ipynb": {"concurrencies": [1, 8, 64]},
+}
+
+EXEC_DIR = Path(os.environ.get("KIT_NB_EXEC_DIR") or tempfile.mkdtemp(prefix="kit-notebooks-"))
+
+
+@dataclass
+class Executed:
+    source: Path  # the committed notebook
+    path: Path  # the executed copy
+    out_dir: Path  # where the notebook wrote its files
+    nb: object  # the executed nbformat node
+
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_futures: dict[str, Future] = {}
+
+
+def out_dir_of(rel: str) -> Path:
+    return EXEC_DIR / "out" / rel.removesuffix(".ipynb")
+
+
+def _run(rel: str, params: dict) -> Executed:
+    src = NOTEBOOK_DIR / rel
+    out = out_dir_of(rel)
+    dest = EXEC_DIR / "notebooks" / rel
+    nb = run_notebook(src, dest, parameters={**params, "out_dir": str(out)}, cell_timeout_s=CELL_TIMEOUT_S)
+    return Executed(src, dest, out, nb)
+
+
+def start_all(rels=None) -> None:
+    """Queue every notebook in :data:`SMALL` (or ``rels``) for execution; returns at once."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="nbexec")
+        for rel in (rels or SMALL):
+            if rel not in _futures:
+                _futures[rel] = _pool.submit(_run, rel, SMALL.get(rel, {}))
+
+
+def execute(rel: str) -> Executed:
+    """The executed notebook ``rel`` (started with every other on first use); re-raises its execution error."""
+    start_all()
+    start_all([rel])
+    return _futures[rel].result()
