@@ -474,6 +474,13 @@ def compiled(fn: Callable, backend: str = "inductor", **compile_kwargs) -> Calla
     return _COMPILED[key]
 
 
+def compiled_call(fn: Callable, *args, backend: str = "inductor", **kwargs):
+    """Call ``torch.compile(fn)`` (cached per fn/backend) on ``args``/``kwargs`` with the recompile guard of
+    :func:`check_op` (many recompiles allowed; hitting the limit raises instead of silently running eager)."""
+    with _compile_guard():
+        return compiled(fn, backend)(*args, **kwargs)
+
+
 def _compile_guard():
     """While a compiled check runs: allow many recompiles (dtype × shape), and fail loudly rather than silently
     falling back to eager when the limit is hit."""
