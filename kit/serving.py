@@ -715,6 +715,9 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
         "x_input_tokens_total": in_tok, "x_output_tokens_total": out_tok,
         "x_output_tokens_estimated": sum(bool(r.get("output_tokens_estimated")) for r in ok),
         "x_osl_mismatch": sum(bool(r.get("osl_mismatch")) for r in ok),
+        # completed with output tokens in usage but no token-bearing chunk (e.g. text a detokeniser withheld):
+        # they count in throughput but have no TTFT/TPOT
+        "x_requests_without_text": sum(1 for r in ok if not r.get("n_chunks") and (r.get("output_tokens") or 0) > 0),
         "x_tokens_per_chunk_source": ",".join(sorted({str(r.get("tokens_per_chunk_source")) for r in ok})) or None,
         "x_good_requests": n_good if any_slo else None,
         "x_slo_ttft_ms": cfg.slo_ttft_ms, "x_slo_tpot_ms": cfg.slo_tpot_ms, "x_slo_e2el_ms": cfg.slo_e2el_ms,
@@ -852,6 +855,8 @@ def summary_line(row: dict) -> str:
          f"completed {row.get('completed')}, failed {row.get('failed')}")
     if row.get("goodput_rps") is not None:
         s += f", goodput {f(row.get('goodput_rps'), '.2f')} req/s"
+    if row.get("x_requests_without_text"):
+        s += f"; {row['x_requests_without_text']} completed requests streamed no text (no TTFT)"
     if row.get("x_osl_mismatch"):
         s += f"; {row['x_osl_mismatch']} requests' output length != max_tokens"
     if row.get("x_client_warning"):

@@ -1,0 +1,30 @@
+"""The how-to notebook "benchmark a serving endpoint" runs under papermill with small parameters: it starts
+`transformers serve` on CPU itself, sweeps concurrency, runs an in-process sweep of the same checkpoint and
+plots both. Assertions are on the files it wrote (rows, columns, statuses), never on timing values."""
+from pathlib import Path
+
+import pytest
+
+from kit import results as R
+from kit.notebooks import NOTEBOOK_DIR, run_notebook
+
+pytestmark = pytest.mark.slow
+NB = NOTEBOOK_DIR / "how-to" / "benchmark-a-serving-endpoint.ipynb"
+
+
+def test_benchmark_a_serving_endpoint_notebook(tmp_path):
+    out = tmp_path / "out"
+    run_notebook(NB, tmp_path / "executed.ipynb", cell_timeout_s=240,
+                 parameters={"out_dir": str(out), "concurrencies": [1, 4], "num_requests": 4,
+                             "warmup_requests": 1, "isl": 16, "osl": 8})
+    served = R.load_results(out / "served")
+    assert list(served["backend"]) == ["openai", "openai"] and list(served["concurrency"]) == [1, 4]
+    assert (served["status"] == "ok").all() and (served["completed"] == 4).all() and (served["failed"] == 0).all()
+    assert served["output_tok_s"].notna().all() and served["goodput_rps"].notna().all()
+    assert len(list((out / "served").glob("requests-*.jsonl"))) == 2
+    both = R.load_results(out / "combined.parquet")
+    assert set(both["backend"]) == {"openai", "engine"}
+    assert both.loc[both["backend"] == "engine", "decode_tok_s"].notna().all()
+    assert (out / "served_vs_inprocess.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Application startup complete" in (out / "server.log").read_text()
+    assert not Path(out / "server.log").read_text().count("Traceback")
