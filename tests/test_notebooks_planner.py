@@ -1,0 +1,60 @@
+"""The planner and cost notebooks, executed by papermill with small parameters; assertions on the files they wrote."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kit.notebooks import NOTEBOOK_DIR, run_notebook
+
+pytestmark = pytest.mark.slow
+
+
+def _run(rel: str, tmp_path, **params):
+    out = tmp_path / "out"
+    run_notebook(NOTEBOOK_DIR / rel, tmp_path / "executed.ipynb", parameters={**params, "out_dir": str(out)},
+                 cell_timeout_s=180)
+    return out
+
+
+def test_will_this_model_fit(tmp_path):
+    out = _run("how-to/will-this-model-fit.ipynb", tmp_path)
+    fit = pd.read_csv(out / "fit.csv")
+    assert set(fit.accelerator) == {"MI355X", "B300"} and set(fit.kv_dtype) == {"bfloat16", "fp8"}
+    assert fit.fits_weights.all() and (fit.weights_gb_total > 1500).all()
+    assert (fit.context_len == 1424).all() and (fit.max_concurrency >= 64).all()
+    bf = fit[fit.kv_dtype == "bfloat16"].set_index("accelerator")
+    assert bf.loc["MI355X", "max_concurrency"] > bf.loc["B300", "max_concurrency"]
+    mins = pd.read_csv(out / "min_gpus.csv").set_index("accelerator")
+    assert mins.loc["MI355X", "min_gpus"] == 8 and mins.loc["B200", "min_gpus"] == 16
+    groups = pd.read_csv(out / "weights_by_group.csv", index_col=0)
+    assert groups.loc["routed_experts", "dtype"] == "mxfp4"
+    assert (out / "memory_per_gpu.png").stat().st_size > 0
+
+
+def test_what_does_a_million_tokens_cost(tmp_path):
+    out = _run("how-to/what-does-a-million-tokens-cost.ipynb", tmp_path, user_prices={"MI355X": 2.0},
+               planner_concurrencies=[1, 64])
+    t = pd.read_csv(out / "published_cost.csv")
+    peak = t[t.point == "peak"].set_index(["system", "price_basis"])["usd_per_mtok"].round(2)
+    assert peak[("8x MI355X", "assumed-rental")] == 5.84
+    assert peak[("8x B300", "assumed-rental")] == 8.50
+    assert peak[("8x MI355X", "tco")] == 3.45
+    eq = pd.read_csv(out / "equal_interactivity.csv")
+    assert set(eq.price_basis) >= {"assumed-rental", "tco"} and eq.usd_per_mtok.notna().any()
+    pc = pd.read_csv(out / "planner_cost.csv")
+    assert set(pc.accelerator) == {"MI355X", "B300"} and set(pc.backend) == {"planner"}
+    for png in ("published_cost_vs_interactivity.png", "planner_vs_published_cost.png"):
+        assert (out / png).stat().st_size > 0
+
+
+def test_kv_cache_memory_gqa_vs_mla(tmp_path):
+    out = _run("explanation/kv-cache-memory-gqa-vs-mla.ipynb", tmp_path, context_lens=[1024, 131072])
+    kv = pd.read_csv(out / "kv_per_token.csv").set_index("model")
+    assert kv.loc["llama-3.1-8b", "kv_B_per_token_bf16"] == 131072
+    assert kv.loc["llama-3.1-8b", "GiB_per_seq_at_131072"] == 16.0
+    assert kv.loc["deepseek-v3", "kv_B_per_token_bf16"] == 70272
+    assert kv.loc["deepseek-v3", "kv_B_per_token_fp8"] == 35136
+    tps = pd.read_csv(out / "tp_sharding.csv").set_index("model")
+    assert tps.loc["deepseek-v3", "split_factor"] == 1 and tps.loc["llama-3.1-70b", "split_factor"] == 8
+    m = pd.read_csv(out / "measured_vs_formula.csv")
+    assert (m.measured_B_per_token == m.formula_B_per_token).all() and set(m.attention) == {"GQA", "MLA"}
