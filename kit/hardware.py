@@ -124,7 +124,8 @@ def detect(device: str | None = None) -> DeviceInfo:
     name = getattr(props, "name", "") or ""
     arch = gfx_arch(props) if want == "rocm" else None
     family, fam_names = GFX_FAMILIES.get(arch, (None, ())) if arch else (None, ())
-    if want == "rocm" and (not name.strip() or "AMD" == name.strip() or "Radeon" in name and family):
+    generic = not name.strip() or name.strip() in ("AMD", "Device") or ("Radeon" in name and family is not None)
+    if want == "rocm" and generic:  # Instinct parts can report an empty or a consumer-style marketing name
         name = f"AMD {family}" if family else f"AMD {arch or 'GPU'}"
     return DeviceInfo(
         backend=want, device="cuda", name=name, count=torch.cuda.device_count(),

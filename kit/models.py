@@ -53,7 +53,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
         head_dim=32, vocab_size=4096, max_position_embeddings=16384, rms_norm_eps=1e-5, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-        "tiny Llama (GQA 8/2 heads, 4 layers, ~7.6M params); runs a sweep on a laptop CPU in seconds",
+        "tiny Llama (GQA 8/2 heads, 4 layers, ~4.9M params); runs a sweep on a laptop CPU in seconds",
         "kit's own (Llama-3 architecture, scaled down)", cpu_ok=True),
     Preset("llama-3.2-1b", "llama", dict(
         hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
