@@ -1,0 +1,124 @@
+"""kit doctor: JSON validates against the documented schema; --strict exits non-zero naming a missing symbol
+(fake backend lacking top_k_renorm_prob); compile check failure and timeout paths; CLI errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from kit import cli
+from kit import doctor as D
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKES = str(Path(__file__).parent / "fake_backends")
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    monkeypatch.syspath_prepend(FAKES)
+
+
+def validate(report):
+    jsonschema.Draft202012Validator.check_schema(D.SCHEMA)
+    jsonschema.validate(report, D.SCHEMA, cls=jsonschema.Draft202012Validator)
+
+
+@pytest.mark.slow
+def test_cli_json_full_run_validates_against_schema(tmp_path):
+    """The real command, as CI would run it (torch.compile check included)."""
+    out = tmp_path / "doctor.json"
+    proc = subprocess.run([sys.executable, "-m", "kit.cli", "doctor", "--json", "--strict", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report = json.loads(proc.stdout)
+    validate(report)
+    assert json.loads(out.read_text())["schema_version"] == D.SCHEMA_VERSION
+    assert report["ok"] and report["problems"] == []
+    assert report["device"]["backend"] in ("cpu", "cuda", "rocm")
+    assert {d["dtype"]: d["works"] for d in report["dtypes"]} == {"float32": True, "float16": True,
+                                                                   "bfloat16": True}
+    assert all(d["n"] == 5 and d["matmul_ms_p50"] > 0 for d in report["dtypes"])
+    assert report["compile"]["checked"] and (report["compile"]["ok"] or report["compile"]["timed_out"])
+    fp8 = {f["format"]: f for f in report["fp8"]["formats"]}
+    assert fp8["e4m3fn"]["max"] == 448 and fp8["e4m3fnuz"]["max"] == 240
+    assert fp8["e4m3fn"]["cast_ok"] and fp8["e4m3fnuz"]["cast_ok"]
+    assert {b["name"] for b in report["backends"]} == {"flashinfer", "sgl_kernel", "aiter"}
+
+
+def test_strict_with_fake_backend_missing_top_k_renorm_prob(fakes, capsys):
+    rc = cli.main(["doctor", "--quick", "--strict", "--backend", "sgl_kernel=fake_rocm_sgl_kernel"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert "lacks top_k_renorm_prob" in err and "fake_rocm_sgl_kernel" in err
+    assert "MISSING top_k_renorm_prob" in out and "verdict: NOT READY (1 problem(s))" in out
+    # the same as JSON, valid against the schema
+    rc = cli.main(["doctor", "--quick", "--json", "--backend", "sgl_kernel=fake_rocm_sgl_kernel"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0  # without --strict the exit code stays 0
+    validate(report)
+    sgl = next(b for b in report["backends"] if b["name"] == "sgl_kernel")
+    assert sgl["importable"] and sgl["version"] == "0.0-fake-rocm" and sgl["missing"] == ["top_k_renorm_prob"]
+    assert sgl["ops"]["top_p_renorm_prob"] == "fake_rocm_sgl_kernel.top_p_renorm_prob"
+    assert not report["ok"] and any("top_k_renorm_prob" in p for p in report["problems"])
+
+
+def test_strict_passes_here_and_with_a_complete_backend(fakes, capsys):
+    assert cli.main(["doctor", "--quick", "--strict"]) == 0
+    assert "verdict: ready" in capsys.readouterr().out
+    assert cli.main(["doctor", "--quick", "--strict", "--backend", "flashinfer=fake_full_kernels"]) == 0
+    out = capsys.readouterr().out
+    assert "flashinfer  9.9-fake (fake_full_kernels): has top_k_renorm_prob" in out
+
+
+def test_guarded_none_symbol_is_a_problem(fakes):
+    r = D.run_doctor(backend_overrides=["sgl_kernel=fake_guarded_kernels"], compile_check=False, timing=False)
+    assert any("lacks top_k_renorm_prob" in p and "attribute is None" in p for p in r["problems"])
+    validate(r)
+
+
+def test_require_missing_library_is_a_problem(capsys):
+    rc = cli.main(["doctor", "--quick", "--strict", "--require", "flashinfer"])
+    assert rc == 1
+    assert "required library flashinfer (flashinfer.sampling) is not importable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["--backend", "sglang=x"], r"--backend 'sglang=x': use NAME=MODULE with NAME one of"),
+    (["--backend", "sgl_kernel"], r"use NAME=MODULE"),
+    (["--require", "vllm"], r"--require 'vllm': unknown library; known"),
+    (["--device", "tpu"], r"device='tpu' is not allowed"),
+    (["--compile-timeout", "0"], r"--compile-timeout must be > 0"),
+])
+def test_cli_bad_arguments_exit_2_with_message(argv, pattern, capsys):
+    import re
+
+    assert cli.main(["doctor", "--quick", *argv]) == 2
+    assert re.search(pattern, capsys.readouterr().err)
+
+
+def test_schema_flag_prints_a_valid_schema(capsys):
+    assert cli.main(["doctor", "--schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema == json.loads(json.dumps(D.SCHEMA))
+
+
+def test_compile_failure_is_a_problem_and_timeout_a_warning():
+    r = D.run_doctor(compile_backend="no_such_compile_backend", timing=False)
+    validate(r)
+    assert r["compile"]["ok"] is False and not r["compile"]["timed_out"]
+    assert any("torch.compile (no_such_compile_backend) does not work" in p for p in r["problems"])
+    r = D.run_doctor(compile_timeout_s=0.01, timing=False)
+    validate(r)
+    assert r["compile"]["timed_out"] and r["ok"]
+    assert any("did not finish within 0.01 s" in w for w in r["warnings"])
+
+
+def test_format_report_names_everything():
+    r = D.run_doctor(compile_check=False, timing=False)
+    text = D.format_report(r)
+    for needle in ("kit doctor — torch", "device ", "dtypes ", "float16", "bfloat16", "fp8            native e4m3fn",
+                   "e4m3fnuz", "torch.compile  not checked", "kernel libs", "sgl_kernel", "verdict: ready"):
+        assert needle in text, needle
