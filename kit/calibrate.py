@@ -7,6 +7,9 @@ Three measurements, each warmed up, synchronised, repeated, and summarised by th
   beside it.
 - **matmul TFLOPS per dtype** (float32, bfloat16, float16): ``a @ b`` of n × n matrices, 2·n³ FLOPs per product.
   A dtype the device cannot run is recorded as missing, not as zero.
+- **decode attention throughput** (TFLOPS): the same toy's step at batch 8 × context 1024 minus batch 1 ×
+  context 16, over the attention FLOPs it adds (transformers' SDPA path with its mask runs far below matmul peak on
+  CPU); the planner uses it as attention's compute rate.
 - **per-step overhead** (ms): the kit's own decode step (:func:`kit.engine.run_point`) on two toy Llama models
   (hidden 64, vocab 256; 1 and 4 layers) whose arithmetic is negligible: the difference gives the per-layer cost
   of an eager PyTorch/transformers layer, the rest the fixed per-step cost (embedding, head, sampling, Python).
@@ -114,8 +117,8 @@ def measure_matmul(device: str = "cpu", dtype: str = "float32", n: int = 1024, w
 def _toy_model(layers: int, device: str, dtype: str):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=4096,
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=8192,
                       tie_word_embeddings=False)
     torch.manual_seed(0)
     with torch.device(device):
@@ -149,6 +152,31 @@ def measure_overhead(device: str = "cpu", dtype: str = "float32", layers=(1, 4),
             "n": decode_steps * repeats}
 
 
+def measure_attention(device: str = "cpu", dtype: str = "float32", batch: int = 8, context_len: int = 1024,
+                      layers: int = 4, decode_steps: int = 16, repeats: int = 3) -> dict:
+    """Decode-attention throughput of the kit's engine path, TFLOPS: the 4-layer toy Llama's decode step at
+    ``batch`` × ``context_len`` minus its step at batch 1, context 16 (weights and overhead cancel), divided into
+    the attention FLOPs it adds: 4 × head_dim × (query heads × attended positions) per sequence per layer (QKᵀ and
+    PV). Includes the mask and cache handling of transformers' SDPA path, which on CPU runs far below matmul peak.
+
+    Returns:
+        ``{"attn_tflops": rate or None (when the difference is not positive), "step_ms": {...}, "n": steps}``.
+    """
+    from .engine import PointConfig, run_point
+
+    m = _toy_model(layers, device, dtype)
+    cfg = m.config
+    small = run_point(m, PointConfig(1, 16, decode_steps, 3, repeats, "synthetic"), device=device)["tpot_ms_p50"]
+    big_p = PointConfig(batch, context_len, decode_steps, 3, repeats, "synthetic")
+    big = run_point(m, big_p, device=device)["tpot_ms_p50"]
+    del m
+    hd = cfg.head_dim
+    added = 4 * hd * cfg.num_attention_heads * layers * (batch * big_p.cache_len - 1 * (16 + max(3, decode_steps)))
+    dt = (big - small) / 1e3
+    return {"attn_tflops": added / dt / 1e12 if dt > 0 else None,
+            "step_ms": {"batch1_ctx16": small, f"batch{batch}_ctx{context_len}": big}, "n": decode_steps * repeats}
+
+
 def calibrate(device: str | None = None, quick: bool = False, size_mb: float | None = None,
               matmul_n: int | None = None, dtypes=MATMUL_DTYPES) -> dict:
     """Measure bandwidth, matmul TFLOPS per dtype and per-step overhead on ``device`` (default: detected).
@@ -159,7 +187,7 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
     Returns:
         the calibration dict (what :func:`save_calibration` writes): ``mem_bw_gb_s`` (copy, median),
         ``mem_read_gb_s``, ``matmul_tflops`` {float32, bfloat16, float16} (median), ``overhead_ms_fixed``,
-        ``overhead_ms_per_layer``, ``details`` (every summary with n), device, threads, versions, time.
+        ``overhead_ms_per_layer``, ``attn_tflops`` (decode attention, float32), ``details`` (every summary with n), device, threads, versions, time.
 
     Raises:
         ValueError: unknown device.
@@ -171,6 +199,8 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
     bw = measure_bandwidth(dev, size_mb, warmup=1 if quick else 2, repeats=3 if quick else 10)
     mm = {dt: measure_matmul(dev, dt, matmul_n, warmup=1 if quick else 2, repeats=3 if quick else 5) for dt in dtypes}
     ov = measure_overhead(dev, "float32", decode_steps=4 if quick else 16, repeats=1 if quick else 3)
+    at = measure_attention(dev, "float32", batch=2 if quick else 8, context_len=256 if quick else 1024,
+                           decode_steps=4 if quick else 16, repeats=1 if quick else 3)
     return {
         "device": info.backend, "device_name": info.name, "device_key": device_key(info), "memory_gb": info.memory_gb,
         "threads": torch.get_num_threads(), "torch_version": torch.__version__,
@@ -178,9 +208,11 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
         "mem_bw_gb_s": bw["copy_gb_s"], "mem_read_gb_s": bw["read_gb_s"],
         "matmul_tflops": {dt: r["tflops"] for dt, r in mm.items()},
         "overhead_ms_fixed": ov["overhead_ms_fixed"], "overhead_ms_per_layer": ov["overhead_ms_per_layer"],
-        "details": {"bandwidth": bw, "matmul": mm, "overhead": ov},
+        "attn_tflops": at["attn_tflops"],
+        "details": {"bandwidth": bw, "matmul": mm, "overhead": ov, "attention": at},
         "method": "median over repeats after warm-up; copy GB/s counts read + write; matmul 2n^3 FLOPs; overhead "
-                  "fitted on 1- and 4-layer toy Llama decode steps (kit.engine.run_point)",
+                  "fitted on 1- and 4-layer toy Llama decode steps (kit.engine.run_point); attention from the toy's "
+                  "step at batch x context minus batch 1, context 16",
     }
 
 
@@ -249,6 +281,8 @@ def _cli(args) -> int:
             print(f"  matmul {dt:9s} {r['tflops'] * 1e3:.1f} GFLOP/s (n={r['n']}, {r['size']}x{r['size']})")
         else:
             print(f"  matmul {dt:9s} unavailable ({r.get('error')})")
+    if cal.get("attn_tflops"):
+        print(f"  decode attention {cal['attn_tflops'] * 1e3:.1f} GFLOP/s (engine SDPA path, float32)")
     ov = d["overhead"]
     print(f"  step overhead {cal['overhead_ms_fixed']:.3f} ms fixed + {cal['overhead_ms_per_layer']:.3f} ms/layer "
           f"(toy decode steps: {', '.join(f'{k} layers {v:.3f} ms' for k, v in ov['step_ms'].items())})")

@@ -635,6 +635,7 @@ class Device:
     eff_flops: float = 0.6
     overhead_ms_fixed: float = 0.0
     overhead_ms_per_layer: float = 0.0
+    attn_tflops: float | None = None  # measured decode-attention throughput (calibration); None: matmul peak
     scaleup_gb_s: float | None = None
     gpus_per_node: int = 8
     full_name: str = ""
@@ -696,7 +697,8 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
         dev = Device(name="local", device=cal.get("device", "cpu"), mem_gb=float(cal.get("memory_gb") or 0) or 1.0,
                      mem_bw_gb_s=float(cal["mem_bw_gb_s"]), tflops=dict(cal["matmul_tflops"]), eff_bw=1.0,
                      eff_flops=1.0, overhead_ms_fixed=float(cal.get("overhead_ms_fixed", 0.0)),
-                     overhead_ms_per_layer=float(cal.get("overhead_ms_per_layer", 0.0)), scaleup_gb_s=None,
+                     overhead_ms_per_layer=float(cal.get("overhead_ms_per_layer", 0.0)),
+                     attn_tflops=float(cal["attn_tflops"]) if cal.get("attn_tflops") else None, scaleup_gb_s=None,
                      gpus_per_node=1, full_name=cal.get("device_name", ""),
                      source=f"calibration {cal.get('path', '')} ({cal.get('created_utc', '')})".strip())
     else:
@@ -971,20 +973,30 @@ def _decode_terms(spec: ArchSpec, dev: Device, B: int, ctx: float, tp: int, ep: 
     lin = (state_bytes_per_seq(spec, ctx, kv_dtype, state_dtype, tp) - swa) if spec.n_linear_layers else 0
     kv_read += B * (swa + 2 * lin)  # SWA window read once; recurrent state read and written
     dense_p, routed_p = _matmul_params_rank(spec, tp, ep)
-    flops = 2 * B * (dense_p + routed_p)
-    c_full = ctx
-    flops += B * spec.n_kv_layers * c_full * _attn_flops_per_ctx_token(spec, tp, decode=True)
+    lin_flops = 2 * B * (dense_p + routed_p)
+    attn_flops = B * spec.n_kv_layers * ctx * _attn_flops_per_ctx_token(spec, tp, decode=True)
     if spec.n_swa_layers:
-        flops += B * spec.n_swa_layers * min(ctx, spec.sliding_window) * _attn_flops_per_ctx_token(spec, tp, True)
+        attn_flops += B * spec.n_swa_layers * min(ctx, spec.sliding_window) * _attn_flops_per_ctx_token(spec, tp, True)
     if spec.n_linear_layers:
-        flops += B * spec.n_linear_layers * 4 * math.ceil(spec.linear_num_heads / tp) * spec.linear_head_dim ** 2
-    return {"weight_bytes": w_bytes, "kv_bytes": kv_read, "flops": flops, "expert_coverage": cov}
+        attn_flops += B * spec.n_linear_layers * 4 * math.ceil(spec.linear_num_heads / tp) * spec.linear_head_dim ** 2
+    return {"weight_bytes": w_bytes, "kv_bytes": kv_read, "linear_flops": lin_flops, "attn_flops": attn_flops,
+            "flops": lin_flops + attn_flops, "expert_coverage": cov}
 
 
-def _times(dev: Device, bytes_: float, flops: float, compute_dtype, eff_bw, eff_flops) -> tuple[float, float]:
-    t_mem = bytes_ / (dev.mem_bw_gb_s * 1e9 * eff_bw) * 1e3
-    t_cmp = flops / (dev.peak_tflops(compute_dtype) * 1e12 * eff_flops) * 1e3
-    return t_mem, t_cmp
+def _roofline(dev: Device, w_bytes: float, lin_flops: float, kv_bytes: float, attn_flops: float, compute_dtype,
+              eff_bw: float, eff_flops: float) -> dict:
+    """Per op class (linear layers; attention), time = max(bytes / (BW × eff_bw), flops / (rate × eff_flops)); the
+    classes run one after the other, so their times add. Attention's rate is the device's measured attention
+    throughput when calibrated (``attn_tflops``), else the matmul peak."""
+    bw = dev.mem_bw_gb_s * 1e9 * eff_bw
+    peak = dev.peak_tflops(compute_dtype) * 1e12 * eff_flops
+    arate = (dev.attn_tflops * 1e12 * eff_flops) if dev.attn_tflops else peak
+    lm, lc = w_bytes / bw * 1e3, lin_flops / peak * 1e3
+    am, ac = kv_bytes / bw * 1e3, attn_flops / arate * 1e3
+    t_lin, t_att = max(lm, lc), max(am, ac)
+    mem = (t_lin if lm >= lc else 0.0) + (t_att if am >= ac else 0.0)
+    return {"t_linear": t_lin, "t_attn": t_att, "t_mem": lm + am, "t_compute": lc + ac, "mem_part": mem,
+            "compute_part": t_lin + t_att - mem}
 
 
 def _comm_ms(spec: ArchSpec, dev: Device, tokens: float, tp: int, act_dtype) -> float:
@@ -1057,10 +1069,10 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
                      device=dev)
     d = _decode_terms(spec, dev, B, att, tp, ep, dts, kv_dtype, state_dtype, compute_dtype, act_dtype)
     bytes_step = d["weight_bytes"] + d["kv_bytes"]
-    t_mem, t_cmp = _times(dev, bytes_step, d["flops"], compute_dtype, eb, ef)
+    rl = _roofline(dev, d["weight_bytes"], d["linear_flops"], d["kv_bytes"], d["attn_flops"], compute_dtype, eb, ef)
     t_comm = _comm_ms(spec, dev, B, tp, act_dtype)
-    step_ms = max(t_mem, t_cmp) + t_comm + ovh
-    bound = "overhead" if ovh > max(t_mem, t_cmp) else ("memory" if t_mem >= t_cmp else "compute")
+    step_ms = rl["t_linear"] + rl["t_attn"] + t_comm + ovh
+    bound = max((ovh, "overhead"), (rl["mem_part"], "memory"), (rl["compute_part"], "compute"))[1]
     rec: dict = {
         "backend": "planner", "status": "ok", "model": model_label or spec.name, "dtype": compute_dtype,
         "device": dev.device, "device_name": dev.full_name or dev.name, "accelerator": dev.name, "n_gpus": n_gpus,
@@ -1074,7 +1086,8 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
         "tpot_ms_p50": step_ms, "decode_tok_s": metrics.decode_tok_s(B, step_ms),
         "tok_s_per_stream": metrics.tok_s_per_stream(step_ms),
         "achieved_gb_s": metrics.achieved_gb_s(bytes_step * tp, step_ms / 1e3),
-        "x_bound": bound, "x_t_mem_ms": t_mem, "x_t_compute_ms": t_cmp, "x_t_comm_ms": t_comm, "x_overhead_ms": ovh,
+        "x_bound": bound, "x_t_linear_ms": rl["t_linear"], "x_t_attn_ms": rl["t_attn"], "x_t_mem_ms": rl["t_mem"],
+        "x_t_compute_ms": rl["t_compute"], "x_t_comm_ms": t_comm, "x_overhead_ms": ovh,
         "x_bytes_per_step": bytes_step, "x_flops_per_step": d["flops"], "x_expert_coverage": d["expert_coverage"],
         "x_attend_len": att, "x_kv_dtype": kv_dtype, "x_compute_dtype": compute_dtype, "x_ep": ep, "x_pp": pp,
         "x_weights_gb_per_gpu": fit.weights_gb_per_gpu, "x_kv_tokens_free": fit.kv_tokens_free,
@@ -1088,23 +1101,27 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
         pbytes = sum(v for g, v in wr.items() if g != "routed_experts") + wr["routed_experts"] * cov \
             + T * kv_bytes_per_token(spec, kv_dtype, tp)
         dense_p, routed_p = _matmul_params_rank(spec, tp, ep, include_lm_head=False)
-        pflops = 2 * T * (dense_p + routed_p) + 2 * B * spec.vocab_size * spec.hidden_size / tp
+        p_lin = 2 * T * (dense_p + routed_p) + 2 * B * spec.vocab_size * spec.hidden_size / tp
         per_ctx = _attn_flops_per_ctx_token(spec, tp, decode=False)
         causal = C * attend_len if attend_len is not None else C * (C + 1) / 2
-        pflops += B * spec.n_kv_layers * causal * per_ctx
+        p_att = B * spec.n_kv_layers * causal * per_ctx
         if spec.n_swa_layers:
             w = spec.sliding_window
-            pflops += B * spec.n_swa_layers * (C * min(C, w) - min(C, w) ** 2 / 2) * per_ctx
+            p_att += B * spec.n_swa_layers * (C * min(C, w) - min(C, w) ** 2 / 2) * per_ctx
         if spec.n_linear_layers:
-            pflops += T * spec.n_linear_layers * 4 * math.ceil(spec.linear_num_heads / tp) * spec.linear_head_dim ** 2
-        pm, pc = _times(dev, pbytes, pflops, compute_dtype, eb, ef)
-        prefill_ms = max(pm, pc) + _comm_ms(spec, dev, T, tp, act_dtype) + ovh
+            p_att += T * spec.n_linear_layers * 4 * math.ceil(spec.linear_num_heads / tp) * spec.linear_head_dim ** 2
+        kv_w = T * kv_bytes_per_token(spec, kv_dtype, tp)
+        pr = _roofline(dev, pbytes - kv_w, p_lin, kv_w, p_att, compute_dtype, eb, ef)
+        prefill_ms = pr["t_linear"] + pr["t_attn"] + _comm_ms(spec, dev, T, tp, act_dtype) + ovh
+        pm, pc, pflops = pr["mem_part"], pr["compute_part"], p_lin + p_att
         rec.update({"prefill_ms": prefill_ms, "ttft_ms": prefill_ms,
                     "prefill_tok_s": metrics.prefill_tok_s(B, C, prefill_ms), "x_prefill_bound":
                     "memory" if pm >= pc else "compute", "x_prefill_flops": pflops})
-    rec["assumptions"] = (f"roofline: step = max(bytes/(BW×{eb:g}), flops/(peak×{ef:g})) + comm + overhead "
+    rec["assumptions"] = (f"roofline per op class (linear, attention): max(bytes/(BW×{eb:g}), flops/(rate×{ef:g})), "
+                          f"summed, + comm + overhead "
                           f"{ovh:.3f} ms; {dev.name} {dev.mem_bw_gb_s:,.0f} GB/s, {dev.peak_tflops(compute_dtype):,.3g} "
-                          f"TFLOPS {compute_dtype} ({dev.source.split(' [')[0]}); TP{tp} EP{ep} PP{pp}; KV {kv_dtype}; weights "
+                          f"TFLOPS {compute_dtype}" + (f", attention {dev.attn_tflops * 1e3:,.1f} GFLOP/s" if dev.attn_tflops else "")
+                          + f" ({dev.source.split(' [')[0]}); TP{tp} EP{ep} PP{pp}; KV {kv_dtype}; weights "
                           f"{_dt_summary(dts)}; attends {att} positions; uniform expert routing")
     if not fit.fits:
         rec.update({"status": "oom", "error": f"predicted not to fit: needs {fit.need_gb_per_gpu or 0:,.1f} GB/GPU, "
@@ -1173,7 +1190,7 @@ def compare(measured: pd.DataFrame, predicted: pd.DataFrame, column: str = "tpot
     keys = ["model", "dtype", "concurrency", "context_len"]
     m = measured[measured["status"] == "ok"] if "status" in measured.columns else measured
     p = predicted[predicted["status"] == "ok"] if "status" in predicted.columns else predicted
-    cols_p = keys + [column] + [c for c in ("x_bound", "x_overhead_ms", "x_t_mem_ms", "x_t_compute_ms")
+    cols_p = keys + [column] + [c for c in ("x_bound", "x_overhead_ms", "x_t_linear_ms", "x_t_attn_ms")
                                 if c in p.columns]
     j = m[keys + [column]].merge(p[cols_p], on=keys, suffixes=("_measured", "_predicted"))
     j = j.rename(columns={f"{column}_measured": "measured", f"{column}_predicted": "predicted"})

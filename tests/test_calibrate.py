@@ -71,7 +71,7 @@ def test_cli_calibrate(tmp_path, capsys, monkeypatch):
                                   "read_gb_s": 12.0},
                     "matmul": {"float32": {"tflops": 0.1, "n": 3, "size": 128},
                                "bfloat16": {"tflops": None, "error": "no"}},
-                    "overhead": {"step_ms": {1: 0.7, 4: 1.3}}}})
+                    "overhead": {"step_ms": {1: 0.7, 4: 1.3}}}, "attn_tflops": 0.01})
     out = tmp_path / "c.json"
     assert main(["calibrate", "--quick", "--out", str(out)]) == 0
     text = capsys.readouterr().out

@@ -312,7 +312,7 @@ def test_local_calibration_drives_prediction():
     r = predict_point("tiny-llama", "local", 1, 1, 128, dtype="float32", calibration=cal)
     s = get_spec("tiny-llama")
     assert r["x_overhead_ms"] == pytest.approx(1.0 + 0.5 * s.num_layers)
-    assert r["tpot_ms_p50"] == pytest.approx(max(r["x_t_mem_ms"], r["x_t_compute_ms"]) + r["x_overhead_ms"])
+    assert r["tpot_ms_p50"] == pytest.approx(r["x_t_linear_ms"] + r["x_t_attn_ms"] + r["x_overhead_ms"])
     with pytest.raises(ValueError, match="float16"):
         predict_point("tiny-llama", "local", 1, 1, 128, dtype="float16", calibration=cal)
 
