@@ -268,6 +268,29 @@ def to_fp8(x: torch.Tensor, fmt: str = "e4m3fn", scale: float | torch.Tensor = 1
     return (x.float() / scale).clamp(-m, m).to(dt)
 
 
+def e4m3fn_to_e4m3fnuz(q: torch.Tensor, scale: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, object]:
+    """Re-encode e4m3fn-quantised data (e.g. an OCP-fp8 checkpoint) for an e4m3fnuz device (MI300, gfx942)
+    without changing the dequantised values ``q.float() * scale``.
+
+    The same bits read as e4m3fnuz are worth half (exponent bias 8 instead of 7), so the scale doubles; the bits
+    of −0 (0x80) are NaN in e4m3fnuz and become +0; e4m3fn NaN (0x7F/0xFF) would read as ±240 and becomes the
+    fnuz NaN (0x80). (The same idea as the ROCm weight-loading path of serving engines, e.g. vLLM's
+    ``normalize_e4m3fn_to_e4m3fnuz``, which handles the −0 case.)
+
+    Args:
+        q: tensor of dtype ``torch.float8_e4m3fn``, any shape. scale: its dequantisation scale (float or tensor).
+
+    Returns: ``(q_fnuz, scale * 2)``. Raises: ValueError if ``q`` is not float8_e4m3fn.
+    """
+    if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"q must be a torch.float8_e4m3fn tensor; got {getattr(q, 'dtype', type(q).__name__)}")
+    bits = q.view(torch.uint8)
+    nan = (bits & 0x7F) == 0x7F
+    bits = torch.where(bits == 0x80, torch.zeros_like(bits), bits)
+    bits = torch.where(nan, torch.full_like(bits, 0x80), bits)
+    return bits.view(torch.float8_e4m3fnuz), scale * 2
+
+
 # ================================================================================================================
 # harness: inputs
 @dataclass

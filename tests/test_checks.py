@@ -229,6 +229,16 @@ def test_f1_fp8_bytes_and_clamping():
         C.to_fp8(torch.tensor([1, 2]), "e4m3fn")
 
 
+def test_f1_kind_e4m3fn_checkpoint_to_fnuz_keeps_values():
+    x = torch.tensor([1, -0.0, 448, 0.5, -2, 3.25e-3, -100, float("nan")])
+    q = C.to_fp8(x, "e4m3fn")
+    q2, s2 = C.e4m3fn_to_e4m3fnuz(q, 0.5)
+    assert q2.dtype == torch.float8_e4m3fnuz and s2 == 1.0
+    torch.testing.assert_close(q2.float() * s2, q.float() * 0.5, equal_nan=True)  # -0 → +0 compares equal
+    with pytest.raises(ValueError, match="float8_e4m3fn tensor"):
+        C.e4m3fn_to_e4m3fnuz(x)
+
+
 def _fp8_both(x):
     return C.to_fp8(x, "e4m3fn").float(), C.to_fp8(x, "e4m3fnuz").float()
 
