@@ -880,6 +880,7 @@ def plot_served(df, title: str | None = None):
     Returns: a matplotlib Figure.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     from . import results as R
 
@@ -897,6 +898,7 @@ def plot_served(df, title: str | None = None):
             a2.annotate(str(r["concurrency"]), (r["tok_s_per_stream"], r["_per_gpu"]), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
     a1.set_xscale("log", base=2)
+    a1.xaxis.set_major_formatter(ScalarFormatter())
     a1.set_xlabel("concurrency (requests in flight / batch)")
     a1.set_ylabel("output tok/s (served) | decode tok/s (in-process)")
     a1.set_title("throughput vs concurrency")
