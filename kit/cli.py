@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "plan": "kit.planner",
     "calibrate": "kit.calibrate",
     "serve-bench": "kit.serving",
+    "dashboard": "kit.dashboard",
     "doctor": "kit.doctor",
 }
 

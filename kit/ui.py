@@ -88,7 +88,9 @@ def table_html(df: pd.DataFrame, css_class: str = "kit-results") -> str:
     t = results_table(df)
     if t.empty:
         return f"<p class='{css_class}-empty'>no finished points yet</p>"
-    return t.to_html(index=False, classes=css_class, na_rep="-", border=0)
+    style = (f"<style>table.{css_class} td, table.{css_class} th {{padding: 2px 10px; text-align: right;}}"
+             f" table.{css_class} tbody tr:nth-child(odd) {{background: #f4f4f4;}}</style>")
+    return style + t.to_html(index=False, classes=css_class, na_rep="-", border=0)
 
 
 def figure_png(fig, dpi: int = 90) -> bytes:
@@ -204,7 +206,7 @@ class ControlPanel:
         self.message = w.HTML(value="")
         self.plot_kind = w.Dropdown(value=list(PLOTS)[0], options=list(PLOTS), description="plot",
                                     layout=w.Layout(width="360px"))
-        self.plot = w.Image(format="png", layout=w.Layout(max_width="640px"))
+        self.plot = w.Image(format="png", layout=w.Layout(max_width="640px", display="none"))
         self.table = w.HTML(value=table_html(self.frame))
         self.export_format = w.Dropdown(value="parquet", options=["parquet", "csv"], description="export",
                                         layout=w.Layout(width="220px"))
@@ -225,7 +227,8 @@ class ControlPanel:
             widget.observe(lambda _c: self.check_inputs(), names="value")
 
         inputs = w.VBox([self.model, self.dtypes, self.device, self.kv_lens, self.concurrencies, self.decode_steps,
-                         self.warmup_steps, self.repeats, self.kv_fill, self.out_dir, self.input_check])
+                         self.warmup_steps, self.repeats, self.kv_fill, self.out_dir, self.input_check],
+                        layout=w.Layout(min_width="350px", margin="0 16px 0 0"))
         controls = w.VBox([w.HBox([self.run_button, self.stop_button]), self.progress, self.status, self.message,
                            w.HBox([self.export_format, self.export_button]), self.export_path])
         self.widget = w.VBox([w.HTML("<h3>kit · sweep control panel</h3>"), w.HBox([inputs, controls]),
@@ -307,6 +310,7 @@ class ControlPanel:
         self.run_button.disabled, self.stop_button.disabled = True, False
         self.table.value = table_html(self.frame)
         self.plot.value = b""
+        self.plot.layout.display = "none"
         self._t0 = time.perf_counter()
         self.run_dir = run_dir
         if self.threaded:
@@ -370,6 +374,7 @@ class ControlPanel:
             self._say(f"plot failed: {type(e).__name__}: {e}", error=True)
             png = None
         self.plot.value = png or b""
+        self.plot.layout.display = None if png else "none"  # no broken-image icon while empty
         self.table.value = table_html(self.frame)
 
     def _say(self, text: str, error: bool = False) -> None:

@@ -1,0 +1,96 @@
+"""End to end: ``kit dashboard``'s page (Voilà) driven in headless Chromium with Playwright.
+
+Uses Debian's ``/usr/bin/chromium`` through ``executable_path`` (``playwright install`` downloads browsers and is
+never run). ``.ci/setup.sh`` installs chromium; outside CI the test is skipped when it is missing. The screenshot
+is saved as ``test-artifacts/dashboard.png``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.dashboard import launch
+from kit.results import load_results
+
+pytestmark = pytest.mark.slow
+CHROMIUM = os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def _need_browser():
+    missing = []
+    if not Path(CHROMIUM).exists():
+        missing.append(CHROMIUM)
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("playwright (pip)")
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser test needs {missing}: .ci/setup.sh installs them")
+        pytest.skip(f"missing {missing} (bash .ci/setup.sh installs them)")
+
+
+def test_cli_print_command(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "kit.cli", "dashboard", "--print-command", "--port", "9999",
+                          "--out", str(tmp_path / "d")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--Voila.ip=127.0.0.1" in out.stdout and "--port=9999" in out.stdout
+    assert (tmp_path / "d" / "dashboard.ipynb").exists()
+    bad = subprocess.run([sys.executable, "-m", "kit.cli", "dashboard", "--model", "nope", "--out",
+                          str(tmp_path / "e")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "nope" in bad.stderr and "tiny-llama" in bad.stderr
+
+
+def test_dashboard_in_headless_chromium(tmp_path):
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    out = tmp_path / "dash"
+    proc, url = launch(out_dir=out, port=0, log_path=tmp_path / "voila.log", kv_lens=[128], concurrencies=[8],
+                       decode_steps=8, repeats=2, device="cpu")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+            try:
+                page = browser.new_page(viewport={"width": 1300, "height": 1250})
+                page.goto(url, timeout=120_000)
+                page.wait_for_selector(".kit-run", timeout=120_000)  # Voilà ran the notebook; widgets are live
+                # enter a tiny 2 x 2 sweep
+                page.fill(".kit-kv input", "16, 32")
+                page.fill(".kit-concurrency input", "1, 2")
+                for cls, val in ((".kit-decode-steps", "4"), (".kit-repeats", "1"), (".kit-warmup-steps", "1")):
+                    page.fill(f"{cls} input", val)
+                    page.press(f"{cls} input", "Enter")
+                page.click(".kit-run")
+                rows = page.locator(".kit-table table.kit-results tbody tr")
+                page.wait_for_function("() => document.querySelectorAll("
+                                       "'.kit-table table.kit-results tbody tr').length === 4", timeout=180_000)
+                page.wait_for_function("() => (document.querySelector('.kit-status') || {}).innerText"
+                                       "?.includes('done')", timeout=60_000)
+                img = page.locator("img.kit-plot")
+                page.wait_for_function("() => { const i = document.querySelector('img.kit-plot');"
+                                       " return i && i.complete && i.naturalWidth > 100; }", timeout=60_000)
+                assert img.is_visible()
+                assert rows.count() == 4
+                cells = page.locator(".kit-table table.kit-results tbody tr td").all_inner_texts()
+                assert cells.count("ok") == 4
+                page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    runs = list(out.glob("run-*"))
+    assert len(runs) == 1
+    df = load_results(runs[0])
+    assert sorted(zip(df.context_len, df.concurrency)) == [(16, 1), (16, 2), (32, 1), (32, 2)]
+    assert set(df.decode_steps) == {4} and set(df.status) == {"ok"}
