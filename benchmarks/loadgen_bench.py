@@ -1,9 +1,10 @@
 """Load-generator benchmark: how many streamed chunks/s kit.serving's client sustains on one core, and what
 time-stamping and parsing cost per chunk. Not a test: it prints figures.
 
-The scripted SSE server (tests/sse_server.py, scenario ``fast``: one-token chunks written back to back, one
-``data:`` event per write) runs as a separate process pinned to another core; the client is pinned to one
-core. For each concurrency, ``--repeats`` runs; the table shows medians with n:
+The scripted SSE server (tests/sse_server.py ``--raw-fast``: a minimal asyncio HTTP server streaming one-token
+chunks back to back, one chunked-encoding frame per write) runs as a separate process pinned to another core;
+the client is pinned to one core. At these rates several events arrive per network read, as they do from a fast
+server under load. For each concurrency, ``--repeats`` runs; the table shows medians with n:
 
 - ``chunks/s``: token-bearing chunks received / wall time of the run (what the client sustained);
 - ``client CPU``: client process CPU time / wall time (1.0 = the client's core was saturated, so chunks/s is
@@ -34,7 +35,7 @@ from kit import serving as S  # noqa: E402
 
 
 def start_server(core: int | None) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, str(ROOT / "tests" / "sse_server.py"), "--port", "0"]
+    cmd = [sys.executable, str(ROOT / "tests" / "sse_server.py"), "--port", "0", "--raw-fast"]
     pre = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=pre)
     line = p.stdout.readline()

@@ -171,11 +171,58 @@ def start_in_thread(port: int = 0, gap_ms: float = GAP_MS) -> ThreadServer:
     return ThreadServer(port, gap_ms)
 
 
+async def _raw_fast(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Minimal HTTP/1.1 keep-alive server for the ``fast`` scenario only (the load-generator benchmark): one
+    chunked-encoding frame per SSE event, each handed to the socket by its own write (no aiohttp overhead, so
+    the client, not this server, is the bottleneck)."""
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            body = json.loads(await reader.readexactly(length)) if length else {}
+            n = int(body.get("max_tokens", 16))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+            def frame(obj) -> bytes:
+                data = b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+                return b"%x\r\n%s\r\n" % (len(data), data)
+
+            tok = frame(_chunk("cmpl-1", "t", chat=False))
+            for k in range(n):
+                writer.write(tok)
+                if k % 64 == 63:
+                    await writer.drain()
+            writer.write(frame(_chunk("cmpl-1", "", chat=False, finish="length",
+                                      usage={"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1})))
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--gap-ms", type=float, default=GAP_MS)
+    ap.add_argument("--raw-fast", action="store_true",
+                    help="serve only the 'fast' scenario from a minimal asyncio HTTP server (benchmark)")
     a = ap.parse_args(argv)
+    if a.raw_fast:
+        async def run_raw():
+            srv = await asyncio.start_server(_raw_fast, "127.0.0.1", a.port)
+            print(f"READY {srv.sockets[0].getsockname()[1]}", flush=True)
+            await asyncio.Event().wait()
+
+        try:
+            asyncio.run(run_raw())
+        except KeyboardInterrupt:
+            pass
+        return 0
 
     async def run():
         runner = web.AppRunner(make_app(a.gap_ms), access_log=None)
