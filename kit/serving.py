@@ -835,6 +835,7 @@ def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path
     workload = build_workload(min(n, 1024), cfg.isl, cfg.osl, tok, cfg.seed, cfg.isl_range, cfg.osl_range,
                               as_token_ids=tok is None and cfg.endpoint == "completions")
     rows = []
+    extra = {"run_id": meta["created_utc"], **(extra or {})}
     for c in concs:
         row = run_point(replace(cfg, max_concurrency=c), out_dir, tok, workload, store, extra)
         rows.append(row)
