@@ -203,6 +203,7 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
                            decode_steps=4 if quick else 16, repeats=1 if quick else 3)
     return {
         "device": info.backend, "device_name": info.name, "device_key": device_key(info), "memory_gb": info.memory_gb,
+        "catalog_name": info.catalog_name,
         "threads": torch.get_num_threads(), "torch_version": torch.__version__,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "quick": quick,
         "mem_bw_gb_s": bw["copy_gb_s"], "mem_read_gb_s": bw["read_gb_s"],

@@ -694,7 +694,8 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
             else:
                 acc = "CPU"
     if cal is not None:
-        dev = Device(name="local", device=cal.get("device", "cpu"), mem_gb=float(cal.get("memory_gb") or 0) or 1.0,
+        dev = Device(name=cal.get("catalog_name") or ("CPU" if cal.get("device", "cpu") == "cpu" else "local"),
+                     device=cal.get("device", "cpu"), mem_gb=float(cal.get("memory_gb") or 0) or 1.0,
                      mem_bw_gb_s=float(cal["mem_bw_gb_s"]), tflops=dict(cal["matmul_tflops"]), eff_bw=1.0,
                      eff_flops=1.0, overhead_ms_fixed=float(cal.get("overhead_ms_fixed", 0.0)),
                      overhead_ms_per_layer=float(cal.get("overhead_ms_per_layer", 0.0)),
@@ -1219,6 +1220,14 @@ def overlay_figure(measured: pd.DataFrame, predicted: pd.DataFrame, x: str = "co
                 ax.annotate(f"{r['error_pct']:+.0f}%", (r[x], r["measured"]), textcoords="offset points",
                             xytext=(4, 4), fontsize=7, color=col)
     ax.set_xscale("log", base=2)
+    xs = sorted(pd.to_numeric(m[x], errors="coerce").dropna().unique())
+    if xs:
+        ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    ax.set_yscale("log")
+    from matplotlib.ticker import ScalarFormatter
+
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     title = "planner (dashed) vs measured (solid)"
