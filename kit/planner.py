@@ -835,7 +835,7 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
     (2 GB on GPUs) + :func:`workspace_gb`. Weights per GPU follow :func:`weight_bytes`' sharding; with pipeline
     parallelism each stage holds 1/pp of the layers plus the embedding or the LM head. ``max_concurrency`` =
     floor(budget / (context × KV bytes/token/GPU + constant state/seq/GPU)); ``max_context`` solves the same for a
-    given concurrency.
+    given concurrency (capped at the model's ``max_position_embeddings``).
 
     Args:
         model: anything :func:`get_spec` accepts. accelerator: catalog name or "local"/"cpu".
@@ -887,6 +887,8 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
         st = state_bytes_per_seq(spec, big_ctx, kv_dtype, state_dtype, tp) / pp
         room = max(0.0, budget_b) / concurrency - st
         res.max_context = int(max(0.0, room) // kv_tok) if kv_tok else None
+        if spec.max_position_embeddings and res.max_context is not None:
+            res.max_context = min(res.max_context, int(spec.max_position_embeddings))
     res.fits = fits_w
     if context_len and concurrency:
         need = concurrency * (context_len * kv_tok + state_bytes_per_seq(spec, context_len, kv_dtype, state_dtype, tp)
@@ -916,6 +918,8 @@ def min_gpus(model, accelerator: str, context_len: int | None = None, concurrenc
                                                calibration=kw.pop("calibration", None))
     node = max(1, dev.gpus_per_node)
     cands = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < node] + list(range(node, max_gpus + 1, node))
+    if dev.device == "cpu":
+        cands = [1]  # one host: the planner does not split a model over CPUs
     for n in cands:
         tp = min(n, node)
         r = memory_fit(model, accelerator, n, context_len, concurrency, tp=tp, pp=n // tp, device=dev, **kw)
@@ -1280,7 +1284,9 @@ def _cli_plan(args) -> int:
                      eff_flops=args.eff_flops)
     kw = dict(kv_dtype=args.kv_dtype, mem_util=args.mem_util)
     least = min_gpus(spec, dev.name, args.context, args.concurrency, device=dev, **kw)
-    n = args.gpus or least or dev.gpus_per_node
+    if args.gpus is not None and args.gpus < 1:
+        raise ValueError(f"--gpus {args.gpus} must be >= 1")
+    n = args.gpus if args.gpus is not None else (least or dev.gpus_per_node)
     fit = memory_fit(spec, dev.name, n, args.context, args.concurrency, tp=args.tp, ep=args.ep, device=dev, **kw)
     pts = [predict_point(spec, dev.name, n, b, args.context, tp=args.tp, ep=args.ep, device=dev, **kw)
            for b in sorted({1, args.concurrency})]

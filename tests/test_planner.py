@@ -353,3 +353,10 @@ def test_cli_plan_text_and_bad_accelerator(capsys):
     assert "FITS" in out and "tok/s" in out and "$" in out
     assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "Z100"]) == 2
     assert "Z100" in capsys.readouterr().err
+    assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "H100", "--gpus", "0"]) == 2
+    assert "--gpus 0" in capsys.readouterr().err
+
+
+def test_max_context_capped_at_model_limit():
+    r = memory_fit("tiny-llama", "H200", 1, concurrency=1)
+    assert r.max_context == get_spec("tiny-llama").max_position_embeddings
