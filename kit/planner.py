@@ -450,6 +450,9 @@ def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict 
                       linear_head_dim=int(_need(cfg, "linear_head_dim", "the linear-attention state",
                                                 "linear_value_head_dim")),
                       linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4))
+            if mt != "kimi_linear":
+                kw["flags"] = (f"UNSURE: linear-attention layers of model_type {mt or '?'} are modelled as KDA "
+                               "(kimi_linear): their parameter count and state size are approximate")
     # MLP / MoE
     E = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if E:

@@ -360,3 +360,14 @@ def test_cli_plan_text_and_bad_accelerator(capsys):
 def test_max_context_capped_at_model_limit():
     r = memory_fit("tiny-llama", "H200", 1, concurrency=1)
     assert r.max_context == get_spec("tiny-llama").max_position_embeddings
+
+
+def test_other_linear_attention_types_are_flagged_not_silently_trusted():
+    from transformers import AutoConfig
+
+    c = AutoConfig.for_model("qwen3_next", hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                             num_experts=8, num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=32, vocab_size=1000, linear_num_value_heads=4,
+                             linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
+    s = spec_from_config(c)
+    assert s.n_linear_layers == 3 and "UNSURE" in s.flags and "qwen3_next" in s.flags
