@@ -262,11 +262,17 @@ def add_cli(sub) -> None:
     p.add_argument("--device", default=None, help="auto | cpu | cuda | rocm (default: auto)")
     p.add_argument("--out", default=None, help="JSON path (default: ~/.cache/kit/calibration-<device>.json)")
     p.add_argument("--quick", action="store_true", help="small buffers, few repeats (seconds)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads to measure with (default: torch's); match what your sweeps use")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
     p.set_defaults(func=_cli)
 
 
 def _cli(args) -> int:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads {args.threads} must be >= 1")
+        torch.set_num_threads(args.threads)
     cal = calibrate(args.device, quick=args.quick)
     path = save_calibration(cal, args.out)
     if args.json:
