@@ -93,6 +93,11 @@ def main(argv=None) -> int:
           f"{'MET' if med <= args.goal else 'NOT MET'}")
     if "error_vs_min_pct" in err.columns:
         print(f"median |error| vs fastest step (min TPOT) = {err['error_vs_min_pct'].abs().median():.1f}%")
+    if measured["prefill_ms"].notna().any():
+        pe = planner.compare(measured, predicted, "prefill_ms")
+        print(f"(secondary) prefill: median |error| {pe['error_pct'].abs().median():.1f}%, median signed error "
+              f"{pe['error_pct'].median():+.1f}% (n={len(pe)}; the planner counts matmul and attention FLOPs and weight/KV "
+              "bytes, not the activation traffic of norms, rotary and activations)")
     print(f"files: {out}/planner_vs_measured.csv, {out}/planner_vs_measured.png")
     return 0
 

@@ -992,13 +992,14 @@ def _decode_terms(spec: ArchSpec, dev: Device, B: int, ctx: float, tp: int, ep: 
 
 
 def _roofline(dev: Device, w_bytes: float, lin_flops: float, kv_bytes: float, attn_flops: float, compute_dtype,
-              eff_bw: float, eff_flops: float) -> dict:
+              eff_bw: float, eff_flops: float, decode: bool = True) -> dict:
     """Per op class (linear layers; attention), time = max(bytes / (BW × eff_bw), flops / (rate × eff_flops)); the
-    classes run one after the other, so their times add. Attention's rate is the device's measured attention
-    throughput when calibrated (``attn_tflops``), else the matmul peak."""
+    classes run one after the other, so their times add. Decode attention's rate is the device's measured
+    decode-attention throughput when calibrated (``attn_tflops``), else the matmul peak; prefill attention (many
+    queries per key: GEMM-shaped) uses the matmul peak."""
     bw = dev.mem_bw_gb_s * 1e9 * eff_bw
     peak = dev.peak_tflops(compute_dtype) * 1e12 * eff_flops
-    arate = (dev.attn_tflops * 1e12 * eff_flops) if dev.attn_tflops else peak
+    arate = (dev.attn_tflops * 1e12 * eff_flops) if (dev.attn_tflops and decode) else peak
     lm, lc = w_bytes / bw * 1e3, lin_flops / peak * 1e3
     am, ac = kv_bytes / bw * 1e3, attn_flops / arate * 1e3
     t_lin, t_att = max(lm, lc), max(am, ac)
@@ -1119,7 +1120,7 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
         if spec.n_linear_layers:
             p_att += T * spec.n_linear_layers * 4 * math.ceil(spec.linear_num_heads / tp) * spec.linear_head_dim ** 2
         kv_w = T * kv_bytes_per_token(spec, kv_dtype, tp)
-        pr = _roofline(dev, pbytes - kv_w, p_lin, kv_w, p_att, compute_dtype, eb, ef)
+        pr = _roofline(dev, pbytes - kv_w, p_lin, kv_w, p_att, compute_dtype, eb, ef, decode=False)
         prefill_ms = pr["t_linear"] + pr["t_attn"] + _comm_ms(spec, dev, T, tp, act_dtype) + ovh
         pm, pc, pflops = pr["mem_part"], pr["compute_part"], p_lin + p_att
         rec.update({"prefill_ms": prefill_ms, "ttft_ms": prefill_ms,
