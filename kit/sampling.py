@@ -33,6 +33,8 @@ device-to-host sync and a graph break, so it is skipped there.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 __all__ = [
@@ -76,11 +78,11 @@ def _per_row(v, name: str, batch: int, device, *, integer: bool, allowed: str) -
             raise ValueError(f"{name} is on {v.device} but the input is on {device}; put both on one device")
         return v.to(device=device, dtype=torch.int64 if integer else torch.float32)
     if integer:
-        if not isinstance(v, int):
+        if not isinstance(v, numbers.Integral):
             raise ValueError(f"{name} must be {allowed}: an int or an integer tensor of shape ({batch},); "
                              f"got {type(v).__name__} {v!r}")
-        return torch.full((batch,), v, dtype=torch.int64, device=device)
-    if not isinstance(v, (int, float)):
+        return torch.full((batch,), int(v), dtype=torch.int64, device=device)
+    if not isinstance(v, numbers.Real):
         raise ValueError(f"{name} must be {allowed}: a float or a float tensor of shape ({batch},); "
                          f"got {type(v).__name__} {v!r}")
     return torch.full((batch,), float(v), dtype=torch.float32, device=device)

@@ -15,9 +15,8 @@ from kit.notebooks import NOTEBOOK_DIR, run_notebook
 pytestmark = pytest.mark.slow
 
 SMALL = {
-    # compile mode in one dtype (one graph per input shape); eager in two
-    "how-to/check-a-sampling-op.ipynb": {"dtypes": ["float32", "bfloat16"], "modes": ["eager", "compile"],
-                                         "draws": 600},
+    # one dtype, both modes (each compiled graph costs seconds on CPU; test_sampling covers every dtype)
+    "how-to/check-a-sampling-op.ipynb": {"dtypes": ["float32"], "modes": ["eager", "compile"], "draws": 600},
     "how-to/is-this-machine-ready.ipynb": {"device": "cpu", "check_compile": False},
     "explanation/fp8-formats.ipynb": {},
 }
@@ -49,7 +48,7 @@ def test_check_a_sampling_op(executed):
     assert set(s["frequency"]) == {"eager", "compile"} and all(f["passed"] for f in s["frequency"].values())
     good = pd.read_csv(out / "report.csv")
     bad = pd.read_csv(out / "planted_bug_report.csv")
-    assert len(good) == len(bad) == 2 * 2 * 2  # dtypes × modes × inputs
+    assert len(good) == len(bad) == 1 * 2 * 2  # dtypes × modes × inputs
     assert good["passed"].all() and set(good["mode"]) == {"eager", "compile"}
     assert not bad["passed"].any() and set(bad[bad["mode"] == "compile"]["status"]) == {"fail"}
     text = (out / "summary.txt").read_text()

@@ -47,9 +47,13 @@ def test_s1_top_k_and_top_p_renorm(mode):
 
 
 def test_s1_scalar_parameters_match_per_row():
+    import numpy as np
+
     p = torch.tensor(S1_PROBS)
     close(S.top_k_renorm_prob(p, 3), S1_TOPK3, torch.float32)
     close(S.top_p_renorm_prob(p, 0.3), S1_TOPP03, torch.float32)
+    close(S.top_k_renorm_prob(p, np.int64(3)), S1_TOPK3, torch.float32)  # numpy scalars are numbers too
+    close(S.top_p_renorm_prob(p, np.float32(0.3)), S1_TOPP03, torch.float32)
 
 
 # ----------------------------------------------------------------------------------------------------------- S2
