@@ -558,13 +558,18 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
 
 
 async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], tokenizer=None,
-                         on_record: Callable[[dict], None] | None = None) -> tuple[list[dict], dict]:
+                         on_record: Callable[[dict], None] | None = None,
+                         on_progress: Callable[[int, bool], None] | None = None) -> tuple[list[dict], dict]:
     """Run one load point: warm-up requests, then the measured ones, under the concurrency cap and arrivals.
 
     Args:
         workload: requests, used in order and cyclically (warm-up ones first).
         tokenizer: HF tokenizer or ``str -> int`` callable for token counts (see :func:`request_record`).
-        on_record: called with each finished request's record (e.g. to append it to the detail file).
+        on_record: called with each request's record after the run (e.g. to write the detail file).
+        on_progress: called on the event loop as each request finishes, with (finished so far, ok?); keep it
+            quick (a progress bar, a test's trigger).
+
+    Token counting (the tokenizer) happens after the run, so it never delays another stream's time stamps.
 
     Returns:
         ``(records, run_info)``: every request's record (warm-up ones flagged) and the run facts
@@ -580,7 +585,7 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
     url = cfg.base_url + ENDPOINTS[cfg.endpoint]
     headers = _headers(cfg)
     sem = asyncio.Semaphore(int(cfg.max_concurrency)) if cfg.max_concurrency else None
-    records: list[dict] = []
+    done: list[tuple] = []  # (request id, warm-up?, request, client queue ms, capture or error record)
     t_run = time.perf_counter()
 
     def req_at(i: int) -> RequestInput:
@@ -599,13 +604,18 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
             finally:
                 if sem is not None:
                     sem.release()
-            rec = request_record(cap, req, count, t_run, q_ms, i, warm)
+            done.append((i, warm, req, q_ms, cap))
+            ok = cap.error is None
         except Exception as e:  # noqa: BLE001 - a client bug must not abort the run either
-            rec = {"request_id": i, "warmup": warm, "ok": False, "error": f"client error {type(e).__name__}: {e}",
-                   "sent_s": t_q - t_run, "end_s": time.perf_counter() - t_run, "max_tokens": req.max_tokens}
-        records.append(rec)
-        if on_record is not None:
-            on_record(rec)
+            done.append((i, warm, req, 0.0, {
+                "request_id": i, "warmup": warm, "ok": False, "error": f"client error {type(e).__name__}: {e}",
+                "sent_s": t_q - t_run, "end_s": time.perf_counter() - t_run, "max_tokens": req.max_tokens}))
+            ok = False
+        if on_progress is not None:
+            try:
+                on_progress(len(done), ok)
+            except Exception:  # noqa: BLE001 - a progress hook must not break the measurement
+                pass
 
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -641,6 +651,20 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         selfcheck = await probe.stop()
+    records = []
+    for i, warm, req, q_ms, cap in sorted(done, key=lambda x: x[0]):
+        if isinstance(cap, StreamCapture):
+            try:
+                rec = request_record(cap, req, count, t_run, q_ms, i, warm)
+            except Exception as e:  # noqa: BLE001 - e.g. a tokenizer failure: keep the request, marked failed
+                rec = {"request_id": i, "warmup": warm, "ok": False, "max_tokens": req.max_tokens,
+                       "error": f"client error while counting tokens {type(e).__name__}: {e}",
+                       "sent_s": cap.t_send - t_run, "end_s": cap.t_end - t_run}
+        else:
+            rec = cap
+        records.append(rec)
+        if on_record is not None:
+            on_record(rec)
     measured = [r for r in records if not r.get("warmup")]
     if measured:
         t_first = min(r["sent_s"] for r in measured)
@@ -749,16 +773,18 @@ def point_id(cfg: LoadConfig) -> str:
 
 
 def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None,
-              workload: Sequence[RequestInput] | None = None, store=None, extra: dict | None = None) -> dict:
+              workload: Sequence[RequestInput] | None = None, store=None, extra: dict | None = None,
+              on_progress: Callable[[int, bool], None] | None = None) -> dict:
     """Run one served load point, write its per-request detail file, and return (and store) its row.
 
     Args:
-        out_dir: directory for ``requests-<point_id>.jsonl`` (one JSON line per request, written as each
-            finishes) and, when ``store`` is None, the results (``points.jsonl`` / ``results.parquet``).
+        out_dir: directory for ``requests-<point_id>.jsonl`` (one JSON line per request, written when the
+            point's requests have finished) and, when ``store`` is None, the results (``points.jsonl`` / ``results.parquet``).
         tokenizer: HF tokenizer (builds the prompts and counts tokens) or ``None``.
         workload: explicit requests; default :func:`build_workload` from ``cfg``.
         store: a :class:`kit.results.ResultStore` to append the row to.
         extra: columns merged into the row (e.g. ``accelerator``, ``n_gpus``, ``device_name``).
+        on_progress: see :func:`run_load_async`.
 
     Returns: the row (a dict of schema columns + ``x_`` extras). Never raises for server faults: a dead server
     gives a row with ``status="error"`` and every request counted in ``failed``.
@@ -788,7 +814,7 @@ def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None
 
     try:
         try:
-            records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_record))
+            records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_record, on_progress))
         except ValueError as e:  # e.g. the model list could not be fetched: a finished, failed point
             records, info = [], {"duration_s": 0.0, "model": cfg.model, "setup_error": str(e)}
     finally:

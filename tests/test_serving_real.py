@@ -6,7 +6,6 @@ chunks are decoded text, not tokens. One server per module (start-up ~10 s); the
 """
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -71,19 +70,12 @@ def test_server_killed_mid_run(server, tmp_path):
                        timeout_s=20, stall_timeout_s=5)
     detail = tmp_path / f"requests-{S.point_id(cfg)}.jsonl"
 
-    def kill_after_two_finished():
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 30:
-            if detail.exists() and len(detail.read_text().splitlines()) >= 2:
-                break
-            time.sleep(0.02)
-        os.killpg(srv.proc.pid, signal.SIGKILL)  # killed, not shut down gracefully
+    def kill_after_two_finished(n_done: int, ok: bool) -> None:
+        if n_done == 2:
+            os.killpg(srv.proc.pid, signal.SIGKILL)  # killed, not shut down gracefully
 
-    killer = threading.Thread(target=kill_after_two_finished)
-    killer.start()
     t = time.perf_counter()
-    row = S.run_point(cfg, tmp_path, tokenizer=tok)
-    killer.join()
+    row = S.run_point(cfg, tmp_path, tokenizer=tok, on_progress=kill_after_two_finished)
     assert time.perf_counter() - t < 40
     assert row["completed"] >= 2 and row["failed"] >= 1 and row["completed"] + row["failed"] == 24
     assert len(detail.read_text().splitlines()) == 24
