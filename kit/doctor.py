@@ -132,13 +132,17 @@ def _finish_compile_check(proc, backend: str, deadline: float, timeout_s: float)
     return out
 
 
-def _time_matmul(dtype: torch.dtype, device: str, n: int, reps: int = 5) -> tuple[float, float]:
-    """Median ms of an n×n matmul (after 2 warm-up runs, synchronised) and the TFLOP/s it implies (2n³ flop)."""
+def _time_matmul(dtype: torch.dtype, device: str, n: int, reps: int = 5,
+                 warmup_s: float = 0.2) -> tuple[float, float]:
+    """Median ms of an n×n matmul (after ≥ 3 warm-up runs and ≥ ``warmup_s`` seconds of them — CPU BLAS libraries
+    JIT their kernels over the first calls — synchronised) and the TFLOP/s it implies (2n³ flop)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    for _ in range(2):
+    t0, i = time.perf_counter(), 0
+    while i < 3 or time.perf_counter() - t0 < warmup_s:
         a @ b
-    synchronize(device)
+        synchronize(device)
+        i += 1
     times = []
     for _ in range(reps):
         t = time.perf_counter()

@@ -32,7 +32,8 @@ def test_s1_missing_symbol_raises_naming_symbol_and_every_place(fakes):
     msg = str(ei.value)
     for needle in ("top_k_renorm_prob", "no_such_flashinfer_module.sampling", "not installed",
                    "fake_rocm_sgl_kernel.top_k_renorm_prob: module imported but has no attribute",
-                   "fake_rocm_sgl_kernel.top_k_renorm_probs", "fake_guarded_kernels.top_k_renorm_prob: attribute is None",
+                   "fake_rocm_sgl_kernel.top_k_renorm_probs",
+                   "fake_guarded_kernels.top_k_renorm_prob: attribute is None",
                    "kit.reference"):
         assert needle in msg, (needle, msg)
     assert len(ei.value.tried) == 5
