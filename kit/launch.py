@@ -14,6 +14,7 @@ nodes) and SGLang >= 0.4 (``--tp-size/--ep-size/--nnodes/--node-rank/--dist-init
 """
 from __future__ import annotations
 
+import atexit
 import os
 import shlex
 import signal
@@ -238,6 +239,23 @@ def shell_line(spec: LaunchSpec) -> str:
     return " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(argv)])
 
 
+def _redact(argv: list[str]) -> list[str]:
+    """argv with the value after ``--api-key`` (and ``--api-key=...``) hidden, for logs."""
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a == "--api-key":
+            out.append(a)
+            hide = True
+        elif a.startswith("--api-key="):
+            out.append("--api-key=***")
+        else:
+            out.append(a)
+    return out
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on ``host``."""
     with socket.socket() as s:
@@ -284,7 +302,7 @@ class Server:
         """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        self._log.write(("$ " + shlex.join(self.argv) + "\n").encode())
+        self._log.write(("$ " + shlex.join(_redact(self.argv)) + "\n").encode())
         self._log.flush()
         try:
             self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
@@ -293,6 +311,7 @@ class Server:
         except FileNotFoundError as e:
             self._log.close()
             raise FileNotFoundError(f"cannot start {self.argv[0]!r}: not found (is the engine installed?)") from e
+        atexit.register(self.stop)  # a kernel or script that exits without stop() leaves no server behind
         return self
 
     def log_tail(self, n_chars: int = 3000) -> str:
@@ -326,6 +345,8 @@ class Server:
         """SIGTERM the process group, wait up to ``timeout_s``, then SIGKILL it. Returns the exit code."""
         if self.proc is None:
             return None
+        if self.proc.returncode is not None and self._log.closed:
+            return self.proc.returncode
         pgid = self.proc.pid
         for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
             try:

@@ -84,6 +84,15 @@ def test_user_env_overrides_vendor_defaults_and_shell_line():
     assert line.startswith("HSA_NO_SCRATCH_RECLAIM=1 ") and "'my model'" in line
 
 
+def test_api_key_is_not_logged(tmp_path):
+    srv = L.Server(argv=[sys.executable, "-c", "pass", "--api-key", "sk-secret-1", "--api-key=sk-secret-2"],
+                   url="http://127.0.0.1:9", log_path=tmp_path / "k.log")
+    with srv:
+        srv.proc.wait(10)
+    text = (tmp_path / "k.log").read_text()
+    assert "sk-secret" not in text and text.count("***") == 2
+
+
 def test_transformers_cpu_recipe():
     argv, env = L.build_command(L.LaunchSpec("transformers", "/tmp/m", port=8123))
     assert argv[1:3] == ["serve", "/tmp/m"] and "--continuous-batching" in argv
