@@ -9,6 +9,16 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
+# Headless browser for the dashboard's end-to-end test: Debian's chromium (Playwright drives it through
+# executable_path; `playwright install` is never run). Idempotent: only when /usr/bin/chromium is missing.
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+      >/tmp/kit-apt-chromium.log 2>&1 || echo "set-up: apt-get install chromium failed (see /tmp/kit-apt-chromium.log)"
+  else
+    echo "set-up: /usr/bin/chromium is missing; the dashboard browser test is skipped (sudo apt-get install chromium)"
+  fi
+fi
 stamp=.venv/.kit-setup-stamp
 want=$(cat pyproject.toml .ci/setup.sh | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
