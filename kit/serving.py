@@ -907,7 +907,7 @@ def plot_served(df, title: str | None = None):
     Returns: a matplotlib Figure.
     """
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import NullFormatter
 
     from . import results as R
 
@@ -925,7 +925,10 @@ def plot_served(df, title: str | None = None):
             a2.annotate(str(r["concurrency"]), (r["tok_s_per_stream"], r["_per_gpu"]), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
     a1.set_xscale("log", base=2)
-    a1.xaxis.set_major_formatter(ScalarFormatter())
+    concs = sorted({int(c) for c in df["concurrency"].dropna()})
+    if concs:
+        a1.set_xticks(concs, [str(c) for c in concs])
+        a1.xaxis.set_minor_formatter(NullFormatter())
     a1.set_xlabel("concurrency (requests in flight / batch)")
     a1.set_ylabel("output tok/s (served) | decode tok/s (in-process)")
     a1.set_title("throughput vs concurrency")
