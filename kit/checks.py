@@ -400,6 +400,14 @@ def _gen_sampling(dtype, device, g):
     return [Case("generated", (p, k, tp), {"uniform": u}), Case("edge", (x, ek, ep), {"uniform": eu}, rows=labels)]
 
 
+def _gen_plain_sampling(dtype, device, g):
+    return [Case(c.name, c.args[:1], c.kwargs, c.rows) for c in _gen_sampling(dtype, device, g)]
+
+
+def _support_plain(case: Case) -> torch.Tensor:
+    return S.top_k_renorm_prob(case.args[0].double(), 0)
+
+
 def _support_sampling(case: Case) -> torch.Tensor:
     x, k, p = case.args[0].double(), case.args[1], case.args[2]
     return S.top_p_renorm_prob(S.top_k_renorm_prob(x, k), p)
@@ -425,6 +433,7 @@ SPECS: dict[str, OpSpec] = {s.name: s for s in (
     OpSpec("softmax_with_temperature", S.softmax_with_temperature, "probs", _gen_temperature),
     OpSpec("top_k_top_p_sampling_from_probs", S.top_k_top_p_sampling_from_probs, "ids", _gen_sampling,
            _support_sampling),
+    OpSpec("sampling_from_probs", S.sampling_from_probs, "ids", _gen_plain_sampling, _support_plain),
 )}
 
 
@@ -549,8 +558,14 @@ class CheckReport:
         return self.df[~self.df["passed"]]
 
     def first_failure(self) -> dict | None:
+        """The first failing row as a dict of plain Python values (JSON-ready), or None when all passed."""
+        import pandas as pd
+
         f = self.failures
-        return None if f.empty else f.iloc[0].to_dict()
+        if f.empty:
+            return None
+        return {k: (None if v is None or (not isinstance(v, str) and pd.isna(v))
+                    else v.item() if hasattr(v, "item") else v) for k, v in f.iloc[0].to_dict().items()}
 
     def summary(self, max_lines: int = 6) -> str:
         """Readable text: one headline, then one line per failing cell naming dtype, mode, input, first bad row."""
@@ -596,7 +611,8 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
 
     Args:
         op: a key of :data:`SPECS` (``"top_k_renorm_prob"``, ``"top_p_renorm_prob"``, ``"min_p_renorm_prob"``,
-            ``"top_k_mask_logits"``, ``"softmax_with_temperature"``, ``"top_k_top_p_sampling_from_probs"``).
+            ``"top_k_mask_logits"``, ``"softmax_with_temperature"``, ``"top_k_top_p_sampling_from_probs"``,
+            ``"sampling_from_probs"``). Samplers are called with ``uniform=`` noise.
         impl: the implementation, with the kit's signature (default: :func:`resolve_op`'s pick).
         dtypes: names or torch dtypes among float32, float16, bfloat16 (float64 allowed).
         modes: subset of ``("eager", "compile")``.
@@ -688,6 +704,8 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
             "first_bad_label", "atol", "rtol", "out_dtype", "expected", "got", "error", "batch"]
     df = pd.DataFrame(rows).reindex(columns=cols)
     df["passed"] = df["passed"].astype(bool)
+    for col in ("mismatches", "n_elements", "nonfinite_ref", "nonfinite_out", "first_bad_row", "batch"):
+        df[col] = df[col].astype("Int64")  # integers, missing (<NA>) for error/skipped cells
     return CheckReport(op, impl_name, str(device), df)
 
 

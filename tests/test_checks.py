@@ -103,6 +103,8 @@ def test_planted_bug_is_caught_and_named():
     assert set(rep.failures["dtype"]) == {"float32", "float16", "bfloat16"}
     first = rep.first_failure()
     assert first["first_bad_row"] == 0 and first["mismatches"] > 0
+    import json
+    assert json.loads(json.dumps(first))["first_bad_row"] == 0  # plain Python values, JSON-ready
     text = rep.summary()
     assert "top_p_renorm_prob" in text and "drops-crossing-token" in text
     assert "dtype=float16 mode=eager input=generated first bad row=" in text
