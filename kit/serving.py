@@ -83,6 +83,8 @@ class LoadConfig:
         api_key_env: environment variable holding the API key (never written to results or logs).
         slo_ttft_ms, slo_tpot_ms, slo_e2el_ms: goodput SLOs (inclusive); ``None`` = not applied.
         temperature: sampling temperature sent with each request.
+        continuous_usage: ask for usage in every chunk (vLLM ``stream_options.continuous_usage_stats``): exact
+            tokens per chunk without a tokenizer.
         extra_body: extra JSON fields merged into every request body.
     """
 
@@ -108,6 +110,7 @@ class LoadConfig:
     slo_tpot_ms: float | None = None
     slo_e2el_ms: float | None = None
     temperature: float = 0.0
+    continuous_usage: bool = False
     extra_body: dict = field(default_factory=dict)
 
     def validate(self) -> "LoadConfig":
@@ -379,8 +382,9 @@ class SSEParser:
 
 # ---------------------------------------------------------------- one request
 def _payload(cfg: LoadConfig, model: str, req: RequestInput) -> dict:
+    opts = {"include_usage": True, **({"continuous_usage_stats": True} if cfg.continuous_usage else {})}
     body: dict[str, Any] = {"model": model, "max_tokens": int(req.max_tokens), "stream": True,
-                            "stream_options": {"include_usage": True}, "temperature": cfg.temperature}
+                            "stream_options": opts, "temperature": cfg.temperature}
     if cfg.endpoint == "chat":
         prompt = req.prompt if isinstance(req.prompt, str) else " ".join(map(str, req.prompt))
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -945,10 +949,6 @@ def plot_served(df, title: str | None = None):
 
 
 # ---------------------------------------------------------------- CLI
-def _floats_or_none(x):
-    return None if x is None else float(x)
-
-
 def add_cli(subparsers) -> None:
     """``kit serve-bench``: a concurrency sweep against a running OpenAI-compatible server."""
     p = subparsers.add_parser(
@@ -974,6 +974,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape of arrival gaps (1 = Poisson)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (vLLM, SGLang)")
+    p.add_argument("--continuous-usage", action="store_true",
+                   help="ask for usage in every chunk (vLLM): exact tokens per chunk without a tokenizer")
+    p.add_argument("--extra-body", default=None, help="JSON object merged into every request body")
     p.add_argument("--tokenizer", default=None,
                    help="local tokenizer path/id for prompts and token counts (default: try the model id)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="total time one request may take")
@@ -991,6 +994,12 @@ def add_cli(subparsers) -> None:
 
 def _cli_main(args) -> int:
     isl, osl = WORKLOAD_PRESETS[args.workload] if args.workload else (args.isl, args.osl)
+    try:
+        extra_body = json.loads(args.extra_body) if args.extra_body else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--extra-body={args.extra_body!r} is not valid JSON: {e}") from e
+    if not isinstance(extra_body, dict):
+        raise ValueError(f"--extra-body={args.extra_body!r} must be a JSON object")
     concs = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
     cfg = LoadConfig(url=args.url, model=args.model, endpoint=args.endpoint, max_concurrency=concs[0],
                      request_rate=args.request_rate, burstiness=args.burstiness, seed=args.seed,
@@ -998,7 +1007,8 @@ def _cli_main(args) -> int:
                      isl=isl, osl=osl, isl_range=args.isl_range, osl_range=args.osl_range,
                      ignore_eos=args.ignore_eos, timeout_s=args.timeout_s, stall_timeout_s=args.stall_timeout_s,
                      api_key_env=args.api_key_env, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
-                     slo_e2el_ms=args.slo_e2el_ms).validate()
+                     slo_e2el_ms=args.slo_e2el_ms, continuous_usage=args.continuous_usage,
+                     extra_body=extra_body).validate()
     tok = None
     if args.tokenizer:
         tok = load_tokenizer(args.tokenizer)

@@ -150,6 +150,17 @@ def test_output_tokens_estimated_without_usage():
 
 
 # ---------------------------------------------------------------- config, arrivals, workloads
+def test_request_body():
+    cfg = S.LoadConfig(url="http://x", endpoint="chat", ignore_eos=True, continuous_usage=True,
+                       extra_body={"top_k": 1})
+    body = S._payload(cfg, "m", S.RequestInput("hello", 1, 7))
+    assert body["messages"] == [{"role": "user", "content": "hello"}] and body["max_tokens"] == 7
+    assert body["stream"] and body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["ignore_eos"] and body["top_k"] == 1
+    plain = S._payload(S.LoadConfig(url="http://x"), "m", S.RequestInput([1, 2], 2, 3))
+    assert plain["prompt"] == [1, 2] and "ignore_eos" not in plain and plain["stream_options"] == {"include_usage": True}
+
+
 def test_config_validation_names_bad_values():
     with pytest.raises(ValueError, match="endpoint='embed'"):
         S.LoadConfig(url="http://x", endpoint="embed").validate()
