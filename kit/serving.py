@@ -892,6 +892,8 @@ def summary_line(row: dict) -> str:
         s += f"; {row['x_osl_mismatch']} requests' output length != max_tokens"
     if row.get("x_client_warning"):
         s += f"; WARNING {row['x_client_warning']}"
+    if row.get("error"):
+        s += f"; ERROR {str(row['error'])[:300]}"
     return s
 
 
