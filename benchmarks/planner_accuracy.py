@@ -78,6 +78,8 @@ def main(argv=None) -> int:
         fast = measured[["model", "dtype", "concurrency", "context_len", "tpot_ms_min", "tpot_ms_p90", "tpot_n"]]
         err = err.merge(fast, on=["model", "dtype", "concurrency", "context_len"], how="left")
         err["error_vs_min_pct"] = 100.0 * (err["predicted"] - err["tpot_ms_min"]) / err["tpot_ms_min"]
+        # a point whose p90 step is > 1.5x its median was disturbed (other load, frequency changes): flag it
+        err["disturbed"] = err["tpot_ms_p90"] > 1.5 * err["measured"]
     err.to_csv(out / "planner_vs_measured.csv", index=False)
     fig = planner.overlay_figure(measured, predicted)
     fig.savefig(out / "planner_vs_measured.png", dpi=110)
@@ -87,12 +89,16 @@ def main(argv=None) -> int:
         print(f"{r['model']:12s} {r['dtype']:8s} {r['concurrency']:>4d} {r['context_len']:>6d} {r['measured']:>8.3f} "
               f"{r.get('tpot_ms_p90', float('nan')):>8.3f} {r.get('tpot_ms_min', float('nan')):>8.3f} "
               f"{r.get('tpot_n', 0):>4d} {r['predicted']:>9.3f} {r['error_pct']:>+7.1f}% "
-              f"{r.get('error_vs_min_pct', float('nan')):>+7.1f}%  {r.get('x_bound', '')}")
+              f"{r.get('error_vs_min_pct', float('nan')):>+7.1f}%  {r.get('x_bound', '')}"
+              + ("  DISTURBED (p90 > 1.5 x p50)" if r.get("disturbed") else ""))
     med = float(err["error_pct"].abs().median())
     print(f"\nmedian |error| vs measured p50 TPOT = {med:.1f}% over n={len(err)} points (goal <= {args.goal:g}%): "
           f"{'MET' if med <= args.goal else 'NOT MET'}")
     if "error_vs_min_pct" in err.columns:
         print(f"median |error| vs fastest step (min TPOT) = {err['error_vs_min_pct'].abs().median():.1f}%")
+        calm = err[~err["disturbed"]]
+        print(f"median |error| over undisturbed points = "
+              + (f"{calm['error_pct'].abs().median():.1f}% (n={len(calm)} of {len(err)})" if len(calm) else "n/a (none)"))
     if measured["prefill_ms"].notna().any():
         pe = planner.compare(measured, predicted, "prefill_ms")
         print(f"(secondary) prefill: median |error| {pe['error_pct'].abs().median():.1f}%, median signed error "

@@ -697,6 +697,15 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
             else:
                 acc = "CPU"
     if cal is not None:
+        if cal.get("device", "cpu") == "cpu" and cal.get("threads"):
+            import warnings
+
+            import torch
+
+            if int(cal["threads"]) != torch.get_num_threads():
+                warnings.warn(f"calibration was measured with {cal['threads']} CPU threads but torch now uses "
+                              f"{torch.get_num_threads()}: predictions for this process may be off "
+                              "(rerun `kit calibrate --threads N`)", stacklevel=2)
         dev = Device(name=cal.get("catalog_name") or ("CPU" if cal.get("device", "cpu") == "cpu" else "local"),
                      device=cal.get("device", "cpu"), mem_gb=float(cal.get("memory_gb") or 0) or 1.0,
                      mem_bw_gb_s=float(cal["mem_bw_gb_s"]), tflops=dict(cal["matmul_tflops"]), eff_bw=1.0,
