@@ -147,9 +147,7 @@ def vendor_env(engine: str, accelerator: str, quantization: str | None = None) -
     elif plat == "cuda":
         if engine == "vllm" and accelerator in ("B300", "B200") and quantization and "fp4" in quantization:
             env["VLLM_USE_FLASHINFER_MOE_FP4"] = "1"  # FlashInfer NVFP4 MoE kernels (Blackwell, SM100+)
-    else:
-        env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    return env
+    return env  # CPU: nothing; the caller's environment (e.g. OMP_NUM_THREADS) passes through
 
 
 def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str], dict[str, str]]:
