@@ -140,8 +140,8 @@ def vendor_env(engine: str, accelerator: str, quantization: str | None = None) -
         env["SAFETENSORS_FAST_GPU"] = "1"
         if engine == "vllm":
             env["VLLM_ROCM_USE_AITER"] = "1"  # AITER kernels (attention, MoE, GEMM) on MI300X/MI355X
-            # quantised quick all-reduce for TP on MI300-series/MI355X (InferenceX MI355X recipes)
-            env["VLLM_ROCM_QUICK_REDUCE_QUANTIZATION"] = "INT4"
+            # not set by default: VLLM_ROCM_QUICK_REDUCE_QUANTIZATION=INT4 (quantised TP all-reduce, used by
+            # InferenceX's MI355X recipes) is faster but lossy; opt in with LaunchSpec(env={...})
         elif engine == "sglang":
             env["SGLANG_USE_AITER"] = "1"  # AITER kernels in SGLang's ROCm build
     elif plat == "cuda":
