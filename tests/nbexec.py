@@ -7,7 +7,9 @@ is ``EXEC_DIR/out/<section>/<name>``.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,6 +47,8 @@ SMALL: dict[str, dict] = {
 }
 
 EXEC_DIR = Path(os.environ.get("KIT_NB_EXEC_DIR") or tempfile.mkdtemp(prefix="kit-notebooks-"))
+if not os.environ.get("KIT_NB_EXEC_DIR"):  # keep it only when asked to (KIT_NB_EXEC_DIR=... to inspect the runs)
+    atexit.register(shutil.rmtree, EXEC_DIR, ignore_errors=True)
 
 
 @dataclass

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,15 +34,16 @@ def _need_browser():
         pytest.skip(f"missing {missing} (bash .ci/setup.sh installs them)")
 
 
-def test_cli_print_command(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "kit.cli", "dashboard", "--print-command", "--port", "9999",
-                          "--out", str(tmp_path / "d")], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "--Voila.ip=127.0.0.1" in out.stdout and "--port=9999" in out.stdout
+def test_cli_print_command(tmp_path, capsys):
+    from kit.cli import main
+
+    assert main(["dashboard", "--print-command", "--port", "9999", "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "--Voila.ip=127.0.0.1" in out and "--port=9999" in out and "--Voila.port_retries=0" in out
     assert (tmp_path / "d" / "dashboard.ipynb").exists()
-    bad = subprocess.run([sys.executable, "-m", "kit.cli", "dashboard", "--model", "nope", "--out",
-                          str(tmp_path / "e")], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "nope" in bad.stderr and "tiny-llama" in bad.stderr
+    assert main(["dashboard", "--model", "nope", "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "tiny-llama" in err
 
 
 def test_dashboard_in_headless_chromium(tmp_path):
