@@ -27,10 +27,11 @@ def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path):
     assert len(df) == 4 and set(df.status) == {"ok"} and set(df.backend) == {"engine"}
     for png in ("throughput_vs_concurrency.png", "tpot_vs_context.png", "heatmap_decode_tok_s.png"):
         assert (out / png).stat().st_size > 10_000
-    # shape, not values: more streams → more aggregate decode throughput (8 vs 1 stream, a wide margin)
+    # shape, not values: more streams → more aggregate decode throughput (8 vs 1 stream, a wide margin). Judged on
+    # the fastest step of each point (tok/s = B / tpot_min), which a shared machine's load spikes disturb least.
     ok = df.set_index(["context_len", "concurrency"])
     for kv in (32, 256):
-        assert ok.loc[(kv, 8), "decode_tok_s"] > 2 * ok.loc[(kv, 1), "decode_tok_s"]
+        assert 8 / ok.loc[(kv, 8), "tpot_ms_min"] > 2 * (1 / ok.loc[(kv, 1), "tpot_ms_min"])
     # a re-run resumes: nothing measured again, same rows
     r2 = _kit("sweep", "--kv", "32,256", "--concurrency", "1,8", "--decode-steps", "6", "--repeats", "2",
               "--warmup-steps", "2", "--out", str(out), "--no-plots")
