@@ -1278,6 +1278,8 @@ def add_cli(sub) -> None:
     p.add_argument("--eff-bw", type=float, default=None, help=f"fraction of peak bandwidth (default {DEFAULT_EFF_BW})")
     p.add_argument("--eff-flops", type=float, default=None,
                    help=f"fraction of peak TFLOPS (default {DEFAULT_EFF_FLOPS})")
+    p.add_argument("--overhead-ms", type=float, default=None,
+                   help="fixed per-step overhead, ms (default: 0 for catalog GPUs, measured for local)")
     p.add_argument("--mem-util", type=float, default=DEFAULT_MEM_UTIL, help="fraction of memory usable (0.9)")
     p.add_argument("--basis", default=None, help="price basis (tco, assumed-rental, on-demand); default: all")
     p.add_argument("--price", type=float, default=None, help="your $/GPU-hour (basis 'user')")
@@ -1301,7 +1303,8 @@ def _cli_plan(args) -> int:
         raise ValueError(f"--gpus {args.gpus} must be >= 1")
     n = args.gpus if args.gpus is not None else (least or dev.gpus_per_node)
     fit = memory_fit(spec, dev.name, n, args.context, args.concurrency, tp=args.tp, ep=args.ep, device=dev, **kw)
-    pts = [predict_point(spec, dev.name, n, b, args.context, tp=args.tp, ep=args.ep, device=dev, **kw)
+    pts = [predict_point(spec, dev.name, n, b, args.context, tp=args.tp, ep=args.ep, device=dev,
+                         overhead_ms=args.overhead_ms, **kw)
            for b in sorted({1, args.concurrency})]
     df = to_frame(pts)
     costs = []
