@@ -143,6 +143,26 @@ def point_problems(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def snapshot_html(status_html: str, png, table: str) -> str:
+    """A static HTML picture of a panel: status line, the plot (inline PNG) and the table."""
+    import base64
+
+    parts = [f"<div class='kit-snapshot'><div>{status_html}</div>"]
+    data = bytes(png) if png is not None else b""
+    if data:
+        parts.append(f"<img alt='plot' style='max-width:640px' src='data:image/png;base64,"
+                     f"{base64.b64encode(data).decode()}'/>")
+    parts.append(f"{table}</div>")
+    return "".join(parts)
+
+
+def _bundle(widget, text: str, html_snapshot: str) -> dict:
+    data = dict(widget._repr_mimebundle_())
+    data["text/plain"] = text
+    data["text/html"] = html_snapshot
+    return data
+
+
 class ControlPanel:
     """A sweep control panel (see the module docstring). Display it by leaving it as a cell's last expression.
 
@@ -236,10 +256,16 @@ class ControlPanel:
         self.check_inputs()
 
     # ----------------------------------------------------------------- display
-    def _ipython_display_(self):
-        from IPython.display import display
+    def _repr_mimebundle_(self, **kwargs):
+        """The live widget, plus a static HTML snapshot and a text summary for places without a widget manager
+        (papermill outputs rendered in the docs, nbconvert, a plain console)."""
+        return _bundle(self.widget, self.summary(), snapshot_html(self.status.value, self.plot.value,
+                                                                 self.table.value))
 
-        display(self.widget)
+    def summary(self) -> str:
+        """One line: state, points finished, run directory."""
+        return (f"kit ControlPanel: {self.state}, {len(self.frame)} point(s)"
+                + (f" in {self.run_dir}" if self.run_dir else "") + " (interactive in JupyterLab / kit dashboard)")
 
     # ----------------------------------------------------------------- inputs
     def check_inputs(self) -> list[str]:
@@ -520,10 +546,11 @@ class CompareView:
                               w.HBox([self.add_button, self.basis, self.y, self.compare_button]), self.message,
                               self.plot, self.table])
 
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
+    def _repr_mimebundle_(self, **kwargs):
+        """The live widget, plus a static HTML snapshot (plot + table) and a text summary."""
+        labels = ", ".join(sorted(self.frame["label"].unique())) if not self.frame.empty else "nothing compared yet"
+        return _bundle(self.widget, f"kit CompareView: {labels}",
+                       snapshot_html(self.message.value, self.plot.value, self.table.value))
 
     def add_row(self, path: str = "", label: str = ""):
         """Add an input row (path, label, $/GPU-hour; 0 = use the catalog)."""
