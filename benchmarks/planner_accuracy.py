@@ -1,7 +1,7 @@
 """Planner accuracy: predicted vs measured decode step time (TPOT) on a sweep grid of this machine.
 
-Steps: (1) calibrate this device (``kit calibrate``: bandwidth, matmul TFLOPS, per-step overhead) unless a
-calibration file is given; (2) run a sweep (default: the kit's default CPU grid — tiny-llama, float32, KV
+Steps: (1) calibrate this device (as ``kit calibrate`` does: bandwidth, matmul TFLOPS, decode-attention rate,
+per-step overhead; stored in the output directory) unless a calibration file is given; (2) run a sweep (default: the kit's default CPU grid — tiny-llama, float32, KV
 128/512/2048 × concurrency 1/4/16, 16 decode steps); (3) predict every point with the planner from the calibration
 alone (no fitting to the sweep); (4) print the error per point and the median absolute error. Goal: ≤ 20 %.
 
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     if args.calibration:
         cal = calibrate.load_calibration(args.calibration)
     else:
-        cal = calibrate.calibrate(args.device)
-        cal["path"] = str(calibrate.save_calibration(cal))
+        cal = calibrate.calibrate(args.device)  # stored beside the results, not over the user's `kit calibrate`
+        cal["path"] = str(calibrate.save_calibration(cal, out / "calibration.json"))
     print(f"calibration: copy {cal['mem_bw_gb_s']:.1f} GB/s, matmul "
           + ", ".join(f"{k} {v * 1e3:.0f} GFLOP/s" for k, v in cal["matmul_tflops"].items() if v)
           + f", overhead {cal['overhead_ms_fixed']:.3f} ms + {cal['overhead_ms_per_layer']:.3f} ms/layer "
