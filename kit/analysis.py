@@ -41,10 +41,11 @@ def scaling_exponents(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concu
 def concurrency_knee(df: pd.DataFrame, y: str = "decode_tok_s", min_exponent: float = 0.5) -> pd.DataFrame:
     """Where ``y`` (decode tok/s) stops scaling with concurrency, per KV length.
 
-    The knee is the last concurrency before the first step whose scaling exponent (see
-    :func:`scaling_exponents`) falls below ``min_exponent``: past it, doubling the batch buys less than
-    2**min_exponent times the throughput (default 0.5: less than 1.41x per doubling). When no step falls below, the
-    knee is not reached inside the grid (``knee`` is NA, ``reached`` False): extend the grid.
+    The knee is the largest concurrency still reached by a scaling step: every step past it has a scaling
+    exponent (see :func:`scaling_exponents`) below ``min_exponent``, i.e. doubling the batch there buys less than
+    2**min_exponent times the throughput (default 0.5: less than 1.41x per doubling). Taking the *last* scaling
+    step, not the first flat one, keeps one noisy dip in the middle of a curve from being called the knee. When the
+    last step still scales, the knee is not reached inside the grid (``knee`` is NA, ``reached`` False): extend it.
 
     Returns: DataFrame context_len, knee (Int64), reached, y_at_knee, max_y, max_at, min_exponent.
     Raises: ValueError for ``min_exponent`` outside (0, 1] or a missing column.
@@ -55,10 +56,17 @@ def concurrency_knee(df: pd.DataFrame, y: str = "decode_tok_s", min_exponent: fl
     ok = df[(df["status"] == "ok") & df[y].notna()]
     rows = []
     for ctx, g in ok.groupby("context_len", sort=True):
-        s = steps[steps["context_len"] == ctx]
-        below = s[s["exponent"] < min_exponent]
+        s = steps[steps["context_len"] == ctx].reset_index(drop=True)
         med = g.groupby("concurrency")[y].median()
-        knee = int(below.iloc[0]["from"]) if len(below) else None
+        scaling = s.index[s["exponent"] >= min_exponent]
+        if len(s) == 0:
+            knee = None
+        elif len(scaling) == 0:
+            knee = int(s.iloc[0]["from"])  # flat from the first step on
+        elif scaling[-1] == len(s) - 1:
+            knee = None  # still scaling at the largest concurrency
+        else:
+            knee = int(s.iloc[scaling[-1]]["to"])
         rows.append({"context_len": int(ctx), "knee": knee, "reached": knee is not None,
                      "y_at_knee": float(med.loc[knee]) if knee is not None else float("nan"),
                      "max_y": float(med.max()), "max_at": int(med.idxmax()), "min_exponent": min_exponent})

@@ -25,6 +25,10 @@ def test_knee_where_scaling_flattens():
     assert k.loc[128, "knee"] == 8 and k.loc[128, "reached"] and k.loc[128, "y_at_knee"] == 800
     assert pd.isna(k.loc[512, "knee"]) and not k.loc[512, "reached"]  # still scaling: extend the grid
     assert concurrency_knee(df, min_exponent=0.05).loc[0, "knee"] == 16
+    # one noisy dip mid-curve is not the knee: the last scaling step is
+    noisy = _frame({1: 100, 2: 200, 4: 150, 8: 600, 16: 620})
+    assert concurrency_knee(noisy).loc[0, "knee"] == 8
+    assert concurrency_knee(_frame({1: 100, 2: 101, 4: 102})).loc[0, "knee"] == 1  # flat from the start
     with pytest.raises(ValueError, match="min_exponent"):
         concurrency_knee(df, min_exponent=0)
     # OOM points are ignored
