@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"torch threads {torch.get_num_threads()}, cores {os.cpu_count()}, load average {load:.2f}"
           + ("  (busy machine: timings will scatter; try --threads 1 or a quiet moment)"
-             if load > (os.cpu_count() or 1) * 0.5 else ""))
+             if load > (os.cpu_count() or 1) else ""))
 
     from kit import calibrate, planner
     from kit.results import load_results, save_results
