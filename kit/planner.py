@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -673,7 +673,6 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
         KeyError: unknown accelerator (lists the catalog). FileNotFoundError: ``"local"`` on a device never
         calibrated and with no catalog row. ValueError: a non-positive override.
     """
-    from . import calibrate as _cal
     from .catalog import load_catalog
 
     acc = str(accelerator).strip()
@@ -681,8 +680,12 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
     if isinstance(calibration, dict):
         cal = calibration
     elif calibration is not None:
+        from . import calibrate as _cal
+
         cal = _cal.load_calibration(calibration)
     elif acc.lower() in ("local", "cpu"):
+        from . import calibrate as _cal
+
         try:
             cal = _cal.load_calibration(device="cpu" if acc.lower() == "cpu" else None)
         except FileNotFoundError:
