@@ -659,6 +659,10 @@ class Device:
 #: well-tuned decode/prefill reaches. Assumptions, printed with every prediction; override per call.
 DEFAULT_EFF_BW = 0.7
 DEFAULT_EFF_FLOPS = 0.6
+#: step overhead (fixed ms, ms per layer) and decode-attention TFLOPS for an uncalibrated CPU: what `kit calibrate`
+#: measured on the kit's 2-core CI machine (Xeon, 2 threads, quiet). Replace with your own calibration.
+UNCALIBRATED_CPU_OVERHEAD_MS = (0.4, 0.35)
+UNCALIBRATED_CPU_ATTN_TFLOPS = 0.010
 
 
 def get_device(accelerator: str = "local", catalog=None, calibration=None, **overrides) -> Device:
@@ -732,6 +736,14 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
                      gpus_per_node=int(row["gpus_per_node"]), full_name=str(row.get("full_name", row.name)),
                      source="catalog" + (f" [{row.get('flags')}]" if isinstance(row.get("flags"), str)
                                          and row.get("flags") else ""))
+    if cal is None and dev.name == "CPU":
+        # The catalog's CPU row holds figures measured on the kit's 2-core CI machine, not datasheet peaks: use them
+        # as achievable (efficiency 1) and add that machine's measured step overhead and decode-attention rate
+        # (`kit calibrate`, 2 threads, 2026-11-30) so an uncalibrated CPU plan is not wildly optimistic.
+        dev.eff_bw = dev.eff_flops = 1.0
+        dev.overhead_ms_fixed, dev.overhead_ms_per_layer = UNCALIBRATED_CPU_OVERHEAD_MS
+        dev.attn_tflops = UNCALIBRATED_CPU_ATTN_TFLOPS
+        dev.source = "catalog CPU placeholder, uncalibrated (run `kit calibrate`) [UNSURE]"
     for k, v in overrides.items():
         if v is None:
             continue
