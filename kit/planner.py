@@ -1298,6 +1298,8 @@ def add_cli(sub) -> None:
     p.add_argument("--mem-util", type=float, default=DEFAULT_MEM_UTIL, help="fraction of memory usable (0.9)")
     p.add_argument("--basis", default=None, help="price basis (tco, assumed-rental, on-demand); default: all")
     p.add_argument("--price", type=float, default=None, help="your $/GPU-hour (basis 'user')")
+    p.add_argument("--prices", default=None,
+                   help="price CSV (accelerator, usd_per_gpu_hr, basis) overriding the catalog's prices")
     p.add_argument("--calibration", default=None, help="calibration JSON for --accelerator local")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cli_plan)
@@ -1309,7 +1311,7 @@ def _cli_plan(args) -> int:
     from .results import to_frame
 
     spec = get_spec(args.model, args.weight_dtypes)
-    cat = load_catalog()
+    cat = load_catalog(extra_prices=args.prices)
     dev = get_device(args.accelerator, catalog=cat, calibration=args.calibration, eff_bw=args.eff_bw,
                      eff_flops=args.eff_flops)
     kw = dict(kv_dtype=args.kv_dtype, mem_util=args.mem_util)

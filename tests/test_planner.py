@@ -357,6 +357,16 @@ def test_cli_plan_text_and_bad_accelerator(capsys):
     assert "--gpus 0" in capsys.readouterr().err
 
 
+def test_cli_plan_price_table_override(tmp_path, capsys):
+    from kit.cli import main
+
+    f = tmp_path / "prices.csv"
+    f.write_text("accelerator,usd_per_gpu_hr,basis\nMI355X,1.99,my-contract\n")
+    assert main(["plan", "--model", "kimi-k3", "--accelerator", "MI355X", "--gpus", "8", "--prices", str(f),
+                 "--basis", "my-contract"]) == 0
+    assert "[my-contract] $1.99/GPU-h" in capsys.readouterr().out
+
+
 def test_max_context_capped_at_model_limit():
     r = memory_fit("tiny-llama", "H200", 1, concurrency=1)
     assert r.max_context == get_spec("tiny-llama").max_position_embeddings
