@@ -70,7 +70,10 @@ def main(argv=None) -> int:
             kw["kv_lens"] = [int(x) for x in args.kv_lens.split(",")]
         if args.concurrencies:
             kw["concurrencies"] = [int(x) for x in args.concurrencies.split(",")]
-        measured = run_sweep(SweepConfig(**kw), out / "sweep", resume=False, progress=False)
+        import time as _time
+
+        sweep_dir = out / f"sweep-{_time.strftime('%Y%m%d-%H%M%S')}"  # a fresh run directory every time
+        measured = run_sweep(SweepConfig(**kw), sweep_dir, resume=False, progress=False)
     predicted = planner.predict_like(measured, "local", calibration=cal)
     save_results(predicted, out / "planner.parquet")
     err = planner.compare(measured, predicted, "tpot_ms_p50")

@@ -1179,8 +1179,8 @@ def predict_grid(model, accelerator: str = "local", concurrencies=(1, 4, 16), co
 
 
 def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd.DataFrame:
-    """Planner rows for the grid of a measured sweep (one per ok engine row: same model, dtype, concurrency and
-    context_len), for overlays and error tables. The kit's engine attends over its whole static cache, so each
+    """Planner rows for the grid of a measured sweep (one per distinct ok grid point: same model, dtype,
+    concurrency and context_len), for overlays and error tables. The kit's engine attends over its whole static cache, so each
     step's attended length is taken as ``context_len + decode_steps`` (``x_cache_len`` when the row has it).
 
     Raises:
@@ -1199,6 +1199,9 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
     dev = kw.pop("device", None) or get_device(accelerator, catalog=kw.pop("catalog", None),
                                                calibration=kw.pop("calibration", None))
     recs = []
+    grid = [c for c in ("model", "dtype", "concurrency", "context_len", "decode_steps", "n_gpus", "x_cache_len")
+            if c in ok.columns]
+    ok = ok.drop_duplicates(subset=grid)  # one prediction per grid point, however often it was measured
     for _, r in ok.iterrows():
         C = int(r["context_len"])
         if "x_cache_len" in r and pd.notna(r.get("x_cache_len")):
@@ -1225,6 +1228,7 @@ def compare(measured: pd.DataFrame, predicted: pd.DataFrame, column: str = "tpot
     p = predicted[predicted["status"] == "ok"] if "status" in predicted.columns else predicted
     cols_p = keys + [column] + [c for c in ("x_bound", "x_overhead_ms", "x_t_linear_ms", "x_t_attn_ms")
                                 if c in p.columns]
+    p = p.drop_duplicates(subset=keys)
     j = m[keys + [column]].merge(p[cols_p], on=keys, suffixes=("_measured", "_predicted"))
     j = j.rename(columns={f"{column}_measured": "measured", f"{column}_predicted": "predicted"})
     j["error_pct"] = 100.0 * (j["predicted"] - j["measured"]) / j["measured"]

@@ -381,3 +381,13 @@ def test_other_linear_attention_types_are_flagged_not_silently_trusted():
                              linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
     s = spec_from_config(c)
     assert s.n_linear_layers == 3 and "UNSURE" in s.flags and "qwen3_next" in s.flags
+
+
+def test_predict_like_one_row_per_grid_point():
+    cal = {"device": "cpu", "memory_gb": 16.0, "mem_bw_gb_s": 10.0, "matmul_tflops": {"float32": 0.1}}
+    rows = [{"backend": "engine", "status": "ok", "model": "tiny-llama", "dtype": "float32", "concurrency": 1,
+             "context_len": 128, "decode_steps": 16, "tpot_ms_p50": t} for t in (5.0, 6.0)]
+    measured = pd.DataFrame(rows)
+    pred = planner.predict_like(measured, "local", calibration=cal)
+    assert len(pred) == 1
+    assert len(planner.compare(measured, pd.concat([pred, pred]))) == 2  # one per measured row, no cross product
