@@ -126,30 +126,42 @@ def _toy_model(layers: int, device: str, dtype: str):
     return m.eval()
 
 
+def _interleaved_medians(runs: dict, rounds: int, decode_steps: int, device: str) -> tuple[dict, int]:
+    """Median step time (ms) of each ``name -> (model, PointConfig)``, measured in ``rounds`` interleaved rounds
+    (A, B, A, B, ...) and pooled, so a burst of other load disturbs every configuration alike and cannot own a whole
+    measurement. Returns (medians, steps pooled per configuration)."""
+    from .engine import run_point
+    from .metrics import percentiles
+
+    steps: dict = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, (m, pc) in runs.items():
+            steps[k].extend(run_point(m, pc, device=device)["x_step_ms"])
+    return {k: percentiles(v, (50,))["p50"] for k, v in steps.items()}, rounds * decode_steps
+
+
 def measure_overhead(device: str = "cpu", dtype: str = "float32", layers=(1, 4), decode_steps: int = 16,
                      repeats: int = 3) -> dict:
     """Per-step overhead of the kit's decode loop, ms: ``fixed + per_layer × layers``, fitted on toy Llama models
-    with ``layers`` layers (batch 1, context 16) where arithmetic and memory traffic are negligible.
+    with ``layers`` layers (batch 1, context 16) where arithmetic and memory traffic are negligible. The two models
+    are measured in ``repeats`` interleaved rounds and each one's steps pooled (median).
 
     Returns:
-        ``{"overhead_ms_fixed", "overhead_ms_per_layer", "step_ms": {layers: median ms}, "n": steps per fit}``.
+        ``{"overhead_ms_fixed", "overhead_ms_per_layer", "step_ms": {layers: median ms}, "n": steps per model}``.
     """
-    from .engine import PointConfig, run_point
+    from .engine import PointConfig
 
     lo, hi = min(layers), max(layers)
     if lo == hi:
         raise ValueError(f"layers={layers!r} needs two different layer counts")
-    med = {}
-    for n in (lo, hi):
-        m = _toy_model(n, device, dtype)
-        rec = run_point(m, PointConfig(concurrency=1, context_len=16, decode_steps=decode_steps, warmup_steps=3,
-                                       repeats=repeats, kv_fill="synthetic"), device=device)
-        med[n] = rec["tpot_ms_p50"]
-        del m
+    pc = PointConfig(concurrency=1, context_len=16, decode_steps=decode_steps, warmup_steps=3, repeats=1,
+                     kv_fill="synthetic")
+    runs = {n: (_toy_model(n, device, dtype), pc) for n in (lo, hi)}
+    med, n = _interleaved_medians(runs, repeats, decode_steps, device)
+    del runs
     per_layer = max(0.0, (med[hi] - med[lo]) / (hi - lo))
     fixed = max(0.0, med[lo] - per_layer * lo)
-    return {"overhead_ms_fixed": fixed, "overhead_ms_per_layer": per_layer, "step_ms": med,
-            "n": decode_steps * repeats}
+    return {"overhead_ms_fixed": fixed, "overhead_ms_per_layer": per_layer, "step_ms": med, "n": n}
 
 
 def measure_attention(device: str = "cpu", dtype: str = "float32", batch: int = 8, context_len: int = 1024,
@@ -158,23 +170,25 @@ def measure_attention(device: str = "cpu", dtype: str = "float32", batch: int = 
     ``batch`` × ``context_len`` minus its step at batch 1, context 16 (weights and overhead cancel), divided into
     the attention FLOPs it adds: 4 × head_dim × (query heads × attended positions) per sequence per layer (QKᵀ and
     PV). Includes the mask and cache handling of transformers' SDPA path, which on CPU runs far below matmul peak.
+    The two points are measured in ``repeats`` interleaved rounds (pooled medians).
 
     Returns:
         ``{"attn_tflops": rate or None (when the difference is not positive), "step_ms": {...}, "n": steps}``.
     """
-    from .engine import PointConfig, run_point
+    from .engine import PointConfig
 
     m = _toy_model(layers, device, dtype)
     cfg = m.config
-    small = run_point(m, PointConfig(1, 16, decode_steps, 3, repeats, "synthetic"), device=device)["tpot_ms_p50"]
-    big_p = PointConfig(batch, context_len, decode_steps, 3, repeats, "synthetic")
-    big = run_point(m, big_p, device=device)["tpot_ms_p50"]
+    small_p = PointConfig(1, 16, decode_steps, 3, 1, "synthetic")
+    big_p = PointConfig(batch, context_len, decode_steps, 3, 1, "synthetic")
+    med, n = _interleaved_medians({"small": (m, small_p), "big": (m, big_p)}, repeats, decode_steps, device)
     del m
+    small, big = med["small"], med["big"]
     hd = cfg.head_dim
-    added = 4 * hd * cfg.num_attention_heads * layers * (batch * big_p.cache_len - 1 * (16 + max(3, decode_steps)))
+    added = 4 * hd * cfg.num_attention_heads * layers * (batch * big_p.cache_len - 1 * small_p.cache_len)
     dt = (big - small) / 1e3
     return {"attn_tflops": added / dt / 1e12 if dt > 0 else None,
-            "step_ms": {"batch1_ctx16": small, f"batch{batch}_ctx{context_len}": big}, "n": decode_steps * repeats}
+            "step_ms": {"batch1_ctx16": small, f"batch{batch}_ctx{context_len}": big}, "n": n}
 
 
 def calibrate(device: str | None = None, quick: bool = False, size_mb: float | None = None,
@@ -198,9 +212,9 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
     matmul_n = matmul_n or (256 if quick else 1024)
     bw = measure_bandwidth(dev, size_mb, warmup=1 if quick else 2, repeats=3 if quick else 10)
     mm = {dt: measure_matmul(dev, dt, matmul_n, warmup=1 if quick else 2, repeats=3 if quick else 5) for dt in dtypes}
-    ov = measure_overhead(dev, "float32", decode_steps=4 if quick else 16, repeats=1 if quick else 3)
+    ov = measure_overhead(dev, "float32", decode_steps=4 if quick else 16, repeats=1 if quick else 5)
     at = measure_attention(dev, "float32", batch=2 if quick else 8, context_len=256 if quick else 1024,
-                           decode_steps=4 if quick else 16, repeats=1 if quick else 3)
+                           decode_steps=4 if quick else 16, repeats=1 if quick else 5)
     return {
         "device": info.backend, "device_name": info.name, "device_key": device_key(info), "memory_gb": info.memory_gb,
         "catalog_name": info.catalog_name,
