@@ -19,13 +19,21 @@ from pathlib import Path
 from kit.notebooks import NOTEBOOK_DIR, run_notebook
 
 #: seconds any one cell may run before the notebook fails
-CELL_TIMEOUT_S = 180
+CELL_TIMEOUT_S = 300
 #: notebooks executing at once (CI has 2 cores; each kernel is mostly one busy core)
 WORKERS = int(os.environ.get("KIT_NB_WORKERS", "2"))
 
 TINY_GRID = {"kv_lens": [16, 64], "concurrencies": [1, 2], "decode_steps": 4}
 #: small parameters per notebook (relative to notebooks/); ``out_dir`` is always set by the runner.
 SMALL: dict[str, dict] = {
+    "tutorials/01-first-sweep.ipynb": {**TINY_GRID, "decode_steps": 3, "repeats": 1, "device": "cpu"},
+    # kernel/dtype sanity set: one dtype, both modes (each compiled graph costs seconds on CPU)
+    "how-to/check-a-sampling-op.ipynb": {"dtypes": ["float32"], "modes": ["eager", "compile"], "draws": 600},
+    "how-to/is-this-machine-ready.ipynb": {"device": "cpu", "check_compile": False},
+    "explanation/fp8-formats.ipynb": {},
+    # starts `transformers serve` itself
+    "how-to/benchmark-a-serving-endpoint.ipynb": {"concurrencies": [1, 4], "num_requests": 4, "warmup_requests": 1,
+                                                  "isl": 16, "osl": 8},
     "tutorials/02-explore-with-the-panel.ipynb": {**TINY_GRID, "repeats": 1, "device": "cpu"},
     "how-to/sweep-kv-cache-length.ipynb": {"kv_lens": [16, 64, 256], "decode_steps": 4, "repeats": 1,
                                            "device": "cpu"},

@@ -1,39 +1,34 @@
 """The kernel/dtype sanity notebooks run under papermill with small parameters; the tests read the files they wrote.
-The three run two at a time (one module-scoped pool), each in its own kernel."""
+They execute once per session through nbexec (two at a time), and the docs build renders those same copies."""
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pandas as pd
 import pytest
 
-from kit.notebooks import NOTEBOOK_DIR, run_notebook
+from nbexec import execute, start_all
 
 pytestmark = pytest.mark.slow
 
-SMALL = {
-    # one dtype, both modes (each compiled graph costs seconds on CPU; test_sampling covers every dtype)
-    "how-to/check-a-sampling-op.ipynb": {"dtypes": ["float32"], "modes": ["eager", "compile"], "draws": 600},
-    "how-to/is-this-machine-ready.ipynb": {"device": "cpu", "check_compile": False},
-    "explanation/fp8-formats.ipynb": {},
-}
+NOTEBOOKS = ["how-to/check-a-sampling-op.ipynb", "how-to/is-this-machine-ready.ipynb", "explanation/fp8-formats.ipynb"]
+
+
+class _Executed:
+    """Executed once per session by nbexec (parameters in nbexec.SMALL; shared with the docs build)."""
+
+    def __init__(self, rel):
+        self.rel = rel
+
+    def result(self):
+        return execute(self.rel).out_dir
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sanity-notebooks")
-
-    def run(rel):
-        out = base / "out" / rel.removesuffix(".ipynb")
-        run_notebook(NOTEBOOK_DIR / rel, base / "nb" / rel, parameters={**SMALL[rel], "out_dir": str(out)},
-                     cell_timeout_s=300)
-        return out
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {rel: pool.submit(run, rel) for rel in SMALL}
-        yield {rel: f for rel, f in futures.items()}
+def executed():
+    start_all(NOTEBOOKS)
+    return {rel: _Executed(rel) for rel in NOTEBOOKS}
 
 
 def test_check_a_sampling_op(executed):

@@ -6,17 +6,13 @@ from pathlib import Path
 import pytest
 
 from kit import results as R
-from kit.notebooks import NOTEBOOK_DIR, run_notebook
+from nbexec import execute
 
 pytestmark = pytest.mark.slow
-NB = NOTEBOOK_DIR / "how-to" / "benchmark-a-serving-endpoint.ipynb"
 
 
-def test_benchmark_a_serving_endpoint_notebook(tmp_path):
-    out = tmp_path / "out"
-    run_notebook(NB, tmp_path / "executed.ipynb", cell_timeout_s=240,
-                 parameters={"out_dir": str(out), "concurrencies": [1, 4], "num_requests": 4,
-                             "warmup_requests": 1, "isl": 16, "osl": 8})
+def test_benchmark_a_serving_endpoint_notebook():
+    out = execute("how-to/benchmark-a-serving-endpoint.ipynb").out_dir
     served = R.load_results(out / "served")
     assert list(served["backend"]) == ["openai", "openai"] and list(served["concurrency"]) == [1, 4]
     assert (served["status"] == "ok").all() and (served["completed"] == 4).all() and (served["failed"] == 0).all()
