@@ -31,6 +31,10 @@ SMALL: dict[str, dict] = {
     "how-to/check-a-sampling-op.ipynb": {"dtypes": ["float32"], "modes": ["eager", "compile"], "draws": 600},
     "how-to/is-this-machine-ready.ipynb": {"device": "cpu", "check_compile": False},
     "explanation/fp8-formats.ipynb": {},
+    # planner and cost
+    "how-to/will-this-model-fit.ipynb": {},
+    "how-to/what-does-a-million-tokens-cost.ipynb": {"user_prices": {"MI355X": 2.0}, "planner_concurrencies": [1, 64]},
+    "explanation/kv-cache-memory-gqa-vs-mla.ipynb": {"context_lens": [1024, 131072]},
     # starts `transformers serve` itself
     "how-to/benchmark-a-serving-endpoint.ipynb": {"concurrencies": [1, 4], "num_requests": 4, "warmup_requests": 1,
                                                   "isl": 16, "osl": 8},

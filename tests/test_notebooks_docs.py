@@ -197,6 +197,13 @@ def test_notebook_committed_clean(rel):
     assert not untyped and not uncommented, f"untyped: {untyped}; no comment: {uncommented}"
 
 
+def test_every_notebook_is_executed_by_the_doc_tests():
+    """Each notebook has small parameters in nbexec.SMALL, so the suite executes it (once) and the docs show it."""
+    from nbexec import SMALL
+
+    assert sorted(SMALL) == ALL_NOTEBOOKS, f"missing from nbexec.SMALL: {sorted(set(ALL_NOTEBOOKS) - set(SMALL))}"
+
+
 def test_unknown_parameter_name_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"kv_len.*declared"):
         run_notebook(NOTEBOOK_DIR / "how-to/sweep-kv-cache-length.ipynb", tmp_path / "x.ipynb",
