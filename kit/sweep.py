@@ -51,6 +51,8 @@ class SweepConfig:
     kv_fill: str = _h("prefill (real, timed TTFT) | synthetic (random KV, for long contexts)", default="prefill")
     seed: int = _h("seed for weights and token ids", default=0)
     accelerator: str | None = _h("catalog accelerator for cost columns (default: detected)", default=None)
+    threads: int | None = _h("CPU only: torch threads (default: torch's choice); 1 gives steadier timings on a "
+                             "busy shared machine", default=None)
 
     def points(self) -> list[tuple[str, PointConfig]]:
         """The grid as (dtype, PointConfig), ordered dtype → KV length → concurrency."""
@@ -73,6 +75,8 @@ class SweepConfig:
                     raise ValueError(f"{what} {v!r} in {name} must be an integer >= 1")
         if self.kv_fill not in KV_FILLS:
             raise ValueError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"threads={self.threads!r} must be an integer >= 1 or None")
         maxpos = models.max_positions(cfg)
         for _, p in self.points():
             p.validate(maxpos)
@@ -109,7 +113,8 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
 
     Args:
         out_dir: run directory (created); must not be a file.
-        resume: skip points already recorded as ok/oom in ``out_dir``.
+        resume: skip points already recorded as ok/oom in ``out_dir``; with False, an existing log is moved to
+            ``out_dir/previous/`` and every point is measured again into a fresh one.
         progress: show a tqdm progress bar.
         on_point: called after each point with (record, frame of all rows so far): live plots, widgets.
         should_stop: polled between points; when it returns True the sweep ends after the current point.
@@ -131,6 +136,8 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
         raise NotADirectoryError(f"output directory {str(store_dir)!r} exists and is a file; give a directory")
     info = hardware.detect(config.device)
     dev = info.device
+    if not resume:
+        _archive_previous(store_dir)
     meta = run_metadata(device=info.as_dict(), model=config.model, config=asdict(config))
     store = ResultStore(store_dir, meta)
     done = store.finished_ids() if resume else set()
@@ -140,6 +147,9 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
     accel = config.accelerator or info.catalog_name
     bar = tqdm(total=len(todo), desc=f"sweep {config.model}", disable=not progress, unit="pt")
     baseline_gb = None
+    threads_before = torch.get_num_threads()
+    if config.threads and dev == "cpu":
+        torch.set_num_threads(config.threads)
     try:
         for dt, p in todo:
             if should_stop is not None and should_stop():
@@ -177,7 +187,19 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
                 on_point(full, store.frame())
     finally:
         bar.close()
+        torch.set_num_threads(threads_before)
     return store.frame()
+
+
+def _archive_previous(out_dir: Path) -> None:
+    """Move an earlier run's files to ``out_dir/previous/<time>/`` so a non-resumed sweep starts clean."""
+    old = [out_dir / n for n in ("points.jsonl", "results.parquet", "results.json") if (out_dir / n).exists()]
+    if not old:
+        return
+    dest = out_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in old:
+        f.rename(dest / f.name)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -219,8 +241,10 @@ def add_cli(sub) -> None:
     p.add_argument("--kv-fill", default=d.kv_fill, choices=KV_FILLS, help=helps["kv_fill"])
     p.add_argument("--seed", type=int, default=d.seed, help=helps["seed"])
     p.add_argument("--accelerator", default=None, help=helps["accelerator"])
+    p.add_argument("--threads", type=int, default=None, help=helps["threads"])
     p.add_argument("--out", default="results/sweep", help="output directory (created; a re-run resumes)")
-    p.add_argument("--no-resume", action="store_true", help="measure every point again even if recorded")
+    p.add_argument("--no-resume", action="store_true",
+                   help="measure every point again (an earlier run's files move to OUT/previous/)")
     p.add_argument("--no-plots", action="store_true", help="skip writing PNG plots")
     p.set_defaults(func=_cli_sweep)
 
@@ -243,7 +267,8 @@ def summary_table(df: pd.DataFrame) -> str:
 def _cli_sweep(args) -> int:
     cfg = SweepConfig(model=args.model, dtypes=args.dtype, device=args.device, kv_lens=args.kv,
                       concurrencies=args.concurrency, decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
-                      repeats=args.repeats, kv_fill=args.kv_fill, seed=args.seed, accelerator=args.accelerator)
+                      repeats=args.repeats, kv_fill=args.kv_fill, seed=args.seed, accelerator=args.accelerator,
+                      threads=args.threads)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {str(out)!r} exists and is a file; give a directory")

@@ -67,7 +67,8 @@ def test_non_integer_list_rejected():
 def test_help_documents_every_option():
     r = _kit("sweep", "--help")
     for opt in ("--model", "--kv", "--concurrency", "--dtype", "--device", "--decode-steps", "--warmup-steps",
-                "--repeats", "--kv-fill", "--seed", "--accelerator", "--out", "--no-resume", "--no-plots"):
+                "--repeats", "--kv-fill", "--seed", "--accelerator", "--threads", "--out", "--no-resume",
+                "--no-plots"):
         assert opt in r.stdout
     assert "tiny-llama" in r.stdout
     top = _kit("--help")

@@ -30,6 +30,18 @@ def test_small_sweep_and_resume(tmp_path):
     assert calls == [] and len(df2) == 4  # everything already finished: nothing re-measured
 
 
+def test_no_resume_starts_clean_and_keeps_the_old_run(tmp_path):
+    cfg = sweep.SweepConfig(**{**SMALL, "threads": 1})
+    sweep.run_sweep(cfg, tmp_path, progress=False)
+    threads = torch.get_num_threads()
+    df = sweep.run_sweep(cfg, tmp_path, progress=False, resume=False)
+    assert len(df) == 4 and df.point_id.nunique() == 4 and len(results.load_results(tmp_path)) == 4
+    assert len(list((tmp_path / "previous").glob("*/points.jsonl"))) == 1
+    assert torch.get_num_threads() == threads  # restored after the sweep
+    with pytest.raises(ValueError, match="threads=0"):
+        sweep.SweepConfig(**{**SMALL, "threads": 0}).validate()
+
+
 def test_should_stop_keeps_finished_points(tmp_path):
     cfg = sweep.SweepConfig(**SMALL)
     n = {"k": 0}
