@@ -9,25 +9,22 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-# Headless browser for the dashboard's end-to-end test: Debian's chromium (Playwright drives it through
-# executable_path; `playwright install` is never run). Idempotent: only when /usr/bin/chromium is missing.
-if [ ! -x /usr/bin/chromium ]; then
-  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
-      >/tmp/kit-apt-chromium.log 2>&1 || echo "set-up: apt-get install chromium failed (see /tmp/kit-apt-chromium.log)"
-  else
-    echo "set-up: /usr/bin/chromium is missing; the dashboard browser test is skipped (sudo apt-get install chromium)"
-  fi
-fi
 stamp=.venv/.kit-setup-stamp
 want=$(cat pyproject.toml .ci/setup.sh | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip_q() {  # quiet pip that still fails loudly: its log is shown when it fails
+  if ! "$VPY" -m pip install -q "$@" >.venv/pip.log 2>&1; then
+    grep -v "^WARNING: Location" .venv/pip.log >&2
+    echo "set-up: pip install $* failed" >&2
+    exit 1
+  fi
+}
 if [ "${KIT_KEEP_TORCH:-0}" != "1" ]; then
-  "$VPY" -m pip install -q "torch==${KIT_TORCH_VERSION:-2.13.0}" 2>&1 | grep -v "^WARNING: Location" || true
+  pip_q "torch==${KIT_TORCH_VERSION:-2.13.0}"
 fi
-"$VPY" -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+pip_q -e ".[test]"
 "$VPY" -c "import kit, torch, transformers; print(f'kit set-up ok: torch {torch.__version__}, transformers {transformers.__version__}')"
 echo "$want" > "$stamp"

@@ -3,4 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/setup.sh
+# Headless browser for the dashboard's end-to-end test: Debian's chromium (Playwright drives it through
+# executable_path; `playwright install` is never run). Idempotent: only when /usr/bin/chromium is missing.
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+      >/tmp/kit-apt-chromium.log 2>&1 || echo "set-up: apt-get install chromium failed (see /tmp/kit-apt-chromium.log)"
+  else
+    echo "set-up: /usr/bin/chromium is missing; the dashboard browser test is skipped (sudo apt-get install chromium)"
+  fi
+fi
 exec .venv/bin/python -m pytest -q "$@"
