@@ -1,20 +1,17 @@
-"""Kernel and dtype sanity checks: an op resolver, a reference-comparison harness, pytest helpers, fp8 helpers.
+"""Kernel and dtype sanity checks: a reference-comparison harness and pytest helpers.
 
-Four tools, each usable from a user's own test suite:
+Tools usable from a user's own test suite:
 
-* :func:`resolve_op` — find a named sampling op in the installed kernel libraries (flashinfer, sgl_kernel, aiter)
-  or fall back to the kit's reference (:mod:`kit.sampling`). It returns a callable plus where it came from, or
-  raises :class:`OpNotFoundError` naming the op, the symbols and every place tried. It never returns ``None``
-  (case S1: a ROCm build lacked ``top_k_renorm_prob``; an import guard left ``None`` behind and the sampler
-  crashed on the first request — sglang #32569).
 * :func:`check_op` — run an implementation against the reference over dtypes (float32, float16, bfloat16) and
   modes (eager, ``torch.compile``) on generated and edge-case inputs; returns a :class:`CheckReport` (a pandas
   DataFrame, one row per dtype × mode × input) whose :meth:`~CheckReport.summary` names the op, dtype, mode,
   input and first bad row. Probabilities are compared, not sampled ids; samplers are given explicit noise
   (case S5, pytorch #118735), and :func:`frequency_check` tests sampled frequencies with Pearson's χ² test.
 * pytest helpers — :func:`device_dtype_params`, :func:`mode_params`, :func:`assert_matches_reference`.
-* fp8 — :data:`FP8_FORMATS`, :func:`fp8_format_for`, :func:`to_fp8` (clamp to the format's max before casting:
-  on PyTorch CPU, 500 → e4m3fn saturates to 448 but 250 → e4m3fnuz is NaN; case F1, pytorch #150756).
+
+The implementation checked defaults to :func:`kit.resolver.resolve_op`'s pick (the op resolver lives in
+:mod:`kit.resolver`); the fp8 helpers live in :mod:`kit.fp8`. Both modules' public names are re-exported here, so
+``from kit.checks import resolve_op, to_fp8`` keeps working.
 
 Tolerances (:data:`DEFAULT_TOL`) are ``torch.testing.assert_close``'s defaults per dtype (PyTorch docs,
 "torch.testing"): the reference runs on the *same* rounded inputs upcast to float64, so the error measured is the
@@ -22,14 +19,14 @@ implementation's own rounding plus any bug.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from . import sampling as S
+from .fp8 import FP8_FORMATS, e4m3fn_to_e4m3fnuz, fp8_dtype, fp8_format_for, to_fp8
+from .resolver import BACKENDS, REFERENCE, Backend, OpNotFoundError, ResolvedOp, probe_backend, resolve_op
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MODES = ("eager", "compile")
@@ -37,258 +34,6 @@ MODES = ("eager", "compile")
 DEFAULT_TOL: dict[str, tuple[float, float]] = {
     "float32": (1e-5, 1.3e-6), "float16": (1e-5, 1e-3), "bfloat16": (1e-5, 1.6e-2), "float64": (1e-7, 1e-7),
 }
-
-
-# ================================================================================================================
-# op resolver
-@dataclass(frozen=True)
-class Backend:
-    """A kernel library to look ops up in.
-
-    Attributes:
-        name: short name (``"sgl_kernel"``).
-        module: import path of the module holding the functions (``"flashinfer.sampling"``).
-        symbols: canonical op name → attribute names tried in order (libraries renamed some, e.g. ``_prob`` →
-            ``_probs``).
-        adapters: op → function wrapping the raw symbol into the kit's signature (where the library's differs).
-    """
-
-    name: str
-    module: str
-    symbols: dict[str, tuple[str, ...]]
-    adapters: dict[str, Callable] = field(default_factory=dict)
-
-
-def _aiter_top_k(raw: Callable) -> Callable:
-    """aiter's ``top_k_renorm_probs(probs, maybe_top_k_arr, top_k_val)`` → ``(probs, top_k)``."""
-    def top_k_renorm_prob(probs, top_k):
-        if isinstance(top_k, torch.Tensor):
-            return raw(probs, top_k.to(torch.int32), 0)
-        return raw(probs, None, int(top_k))
-    return top_k_renorm_prob
-
-
-#: The libraries serving engines take sampling kernels from, and the symbol names seen in their Python APIs
-#: (flashinfer ``flashinfer/sampling.py``; sgl-kernel ``sgl_kernel/sampling.py``, re-exported by ``sgl_kernel``;
-#: aiter ``aiter/ops/sampling.py``). vLLM is not listed: its sampler takes top-k/top-p from flashinfer or falls back
-#: to torch. The renorm/mask ops share the kit's ``(probs, k_or_p)`` signature (aiter's via an adapter); the
-#: sampling-from-probs symbols differ between libraries and versions (explicit noise vs generator) — wrap them
-#: before :func:`check_op`.
-BACKENDS: tuple[Backend, ...] = (
-    Backend("flashinfer", "flashinfer.sampling", {
-        "top_k_renorm_prob": ("top_k_renorm_probs", "top_k_renorm_prob"),
-        "top_p_renorm_prob": ("top_p_renorm_probs", "top_p_renorm_prob"),
-        "top_k_mask_logits": ("top_k_mask_logits",),
-        "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
-        "sampling_from_probs": ("sampling_from_probs",),
-    }),
-    Backend("sgl_kernel", "sgl_kernel", {
-        "top_k_renorm_prob": ("top_k_renorm_prob", "top_k_renorm_probs"),
-        "top_p_renorm_prob": ("top_p_renorm_prob", "top_p_renorm_probs"),
-        "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
-    }),
-    Backend("aiter", "aiter.ops.sampling", {
-        "top_k_renorm_prob": ("top_k_renorm_probs",),
-        "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
-    }, adapters={"top_k_renorm_prob": _aiter_top_k}),
-)
-REFERENCE = "kit.reference"
-
-
-class OpNotFoundError(LookupError):
-    """No implementation of an op was found; ``.op``, ``.tried`` (one line per place tried)."""
-
-    def __init__(self, op: str, tried: Sequence[str]):
-        self.op, self.tried = op, list(tried)
-        lines = "\n  ".join(self.tried) or "(no backend lists this op)"
-        super().__init__(f"no implementation of op {op!r} found; tried:\n  {lines}")
-
-
-@dataclass(frozen=True)
-class ResolvedOp:
-    """What :func:`resolve_op` found. Calling it calls ``fn``.
-
-    Attributes:
-        op: canonical op name; fn: the callable (kit signature); backend: ``"flashinfer"`` … or ``"kit.reference"``;
-        where: ``module.symbol`` it came from; tried: every place looked at before it, with why it was skipped.
-    """
-
-    op: str
-    fn: Callable
-    backend: str
-    where: str
-    tried: tuple[str, ...] = ()
-
-    def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
-
-
-def _import(module: str):
-    """Import ``module``; return (module, None) or (None, reason). Never raises."""
-    top = module.split(".")[0]
-    try:
-        if importlib.util.find_spec(top) is None:
-            return None, f"not installed (no module {top!r})"
-    except (ImportError, ValueError) as e:
-        return None, f"not importable ({type(e).__name__}: {e})"
-    try:
-        return importlib.import_module(module), None
-    except Exception as e:  # a broken build raises OSError/RuntimeError/AttributeError as often as ImportError
-        return None, f"import failed ({type(e).__name__}: {e})"
-
-
-def _lookup(mod, backend: Backend, op: str):
-    """(callable, symbol, None) or (None, None, [reasons per symbol])."""
-    reasons = []
-    for sym in backend.symbols.get(op, ()):
-        if not hasattr(mod, sym):
-            reasons.append(f"{backend.module}.{sym}: module imported but has no attribute {sym!r}")
-            continue
-        obj = getattr(mod, sym)
-        if obj is None:
-            reasons.append(f"{backend.module}.{sym}: attribute is None (an import guard left None behind)")
-        elif not callable(obj):
-            reasons.append(f"{backend.module}.{sym}: not callable ({type(obj).__name__})")
-        else:
-            adapt = backend.adapters.get(op)
-            return (adapt(obj) if adapt else obj), sym, None
-    return None, None, reasons
-
-
-def resolve_op(op: str, backends: Sequence[Backend] | None = None, *, fallback: bool = True) -> ResolvedOp:
-    """Find an implementation of ``op``: the first backend that exposes it, else the kit's reference.
-
-    Args:
-        op: canonical name, one of :data:`kit.sampling.REFERENCE_OPS` (e.g. ``"top_k_renorm_prob"``).
-        backends: where to look, in order (default :data:`BACKENDS`). Pass your own :class:`Backend` to point
-            at another module (a fork, a fake in tests).
-        fallback: use :mod:`kit.sampling`'s reference when no backend has the op.
-
-    Returns:
-        A :class:`ResolvedOp` (never ``None``) recording the backend and every place tried before it.
-
-    Raises:
-        ValueError: unknown op name (lists the known ones).
-        OpNotFoundError: ``fallback=False`` and no backend exposes it; the message names the missing symbol(s) and
-            every module tried, with the reason each was skipped.
-    """
-    if op not in S.REFERENCE_OPS:
-        raise ValueError(f"unknown op {op!r}; known ops: {sorted(S.REFERENCE_OPS)}")
-    tried: list[str] = []
-    for b in (BACKENDS if backends is None else backends):
-        if op not in b.symbols:
-            continue
-        mod, why = _import(b.module)
-        if mod is None:
-            syms = ", ".join(b.symbols[op])
-            tried.append(f"{b.name}: {b.module}.{{{syms}}}: {why}")
-            continue
-        fn, sym, reasons = _lookup(mod, b, op)
-        if fn is not None:
-            return ResolvedOp(op, fn, b.name, f"{b.module}.{sym}", tuple(tried))
-        tried.extend(f"{b.name}: {r}" for r in reasons)
-    if fallback:
-        return ResolvedOp(op, S.REFERENCE_OPS[op], REFERENCE, f"kit.sampling.{S.REFERENCE_OPS[op].__name__}",
-                          tuple(tried))
-    tried.append(f"{REFERENCE}: kit.sampling.{op}: not used (fallback=False)")
-    raise OpNotFoundError(op, tried)
-
-
-def probe_backend(backend: Backend) -> dict:
-    """Import one backend and report which of its listed ops it exposes (used by ``kit doctor``).
-
-    Returns:
-        ``{"name", "module", "importable", "version", "error", "ops": {op: "module.symbol" | None},
-        "missing": [op, ...], "problems": [text naming each missing symbol]}``. Never raises.
-    """
-    out = {"name": backend.name, "module": backend.module, "importable": False, "version": None, "error": None,
-           "ops": {}, "missing": [], "problems": []}
-    mod, why = _import(backend.module)
-    if mod is None:
-        out["error"] = why
-        return out
-    out["importable"] = True
-    top = importlib.import_module(backend.module.split(".")[0])
-    out["version"] = str(getattr(top, "__version__", None) or "") or None
-    for op in backend.symbols:
-        fn, sym, reasons = _lookup(mod, backend, op)
-        out["ops"][op] = f"{backend.module}.{sym}" if fn is not None else None
-        if fn is None:
-            out["missing"].append(op)
-            out["problems"].append(f"{backend.name} ({backend.module}) lacks {op}: " + "; ".join(reasons))
-    return out
-
-
-# ================================================================================================================
-# fp8
-#: format → (torch dtype attribute, largest finite value, who uses it). Sources: OCP 8-bit floating point spec
-#: (e4m3fn max 448, e5m2 max 57344); AMD MI300 ISA / ROCm docs (fnuz variants: no negative zero, NaN = 0x80,
-#: e4m3fnuz max 240); case F1 (ROCm/TransformerEngine PR #485).
-FP8_FORMATS: dict[str, tuple[str, float, str]] = {
-    "e4m3fn": ("float8_e4m3fn", 448.0, "OCP FP8: NVIDIA Hopper/Blackwell, AMD MI355X (gfx950)"),
-    "e4m3fnuz": ("float8_e4m3fnuz", 240.0, "AMD MI300 series (gfx942)"),
-    "e5m2": ("float8_e5m2", 57344.0, "OCP FP8 (gradients/KV cache): NVIDIA, gfx950"),
-    "e5m2fnuz": ("float8_e5m2fnuz", 57344.0, "AMD MI300 series (gfx942)"),
-}
-
-
-def fp8_dtype(fmt: str) -> torch.dtype:
-    """torch dtype of an fp8 format name. Raises ValueError (unknown name, or this torch lacks it)."""
-    if fmt not in FP8_FORMATS:
-        raise ValueError(f"unknown fp8 format {fmt!r}; allowed: {sorted(FP8_FORMATS)}")
-    dt = getattr(torch, FP8_FORMATS[fmt][0], None)
-    if dt is None:
-        raise ValueError(f"torch {torch.__version__} has no torch.{FP8_FORMATS[fmt][0]}")
-    return dt
-
-
-def fp8_format_for(backend: str, gfx_arch: str | None = None) -> str:
-    """The native e4m3 format of a device: ``"e4m3fnuz"`` on gfx942 (MI300X/MI325X), else ``"e4m3fn"``
-    (NVIDIA, gfx950 MI355X, and CPU). Source: case F1; ROCm precision-support docs."""
-    if backend == "rocm" and (gfx_arch or "").startswith("gfx94"):
-        return "e4m3fnuz"
-    return "e4m3fn"
-
-
-def to_fp8(x: torch.Tensor, fmt: str = "e4m3fn", scale: float | torch.Tensor = 1.0) -> torch.Tensor:
-    """Cast ``x / scale`` to an fp8 format after clamping to the format's finite range.
-
-    PyTorch's cast does not saturate consistently (500 → e4m3fn gives 448 on CPU, but 250 → e4m3fnuz gives NaN):
-    clamp first (case F1). NaN stays NaN.
-
-    Args:
-        x: floating tensor, any shape. fmt: a key of :data:`FP8_FORMATS`. scale: divisor applied before the cast.
-
-    Returns: tensor of the fp8 dtype, same shape. Raises: ValueError for a non-floating ``x`` or unknown format.
-    """
-    dt = fp8_dtype(fmt)
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise ValueError(f"x must be a floating tensor; got {getattr(x, 'dtype', type(x).__name__)}")
-    m = torch.finfo(dt).max
-    return (x.float() / scale).clamp(-m, m).to(dt)
-
-
-def e4m3fn_to_e4m3fnuz(q: torch.Tensor, scale: float | torch.Tensor = 1.0) -> tuple[torch.Tensor, object]:
-    """Re-encode e4m3fn-quantised data (e.g. an OCP-fp8 checkpoint) for an e4m3fnuz device (MI300, gfx942)
-    without changing the dequantised values ``q.float() * scale``.
-
-    The same bits read as e4m3fnuz are worth half (exponent bias 8 instead of 7), so the scale doubles; the bits
-    of −0 (0x80) are NaN in e4m3fnuz and become +0; e4m3fn NaN (0x7F/0xFF) would read as ±240 and becomes the
-    fnuz NaN (0x80). (The same idea as the ROCm weight-loading path of serving engines, e.g. vLLM's
-    ``normalize_e4m3fn_to_e4m3fnuz``, which handles the −0 case.)
-
-    Args:
-        q: tensor of dtype ``torch.float8_e4m3fn``, any shape. scale: its dequantisation scale (float or tensor).
-
-    Returns: ``(q_fnuz, scale * 2)``. Raises: ValueError if ``q`` is not float8_e4m3fn.
-    """
-    if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"q must be a torch.float8_e4m3fn tensor; got {getattr(q, 'dtype', type(q).__name__)}")
-    bits = q.view(torch.uint8)
-    nan = (bits & 0x7F) == 0x7F
-    bits = torch.where(bits == 0x80, torch.zeros_like(bits), bits)
-    bits = torch.where(nan, torch.full_like(bits, 0x80), bits)
-    return bits.view(torch.float8_e4m3fnuz), scale * 2
 
 
 # ================================================================================================================
@@ -851,3 +596,13 @@ def top_p_renorm_prob_drops_crossing_token(probs: torch.Tensor, top_p) -> torch.
     kept = torch.where(keep, x, torch.zeros_like(x))
     total = kept.sum(-1, keepdim=True)
     return torch.where(total > 0, kept / total.clamp_min(1e-30), kept).to(probs.dtype)
+
+
+__all__ = [
+    "DTYPES", "MODES", "DEFAULT_TOL", "Case", "OpSpec", "SPECS", "compiled", "compiled_call", "CheckReport", "check_op",
+    "FrequencyResult", "frequency_check", "available_devices", "supported_dtypes", "device_dtype_params",
+    "mode_params", "assert_matches_reference", "top_p_renorm_prob_drops_crossing_token",
+    # re-exported from kit.resolver and kit.fp8
+    "Backend", "BACKENDS", "REFERENCE", "OpNotFoundError", "ResolvedOp", "resolve_op", "probe_backend",
+    "FP8_FORMATS", "fp8_dtype", "fp8_format_for", "to_fp8", "e4m3fn_to_e4m3fnuz",
+]

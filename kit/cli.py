@@ -17,7 +17,7 @@ COMMANDS: dict[str, str] = {
     "bench": "kit.bench",
     "plan": "kit.planner",
     "calibrate": "kit.calibrate",
-    "serve-bench": "kit.serving",
+    "serve-bench": "kit.loadgen",
     "dashboard": "kit.dashboard",
     "doctor": "kit.doctor",
 }

@@ -174,3 +174,55 @@ def save_standard_plots(df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
             plt.close(fig)
             paths.append(path)
     return paths
+
+
+# ---------------------------------------------------------------- served sweeps (rows of kit.loadgen)
+def _throughput_col(df):
+    """Served rows: output_tok_s; in-process rows: decode_tok_s (both output tokens per second)."""
+    return df["output_tok_s"].where(df["backend"] == "openai", df["decode_tok_s"]).astype("float64")
+
+
+def plot_served(df, title: str | None = None):
+    """Figure with two panels: output tok/s vs concurrency, and the Pareto curve tok/s/GPU vs tok/s/user.
+
+    ``df``: rows of the shared schema (served rows use ``output_tok_s``; in-process ``engine`` rows use
+    ``decode_tok_s``), grouped by ``backend`` (and ``model``). tok/s/GPU divides by ``n_gpus`` (1 when
+    missing); tok/s/user is ``tok_s_per_stream`` (1000 / median TPOT).
+
+    Returns: a matplotlib Figure.
+    """
+    from matplotlib.ticker import NullFormatter
+
+    from . import results as R
+
+    df = R.coerce(df)
+    df = df[df["status"] == "ok"].copy()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    df["_tok_s"] = _throughput_col(df)
+    df["_per_gpu"] = df["_tok_s"] / df["n_gpus"].fillna(1).astype("float64")
+    for (backend, model), g in df.groupby([df["backend"], df["model"].fillna("?")], sort=False):
+        g = g.sort_values("concurrency")
+        label = f"{backend}: {Path(str(model)).name}"
+        a1.plot(g["concurrency"].astype(float), g["_tok_s"], marker="o", label=label)
+        a2.plot(g["tok_s_per_stream"], g["_per_gpu"], marker="o", label=label)
+        for _, r in g.iterrows():
+            a2.annotate(str(r["concurrency"]), (r["tok_s_per_stream"], r["_per_gpu"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    a1.set_xscale("log", base=2)
+    concs = sorted({int(c) for c in df["concurrency"].dropna()})
+    if concs:
+        a1.set_xticks(concs, [str(c) for c in concs])
+        a1.xaxis.set_minor_formatter(NullFormatter())
+    a1.set_xlabel("concurrency (requests in flight / batch)")
+    a1.set_ylabel("output tok/s (served) | decode tok/s (in-process)")
+    a1.set_title("throughput vs concurrency")
+    a2.set_xlabel("tok/s per user (1000 / TPOT p50)")
+    a2.set_ylabel("tok/s per GPU")
+    a2.set_title("throughput vs interactivity (labels: concurrency)")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -2,7 +2,7 @@
 
 These are the slow-but-obvious versions of the fused sampling kernels that serving engines import from
 flashinfer, sgl_kernel or aiter. They exist so that a kernel can be checked against them (:mod:`kit.checks`) and so
-that a missing kernel has a correct fallback (:func:`kit.checks.resolve_op`).
+that a missing kernel has a correct fallback (:func:`kit.resolver.resolve_op`).
 
 Shapes: ``probs`` / ``logits`` are ``(batch, vocab)``; per-row parameters (``top_k``, ``top_p``, ``min_p``,
 ``temperature``, ``uniform``) are a Python scalar (same for every row), a 0-d tensor, or a tensor of shape
@@ -374,7 +374,7 @@ def sampling_from_probs(probs: torch.Tensor, *, uniform: torch.Tensor | None = N
     return top_k_top_p_sampling_from_probs(probs, 0, 1.0, uniform=uniform, generator=generator)
 
 
-#: canonical op name → the kit's reference implementation (what :func:`kit.checks.resolve_op` falls back to)
+#: canonical op name → the kit's reference implementation (what :func:`kit.resolver.resolve_op` falls back to)
 REFERENCE_OPS = {
     "top_k_renorm_prob": top_k_renorm_prob,
     "top_p_renorm_prob": top_p_renorm_prob,
