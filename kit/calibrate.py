@@ -231,20 +231,58 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
     }
 
 
+def check_out_path(path: str | Path, what: str = "--out", example: str = "calibration.json") -> Path:
+    """Validate an output file path before any work is done: it must not be a directory, and its parent must be
+    a directory or creatable (the nearest existing ancestor is a writable directory). Creates nothing.
+
+    Raises:
+        IsADirectoryError: ``path`` is a directory. NotADirectoryError: an ancestor is a file.
+        PermissionError: the nearest existing ancestor is not writable.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a directory; give a file path (e.g. {p / example})")
+    anc = p.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise NotADirectoryError(f"{what} {path}: {anc} is a file, not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} {path}: directory {anc} is not writable")
+    return p
+
+
+def write_text_atomic(path: str | Path, text: str, what: str = "--out", example: str = "calibration.json") -> Path:
+    """Write ``text`` to ``path`` atomically: a uniquely named temporary file beside the target (same directory,
+    so the final rename does not cross file systems), then :func:`os.replace`; the temporary file is removed on
+    any failure. Validates ``path`` with :func:`check_out_path` first and creates missing parent directories."""
+    import tempfile
+
+    p = check_out_path(path, what, example)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return p
+
+
 def save_calibration(cal: dict, path: str | Path | None = None) -> Path:
     """Write ``cal`` as JSON to ``path`` (default :func:`default_path` of its device); returns the path.
 
     Raises:
-        NotADirectoryError: ``path``'s parent exists and is a file.
+        IsADirectoryError: ``path`` is a directory. NotADirectoryError: ``path``'s parent exists and is a file.
+        PermissionError: the parent is not writable (see :func:`check_out_path`).
     """
     p = Path(path) if path else cache_dir() / f"calibration-{cal.get('device_key', 'cpu')}.json"
-    if p.parent.exists() and not p.parent.is_dir():
-        raise NotADirectoryError(f"{p.parent} is a file; give a path inside a directory")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(cal, indent=2, default=str))
-    os.replace(tmp, p)
-    return p
+    return write_text_atomic(p, json.dumps(cal, indent=2, default=str))
 
 
 def load_calibration(path: str | Path | None = None, device: str | None = None) -> dict:
@@ -287,6 +325,8 @@ def _cli(args) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads {args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
+    if args.out:
+        check_out_path(args.out)  # before minutes of measuring, not after
     cal = calibrate(args.device, quick=args.quick)
     path = save_calibration(cal, args.out)
     if args.json:

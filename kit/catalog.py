@@ -196,6 +196,21 @@ class Catalog:
         return t
 
 
+def _read_user_csv(path: str | Path) -> pd.DataFrame:
+    """Read a user's CSV: the path must be an existing file; parse failures become :class:`CatalogError` naming it."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if not p.is_file():
+        raise CatalogError(f"{path}: is a directory (or not a regular file); give a CSV file")
+    try:
+        return pd.read_csv(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise CatalogError(f"{path}: cannot parse as CSV: {e}") from None
+    except PermissionError as e:
+        raise CatalogError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
 def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str | Path | None = None) -> Catalog:
     """Load the shipped catalog, optionally merged with a user's files.
 
@@ -206,16 +221,17 @@ def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str
             prices with the same (accelerator, basis).
 
     Raises:
-        CatalogError: a file fails validation (names the file, row and column). FileNotFoundError: a path is missing.
+        CatalogError: a file fails validation (names the file, row and column), is a directory or cannot be parsed
+        as CSV (names the file). FileNotFoundError: a path is missing.
     """
     acc = _validate_accels(pd.read_csv(_data_path("accelerators.csv"), dtype={"gfx_arch": str}), "kit/data/accelerators.csv")
     if extra_accelerators is not None:
-        user = _validate_accels(pd.read_csv(extra_accelerators), str(extra_accelerators))
+        user = _validate_accels(_read_user_csv(extra_accelerators), str(extra_accelerators))
         acc = pd.concat([acc[~acc.name.isin(user.name)], user], ignore_index=True)
     known = set(acc.name)
     prices = _validate_prices(pd.read_csv(_data_path("prices.csv")), "kit/data/prices.csv", known)
     if extra_prices is not None:
-        user_p = _validate_prices(pd.read_csv(extra_prices), str(extra_prices), known)
+        user_p = _validate_prices(_read_user_csv(extra_prices), str(extra_prices), known)
         key = set(zip(user_p.accelerator, user_p.basis))
         keep = prices[[(a, b) not in key for a, b in zip(prices.accelerator, prices.basis)]]
         prices = pd.concat([keep, user_p], ignore_index=True)

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, NotADirectoryError) as e:
+    except (ValueError, KeyError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"kit {args.command}: error: {msg}", file=sys.stderr)
         return 2

@@ -65,7 +65,9 @@ SCHEMA: dict = {
             "properties": {"dtype": {"enum": ["float32", "float16", "bfloat16"]}, "works": {"type": "boolean"},
                            "error": _NULLSTR, "matmul_n": {"type": "integer"}, "matmul_ms_p50": _NULLNUM,
                            "tflops": _NULLNUM, "n": {"type": "integer", "minimum": 0},
-                           "vs_float32": {**_NULLNUM, "description": "throughput relative to float32"}}}},
+                           "vs_float32": {**_NULLNUM, "description": "throughput relative to float32"},
+                           "spread": {**_NULLNUM, "description": "slowest / fastest of the timed repeats "
+                                                                 "(noisy above NOISY_SPREAD)"}}}},
         "fp8": {"type": "object", "required": ["native_format", "formats"], "properties": {
             "native_format": {"enum": list(C.FP8_FORMATS)},
             "formats": {"type": "array", "items": {
@@ -133,9 +135,10 @@ def _finish_compile_check(proc, backend: str, deadline: float, timeout_s: float)
 
 
 def _time_matmul(dtype: torch.dtype, device: str, n: int, reps: int = 5,
-                 warmup_s: float = 0.2) -> tuple[float, float]:
+                 warmup_s: float = 0.2) -> tuple[float, float, float]:
     """Median ms of an n×n matmul (after ≥ 3 warm-up runs and ≥ ``warmup_s`` seconds of them — CPU BLAS libraries
-    JIT their kernels over the first calls — synchronised) and the TFLOP/s it implies (2n³ flop)."""
+    JIT their kernels over the first calls — synchronised), the TFLOP/s it implies (2n³ flop) and the spread of the
+    repeats (slowest / fastest; near 1 on a quiet machine)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     t0, i = time.perf_counter(), 0
@@ -151,7 +154,7 @@ def _time_matmul(dtype: torch.dtype, device: str, n: int, reps: int = 5,
         times.append((time.perf_counter() - t) * 1e3)
     times.sort()
     ms = times[len(times) // 2]
-    return ms, 2 * n ** 3 / (ms / 1e3) / 1e12
+    return ms, 2 * n ** 3 / (ms / 1e3) / 1e12, times[-1] / times[0] if times[0] > 0 else float("inf")
 
 
 def probe_dtypes(device: str, timing: bool = True) -> list[dict]:
@@ -161,12 +164,12 @@ def probe_dtypes(device: str, timing: bool = True) -> list[dict]:
     rows = []
     for name, dt in C.DTYPES.items():
         row = {"dtype": name, "works": True, "error": None, "matmul_n": n, "matmul_ms_p50": None, "tflops": None,
-               "n": 0, "vs_float32": None}
+               "n": 0, "vs_float32": None, "spread": None}
         try:
             check_dtype_supported(dt, device)
             if timing:
-                ms, tf = _time_matmul(dt, device, n)
-                row.update(matmul_ms_p50=round(ms, 4), tflops=round(tf, 4), n=5)
+                ms, tf, spread = _time_matmul(dt, device, n)
+                row.update(matmul_ms_p50=round(ms, 4), tflops=round(tf, 4), n=5, spread=round(spread, 2))
         except ValueError as e:
             row.update(works=False, error=str(e))
         rows.append(row)
@@ -175,6 +178,32 @@ def probe_dtypes(device: str, timing: bool = True) -> list[dict]:
         if base and r["tflops"]:
             r["vs_float32"] = round(r["tflops"] / base, 3)
     return rows
+
+
+#: slowest/fastest of the timed repeats above which a matmul timing is flagged noisy
+NOISY_SPREAD = 2.0
+#: a half-precision matmul this many times faster than float32 is implausible (CPU: AMX/AVX-512 bf16 reaches a few
+#: ×; GPU: tensor cores vs plain fp32 reach ~15-35×): most likely a mis-timed (noisy) run
+IMPLAUSIBLE_VS_FLOAT32 = {"cpu": 20.0, "gpu": 64.0}
+
+
+def timing_caveats(dtypes: list[dict], backend: str = "cpu", name: str = "this device") -> list[str]:
+    """Warnings (never problems) for timings not to trust: repeats whose slowest/fastest exceeds
+    :data:`NOISY_SPREAD` ("noisy: ...") and a ratio to float32 beyond :data:`IMPLAUSIBLE_VS_FLOAT32`."""
+    out = []
+    for d in dtypes:
+        sp = d.get("spread")
+        if d.get("works") and sp is not None and sp > NOISY_SPREAD:
+            out.append(f"noisy: {d['dtype']} matmul timings vary {sp:.3g}× between repeats (slowest/fastest of "
+                       f"n={d.get('n')}) on {name}; its speed and ratios to it are unreliable (rerun on a quieter "
+                       "machine)")
+    lim = IMPLAUSIBLE_VS_FLOAT32["cpu" if backend == "cpu" else "gpu"]
+    for d in dtypes:
+        r = d.get("vs_float32")
+        if d.get("dtype") != "float32" and r is not None and r > lim:
+            out.append(f"implausible: {d['dtype']} matmul measured {r:.4g}× float32 on {name} (more than {lim:g}× "
+                       "is not expected here); the float32 timing was probably disturbed: rerun kit doctor")
+    return out
 
 
 def probe_fp8(device: str, backend: str, gfx_arch: str | None) -> dict:
@@ -278,6 +307,7 @@ def run_doctor(device: str | None = None, *, backend_overrides: list[str] | None
         elif info.backend != "cpu" and d["dtype"] != "float32" and d["vs_float32"] is not None and d["vs_float32"] < 1:
             warnings.append(f"{d['dtype']} matmul is slower than float32 on {info.name} ({d['vs_float32']}×): "
                             "an emulated or untuned path?")
+    warnings.extend(timing_caveats(dtypes, info.backend, info.name))
     fp8 = probe_fp8(info.device, info.backend, info.gfx_arch)
     for f in fp8["formats"]:
         if f["format"] == fp8["native_format"] and not f["cast_ok"]:
@@ -331,6 +361,7 @@ def format_report(r: dict) -> str:
             continue
         speed = (f"{x['matmul_n']}² matmul {x['matmul_ms_p50']:.3g} ms p50 (n={x['n']}), {x['tflops'] * 1e3:.3g} "
                  f"GFLOP/s" + (f", {x['vs_float32']}× float32" if x["dtype"] != "float32" else "")
+                 + (f" (noisy: repeats vary {x['spread']:.3g}×)" if (x.get("spread") or 0) > NOISY_SPREAD else "")
                  if x["matmul_ms_p50"] is not None else "runs")
         lines.append(f"{head}{x['dtype']:9s} ok   {speed}")
     f8 = r["fp8"]
@@ -392,14 +423,17 @@ def _cli(args) -> int:
         return 0
     if args.compile_timeout <= 0:
         raise ValueError(f"--compile-timeout must be > 0 seconds; got {args.compile_timeout}")
+    if args.out:
+        from .calibrate import check_out_path
+
+        check_out_path(args.out, example="doctor.json")  # before the probes run, not after
     report = run_doctor(args.device, backend_overrides=args.backend, require=args.require,
                         compile_check=not (args.no_compile or args.quick), compile_timeout_s=args.compile_timeout,
                         timing=not args.quick)
     if args.out:
-        from pathlib import Path
+        from .calibrate import write_text_atomic
 
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
+        write_text_atomic(args.out, json.dumps(report, indent=2), example="doctor.json")
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     if args.strict and report["problems"]:
         print(f"kit doctor --strict: {len(report['problems'])} problem(s):", file=sys.stderr)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
@@ -90,7 +91,8 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
 
     Raises:
         KeyError: unknown accelerator (lists the catalog). FileNotFoundError: ``"local"`` on a device never
-        calibrated and with no catalog row. ValueError: a non-positive override.
+        calibrated and with no catalog row. ValueError: a non-positive override, or ``eff_bw`` / ``eff_flops``
+        outside (0, 1].
     """
     from .catalog import load_catalog
 
@@ -164,6 +166,8 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
             continue
         if not hasattr(dev, k):
             raise ValueError(f"unknown device field {k!r}; allowed: {sorted(asdict(dev))}")
+        if k in ("eff_bw", "eff_flops"):
+            v = _check_eff(k, v)
         if isinstance(v, (int, float)) and k != "overhead_ms_fixed" and k != "overhead_ms_per_layer" and v <= 0:
             raise ValueError(f"{k}={v!r} must be > 0")
         if k in ("overhead_ms_fixed", "overhead_ms_per_layer") and v < 0:
@@ -178,10 +182,12 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
 DEFAULT_RUNTIME_GB = 2.0
 DEFAULT_MEM_UTIL = 0.90  # fraction of device memory the engine may use (vLLM's gpu_memory_utilization default)
 DEFAULT_MAX_BATCHED_TOKENS = 8192
+MIN_GPUS_MAX = 128  # most GPUs :func:`min_gpus` tries
 
 
 def _layout(device: Device, n_gpus: int, tp: int | None, ep: int | None, pp: int | None, spec: ArchSpec):
     n_gpus = _check_pos_int("n_gpus", n_gpus)
+    given_tp, given_pp = tp, pp
     if tp is None and pp is None:
         tp = min(n_gpus, max(1, device.gpus_per_node))
         pp = n_gpus // tp
@@ -191,15 +197,86 @@ def _layout(device: Device, n_gpus: int, tp: int | None, ep: int | None, pp: int
     elif pp is None:
         tp = _check_pos_int("tp", tp)
         pp = n_gpus // tp
+    if given_tp is not None and given_pp is None and (tp < 1 or n_gpus % tp):
+        raise ValueError(f"tp={tp} does not divide n_gpus={n_gpus}: the pipeline-parallel size is derived as "
+                         f"pp = n_gpus // tp, so n_gpus must be a multiple of tp; pass a tp that divides n_gpus "
+                         f"({', '.join(str(d) for d in _divisors(n_gpus))}) or change the GPU count")
+    if given_pp is not None and given_tp is None and (pp < 1 or n_gpus % pp):
+        raise ValueError(f"pp={pp} does not divide n_gpus={n_gpus}: the tensor-parallel size is derived as "
+                         f"tp = n_gpus // pp, so n_gpus must be a multiple of pp; pass a pp that divides n_gpus "
+                         f"({', '.join(str(d) for d in _divisors(n_gpus))}) or change the GPU count")
     tp, pp = _check_pos_int("tp", tp), _check_pos_int("pp", pp)
     if tp * pp != n_gpus:
         raise ValueError(f"tp={tp} × pp={pp} must equal n_gpus={n_gpus}")
+    _check_heads_split(spec, tp)
+    if ep is not None and not spec.is_moe:
+        if _check_pos_int("ep", ep) != 1:
+            raise ValueError(f"ep={ep}: expert parallelism applies only to MoE models, and {spec.name} is dense "
+                             "(no routed experts); leave ep unset (or 1)")
     if ep is None:
         ep = tp if spec.is_moe else 1
     ep = _check_pos_int("ep", ep)
     if tp % ep:
         raise ValueError(f"ep={ep} must divide tp={tp}")
     return n_gpus, tp, ep, pp
+
+
+def _check_context(spec: ArchSpec, context_len, name: str = "context_len") -> int:
+    """``context_len`` as a positive int, no larger than the model's ``max_position_embeddings`` (when known).
+
+    Raises:
+        ValueError: not a positive integer, or beyond the positions the model supports (names both numbers).
+    """
+    c = _check_pos_int(name, context_len)
+    mp = spec.max_position_embeddings
+    if mp and c > int(mp):
+        raise ValueError(f"{name}={c:,} exceeds {spec.name}'s max_position_embeddings={int(mp):,}: the model "
+                         f"supports at most {int(mp):,} positions per sequence")
+    return c
+
+
+def _check_eff(name: str, v) -> float:
+    """An efficiency (fraction of a peak) as a float in (0, 1]; ValueError naming the value and the range."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={v!r} must be a number in (0, 1]") from None
+    if not 0 < f <= 1:
+        raise ValueError(f"{name}={v!r} is outside the allowed range (0, 1]: an efficiency is a fraction of the "
+                         "peak figure (e.g. 0.7)")
+    return f
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_heads_split(spec: ArchSpec, tp: int) -> None:
+    """Warn (not raise) when attention heads do not split evenly over ``tp`` ranks.
+
+    Serving engines (vLLM, SGLang) shard attention by heads: they reject a TP size that does not divide the query
+    heads, and for GQA they need the KV heads to divide TP or TP to divide the KV heads (each KV head then replicated
+    on TP/n_kv ranks). The planner can still do its arithmetic for such a layout (it counts ceil(n_kv/tp) KV heads
+    per rank), so it warns with :class:`UserWarning` instead of raising: the prediction is for a layout a real engine
+    will probably refuse. MLA caches one latent per token replicated on every rank, so only the query heads count.
+    """
+    import warnings
+
+    if tp <= 1:
+        return
+    why = []
+    nq = spec.num_attention_heads
+    if nq and nq % tp:
+        why.append(f"{nq} attention heads are not divisible by tp={tp}")
+    nkv = spec.num_kv_heads
+    if spec.attention != "mla" and nkv and nkv % tp and tp % nkv:
+        why.append(f"{nkv} KV heads (GQA) neither divide nor are divisible by tp={tp}")
+    if why:
+        good = [d for d in _divisors(max(nq or 1, 1)) if d > 1 and (spec.attention == "mla" or not nkv
+                                                                    or nkv % d == 0 or d % nkv == 0)]
+        warnings.warn(f"{spec.name}: {'; '.join(why)}: serving engines such as vLLM reject this tensor-parallel "
+                      f"size (the planner counts ceil(kv heads / tp) per rank); TP sizes that split evenly: "
+                      f"{good[:8]}", UserWarning, stacklevel=3)
 
 
 def workspace_gb(spec: ArchSpec, tp: int = 1, max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
@@ -286,15 +363,18 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
         kv_dtype, state_dtype: cache dtypes. weight_dtypes: per-group override, e.g. "routed_experts=mxfp4".
 
     Raises:
-        ValueError: non-positive sizes, unknown dtype, inconsistent tp/ep/pp, mem_util outside (0, 1].
+        ValueError: non-positive sizes, ``context_len`` beyond the model's ``max_position_embeddings``, unknown
+        dtype, inconsistent tp/ep/pp (ep > 1 on a dense model), mem_util outside (0, 1].
         KeyError: unknown model or accelerator.
+    Warns:
+        UserWarning: attention / KV heads that do not split evenly over tp (see :func:`_check_heads_split`).
     """
     spec = get_spec(model)
     dev = device or get_device(accelerator, catalog=catalog, calibration=calibration)
     if not 0 < mem_util <= 1:
         raise ValueError(f"mem_util={mem_util!r} must be in (0, 1]")
     if context_len is not None:
-        context_len = _check_pos_int("context_len", context_len)
+        context_len = _check_context(spec, context_len)
     if concurrency is not None:
         concurrency = _check_pos_int("concurrency", concurrency)
     n_gpus, tp, ep, pp = _layout(dev, n_gpus, tp, ep, pp, spec)
@@ -352,12 +432,13 @@ def _dt_summary(dts: dict) -> str:
 
 
 def min_gpus(model, accelerator: str, context_len: int | None = None, concurrency: int | None = None,
-             max_gpus: int = 128, **kw) -> int | None:
+             max_gpus: int | None = None, **kw) -> int | None:
     """Fewest GPUs of ``accelerator`` on which ``model`` fits (with ``concurrency`` × ``context_len`` of KV when
     given): tries 1, 2, 4, ... up to a node, then whole nodes (TP within a node, PP across nodes). None if even
     ``max_gpus`` is not enough. Raises as :func:`memory_fit`."""
     dev = kw.pop("device", None) or get_device(accelerator, catalog=kw.pop("catalog", None),
                                                calibration=kw.pop("calibration", None))
+    max_gpus = MIN_GPUS_MAX if max_gpus is None else max_gpus
     node = max(1, dev.gpus_per_node)
     cands = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < node] + list(range(node, max_gpus + 1, node))
     if dev.device == "cpu":
@@ -489,11 +570,12 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
         when the point is predicted not to fit.
 
     Raises:
-        ValueError: non-positive sizes, unknown dtype, bad parallel layout. KeyError: unknown model/accelerator.
+        ValueError: non-positive sizes, ``context_len`` beyond the model's ``max_position_embeddings``, unknown
+        dtype, bad parallel layout, ``eff_bw`` / ``eff_flops`` outside (0, 1]. KeyError: unknown model/accelerator.
     """
     spec = get_spec(model)
     B = _check_pos_int("concurrency", concurrency)
-    C = _check_pos_int("context_len", context_len)
+    C = _check_context(spec, context_len)
     dev = device or get_device(accelerator, catalog=catalog, calibration=calibration)
     if dtype is not None:
         dtype = canonical_dtype(dtype)
@@ -503,11 +585,8 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
     act_dtype = canonical_dtype(act_dtype or dtype or "bfloat16")
     compute_dtype = canonical_dtype(compute_dtype or dts["attn"])
     n_gpus, tp, ep, pp = _layout(dev, n_gpus, tp, ep, pp, spec)
-    eb = dev.eff_bw if eff_bw is None else float(eff_bw)
-    ef = dev.eff_flops if eff_flops is None else float(eff_flops)
-    for nm, v in (("eff_bw", eb), ("eff_flops", ef)):
-        if not 0 < v <= 1.5:
-            raise ValueError(f"{nm}={v!r} must be in (0, 1.5]")
+    eb = _check_eff("eff_bw", dev.eff_bw if eff_bw is None else eff_bw)
+    ef = _check_eff("eff_flops", dev.eff_flops if eff_flops is None else eff_flops)
     ovh = (dev.overhead_ms_fixed + dev.overhead_ms_per_layer * spec.num_layers) if overhead_ms is None \
         else float(overhead_ms)
     if ovh < 0:
@@ -760,9 +839,18 @@ def _cli_plan(args) -> int:
         return 0
     s = spec.summary()
     print(f"{spec.name}: {s['total_params_b']:,.1f}B params ({s['active_params_b']:,.1f}B active), "
-          f"KV {s['kv_bytes_per_token_bf16']:,.0f} B/token bf16" + (f"; flags: {spec.flags[:160]}" if spec.flags else ""))
+          f"KV {s['kv_bytes_per_token_bf16']:,.0f} B/token bf16")
+    if spec.flags:  # in full, wrapped at word boundaries (never cut mid-word)
+        print(textwrap.fill(f"flags: {spec.flags}", width=110, initial_indent="  ", subsequent_indent="    ",
+                            break_long_words=False, break_on_hyphens=False))
     print(fit)
-    print(f"  fewest {dev.name} that fit {args.concurrency} users × {args.context} tokens: {least}")
+    if least is None:
+        where = ("one CPU host (the planner does not split a model over CPUs)" if dev.device == "cpu"
+                 else f"any number of {dev.name} (tried up to {MIN_GPUS_MAX} GPUs)")
+        least_txt = f"does not fit on {where}"
+    else:
+        least_txt = f"{least}"
+    print(f"  fewest {dev.name} that fit {args.concurrency} users × {args.context} tokens: {least_txt}")
     print("Predicted (roofline):")
     for _, r in df.iterrows():
         if r["status"] != "ok":

@@ -77,3 +77,38 @@ def test_cli_calibrate(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert "GB/s" in text and "GFLOP/s" in text and str(out) in text
     assert json.loads(out.read_text())["mem_bw_gb_s"] == 10.0
+
+
+def test_out_path_validated_before_measuring(tmp_path, capsys, monkeypatch):
+    from kit.cli import main
+
+    def must_not_run(*a, **k):
+        raise AssertionError("measured before validating --out")
+
+    monkeypatch.setattr(calibrate, "calibrate", must_not_run)
+    assert main(["calibrate", "--quick", "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a directory" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["calibrate", "--quick", "--out", str(afile / "sub" / "c.json")]) == 2
+    assert f"{afile} is a file, not a directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing stray (no '<dir>.tmp')
+    assert not (tmp_path.parent / (tmp_path.name + ".tmp")).exists()
+
+
+def test_save_calibration_writes_beside_target_and_cleans_up(tmp_path, monkeypatch):
+    cal = {"device": "cpu", "mem_bw_gb_s": 1.0, "matmul_tflops": {"float32": 0.1}}
+    p = calibrate.save_calibration(cal, tmp_path / "new" / "deeper" / "c.json")  # missing parents are created
+    assert json.loads(p.read_text())["mem_bw_gb_s"] == 1.0
+    assert [x.name for x in p.parent.iterdir()] == ["c.json"]
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        calibrate.save_calibration(cal, tmp_path)
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(calibrate.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        calibrate.save_calibration({**cal, "mem_bw_gb_s": 2.0}, p)
+    assert [x.name for x in p.parent.iterdir()] == ["c.json"]  # temp file removed, target untouched
+    assert json.loads(p.read_text())["mem_bw_gb_s"] == 1.0

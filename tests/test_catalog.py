@@ -72,3 +72,25 @@ def test_validation_missing_column_and_unknown_price_target(tmp_path):
     with pytest.raises(CatalogError, match="more than one price"):
         load_catalog(extra_prices=_write(tmp_path, "p.csv",
                                          "accelerator,usd_per_gpu_hr,basis\nH100,1,x\nH100,2,x\n"))
+
+
+def test_user_paths_must_be_files_and_parse_errors_name_the_file(tmp_path, capsys):
+    from kit.cli import main
+
+    for kw in ("extra_accelerators", "extra_prices"):
+        with pytest.raises(CatalogError, match=f"{tmp_path}: is a directory"):
+            load_catalog(**{kw: tmp_path})
+        with pytest.raises(FileNotFoundError, match="nope.csv"):
+            load_catalog(**{kw: tmp_path / "nope.csv"})
+    bad = tmp_path / "bad.csv"
+    bad.write_text('accelerator,usd_per_gpu_hr,basis\nB300,1,x,4,5\n"unterminated\n')
+    with pytest.raises(CatalogError, match=rf"{bad}: cannot parse as CSV: .*Error tokenizing data"):
+        load_catalog(extra_prices=bad)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(CatalogError, match=rf"{empty}: cannot parse as CSV: No columns to parse"):
+        load_catalog(extra_accelerators=empty)
+    for argv in (["devices", "--accelerators", str(tmp_path)], ["devices", "--prices", str(tmp_path)],
+                 ["plan", "--model", "llama-3.1-8b", "--accelerator", "b300", "--prices", str(tmp_path)]):
+        assert main(argv) == 2, argv
+        assert f"{tmp_path}: is a directory" in capsys.readouterr().err

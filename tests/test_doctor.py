@@ -127,3 +127,37 @@ def test_format_report_names_everything():
     for needle in ("kit doctor — torch", "device ", "dtypes ", "float16", "bfloat16", "fp8            native e4m3fn",
                    "e4m3fnuz", "torch.compile  not checked", "kernel libs", "sgl_kernel", "verdict: ready"):
         assert needle in text, needle
+
+
+def test_out_is_validated_before_the_probes(tmp_path, capsys, monkeypatch):
+    def must_not_run(*a, **k):
+        raise AssertionError("probed before validating --out")
+
+    monkeypatch.setattr(D, "run_doctor", must_not_run)
+    assert cli.main(["doctor", "--quick", "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [] and not (tmp_path.parent / (tmp_path.name + ".tmp")).exists()
+    monkeypatch.undo()
+    out = tmp_path / "sub" / "doctor.json"
+    assert cli.main(["doctor", "--quick", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["schema_version"] == D.SCHEMA_VERSION
+    assert [p.name for p in out.parent.iterdir()] == ["doctor.json"]
+
+
+def test_noisy_and_implausible_timings_are_flagged_not_failed(monkeypatch):
+    import torch
+
+    fake = {torch.float32: (7.85, 0.0043, 5.05), torch.float16: (7.9, 0.0042, 1.1),
+            torch.bfloat16: (0.069, 0.487, 1.2)}
+    monkeypatch.setattr(D, "_time_matmul", lambda dt, device, n: fake[dt])
+    r = D.run_doctor("cpu", compile_check=False, timing=True)
+    validate(r)
+    assert r["ok"] and r["problems"] == []
+    noisy = [w for w in r["warnings"] if w.startswith("noisy: ")]
+    assert len(noisy) == 1 and "float32 matmul timings vary 5.05×" in noisy[0]
+    assert any(w.startswith("implausible: bfloat16 matmul measured 113.3× float32") for w in r["warnings"])
+    text = D.format_report(r)
+    assert "(noisy: repeats vary 5.05×)" in text and "warning: implausible: bfloat16" in text
+    # quiet, plausible timings: no caveat
+    assert D.timing_caveats([{"dtype": "float32", "works": True, "spread": 1.1, "n": 5, "vs_float32": None},
+                             {"dtype": "bfloat16", "works": True, "spread": 1.3, "n": 5, "vs_float32": 3.0}]) == []

@@ -391,3 +391,78 @@ def test_predict_like_one_row_per_grid_point():
     pred = planner.predict_like(measured, "local", calibration=cal)
     assert len(pred) == 1
     assert len(planner.compare(measured, pd.concat([pred, pred]))) == 2  # one per measured row, no cross product
+
+
+# ---------------------------------------------------------------- input validation (new-user trial)
+def test_context_beyond_model_positions_rejected_everywhere(capsys):
+    from kit.cli import main
+
+    msg = r"context_len=10,000,000 exceeds llama-3\.1-8b's max_position_embeddings=131,072"
+    with pytest.raises(ValueError, match=msg):
+        memory_fit("llama-3.1-8b", "B300", 1, context_len=10_000_000, concurrency=1)
+    with pytest.raises(ValueError, match=msg):
+        predict_point("llama-3.1-8b", "B300", 1, 1, 10_000_000)
+    with pytest.raises(ValueError, match=msg):
+        planner.predict_grid("llama-3.1-8b", "B300", concurrencies=(1,), context_lens=(10_000_000,))
+    with pytest.raises(ValueError, match=msg):
+        planner.min_gpus("llama-3.1-8b", "B300", 10_000_000, 1)
+    assert memory_fit("llama-3.1-8b", "B300", 1, context_len=131_072, concurrency=1).context_len == 131_072
+    assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "b300", "--context", "10000000"]) == 2
+    captured = capsys.readouterr()
+    assert "131,072" in captured.err and "max users" not in captured.out
+
+
+def test_parallel_layout_messages():
+    with pytest.raises(ValueError, match=r"tp=3 does not divide n_gpus=8.*pp = n_gpus // tp.*\(1, 2, 4, 8\)"):
+        memory_fit("llama-3.1-8b", "B300", 8, tp=3)
+    with pytest.raises(ValueError, match=r"pp=3 does not divide n_gpus=8.*tp = n_gpus // pp"):
+        memory_fit("llama-3.1-8b", "B300", 8, pp=3)
+    with pytest.raises(ValueError, match=r"tp=2 × pp=2 must equal n_gpus=8"):  # both given: unchanged
+        memory_fit("llama-3.1-8b", "B300", 8, tp=2, pp=2)
+    with pytest.raises(ValueError, match="expert parallelism applies only to MoE models.*llama-3.1-8b is dense"):
+        memory_fit("llama-3.1-8b", "B300", 1, ep=4)
+    assert memory_fit("llama-3.1-8b", "B300", 1, ep=1).ep == 1
+    assert memory_fit("kimi-k3", "B300", 8, ep=4).ep == 4  # MoE: still allowed
+    # 8 KV heads over 3 ranks: warned (engines reject it), not refused
+    with pytest.warns(UserWarning, match=r"8 KV heads \(GQA\) neither divide nor are divisible by tp=3"):
+        r = memory_fit("llama-3.1-8b", "B300", 3)
+    assert r.tp == 3
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        memory_fit("llama-3.1-70b", "B300", 16)  # 8 kv heads, tp 8 × pp 2: even split, no warning
+        memory_fit("llama-3.1-70b", "B300", 16, tp=16, pp=1)  # tp a multiple of kv heads: replicated, fine
+
+
+@pytest.mark.parametrize("v", [1.5, 0, -0.2, 1.0001])
+def test_efficiency_outside_unit_interval_rejected(v, capsys):
+    from kit.cli import main
+
+    for kw in ("eff_bw", "eff_flops"):
+        with pytest.raises(ValueError, match=rf"{kw}={v!r} is outside the allowed range \(0, 1\]"):
+            predict_point("llama-3.1-8b", "H100", 1, 1, 1024, **{kw: v})
+        with pytest.raises(ValueError, match=rf"{kw}={v!r} is outside the allowed range \(0, 1\]"):
+            planner.get_device("H100", **{kw: v})
+    assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "H100", "--eff-bw", str(v)]) == 2
+    assert "(0, 1]" in capsys.readouterr().err
+    assert predict_point("llama-3.1-8b", "H100", 1, 1, 1024, eff_bw=1.0)["eff_bw"] == 1.0
+
+
+def test_cli_plan_flags_not_cut_and_no_raw_none(capsys):
+    from kit.cli import main
+
+    assert main(["plan", "--model", "kimi-k3", "--accelerator", "cpu"]) == 0
+    out = capsys.readouterr().out
+    flags = get_spec("kimi-k3").flags
+    assert len(flags) > 160
+    lines = out.splitlines()
+    assert "flags" not in lines[0] and lines[0].startswith("kimi-k3:")
+    block = []
+    for ln in lines[1:]:
+        if not ln.startswith("  flags: ") and not (block and ln.startswith("    ")):
+            break
+        block.append(ln.strip())
+    assert " ".join(block) == "flags: " + " ".join(flags.split())  # every word, none cut
+    fewest = next(ln for ln in lines if "fewest CPU" in ln)
+    assert "None" not in fewest and "does not fit on one CPU host" in fewest
