@@ -11,12 +11,18 @@ Measuring choices (and the mistakes they avoid):
   ``client_queue_ms``. aiohttp's own connection pool is unbounded here (``limit=0``) so no hidden queue sits
   between the semaphore and the socket.
 - Failures are counted in ``failed`` with their text kept in the detail file; they never abort a run and never
-  hang it.
+  hang it. That includes a point whose model id cannot be resolved (no ``model`` given and ``/v1/models``
+  fails or times out): its requests are not sent (the API needs a model name, and guessing one would measure
+  the wrong thing), and every planned request (warm-up and measured) is recorded as failed with the listing's
+  error, so ``failed`` equals the planned request count (one, for a duration-only run).
 - Self-check: an event-loop lag probe and the client's CPU use; a run where the client may be the bottleneck
-  says so (``x_client_bound``) instead of publishing a client-bound number.
+  says so (``x_client_bound``) instead of publishing a client-bound number. Without a successful streamed
+  request, or with too few probe samples, the check is not applied (``x_client_check`` says why): a client
+  busy with instant failures is not a bottleneck of anything.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -29,7 +35,7 @@ import numpy as np
 
 from . import metrics as M
 from .serving import (DEFAULT_API_KEY_ENV, ENDPOINTS, LoadConfig, RequestInput, StreamCapture, _headers, _payload,
-                      get_model_id, load_tokenizer, request_record, stream_request, token_counter)
+                      get_model_id, load_tokenizer, request_record, short_error, stream_request, token_counter)
 
 #: ISL/OSL workload presets (tokens): the seed's 1024/400 and InferenceX-style 1k/1k, 1k/8k, 8k/1k.
 WORKLOAD_PRESETS: dict[str, tuple[int, int]] = {
@@ -42,6 +48,12 @@ WORKLOAD_PRESETS: dict[str, tuple[int, int]] = {
 #: flagged as possibly client-bound
 CLIENT_CPU_LIMIT = 0.85
 LOOP_LAG_LIMIT_MS = 10.0
+#: the self-check is applied only with at least this many successful streamed (token-bearing) measured
+#: requests and this many event-loop probe samples (10 ms each)
+SELFCHECK_MIN_STREAMS = 1
+SELFCHECK_MIN_LAG_SAMPLES = 5
+#: longest text of one distinct error in a row's ``error`` (the detail file keeps the full text)
+ERROR_SUMMARY_CHARS = 200
 
 
 # ---------------------------------------------------------------- workloads and arrivals
@@ -129,7 +141,9 @@ class _LoopProbe:
         self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self) -> dict:
+    async def stop(self, n_streamed: int | None = None) -> dict:
+        """Stop the probe; the figures, and the verdict unless ``n_streamed`` (successful streamed requests)
+        or the probe's sample count is too small to judge (then ``x_client_check`` says so)."""
         self._task.cancel()
         try:
             await self._task
@@ -139,6 +153,13 @@ class _LoopProbe:
         cpu = (time.process_time() - self._cpu0) / wall if wall > 0 else float("nan")
         lag = M.percentiles(self.lags_ms, (50, 99))
         lag_max = max(self.lags_ms) if self.lags_ms else float("nan")
+        figures = {"x_client_cpu_frac": cpu, "x_loop_lag_ms_p50": lag["p50"], "x_loop_lag_ms_p99": lag["p99"],
+                   "x_loop_lag_ms_max": lag_max}
+        if n_streamed is not None and n_streamed < SELFCHECK_MIN_STREAMS:
+            return {**figures, **_selfcheck_skipped("no successful streamed request (the client CPU and loop "
+                                                    "lag then reflect failures only)")}
+        if lag["n"] < SELFCHECK_MIN_LAG_SAMPLES:
+            return {**figures, **_selfcheck_skipped(f"too few samples (a {wall * 1000:.0f} ms run)")}
         bound, why = False, []
         if cpu > CLIENT_CPU_LIMIT:
             bound = True
@@ -146,9 +167,39 @@ class _LoopProbe:
         if lag["n"] and lag["p99"] > LOOP_LAG_LIMIT_MS:
             bound = True
             why.append(f"event-loop lag p99 {lag['p99']:.1f} ms > {LOOP_LAG_LIMIT_MS:g} ms")
-        return {"x_client_cpu_frac": cpu, "x_loop_lag_ms_p50": lag["p50"], "x_loop_lag_ms_p99": lag["p99"],
-                "x_loop_lag_ms_max": lag_max, "x_client_bound": bound,
-                "x_client_warning": ("the client may be the bottleneck: " + "; ".join(why)) if why else None}
+        return {**figures, "x_client_bound": bound,
+                "x_client_warning": ("the client may be the bottleneck: " + "; ".join(why)) if why else None,
+                "x_client_check": "client-bound" if bound else "ok"}
+
+
+def _selfcheck_skipped(reason: str) -> dict:
+    """The self-check verdict of a run it cannot judge: not flagged, and why not."""
+    return {"x_client_bound": False, "x_client_warning": None, "x_client_check": f"not applied: {reason}"}
+
+
+def _failed_records(cfg: LoadConfig, workload: Sequence[RequestInput], error: str) -> list[dict]:
+    """Records of a point whose requests could not be sent at all (e.g. no model id): every planned request
+    (the warm-up ones flagged) failed with ``error``; a duration-only run plans one measured request."""
+    n = cfg.warmup_requests + (int(cfg.num_requests) if cfg.num_requests is not None else 1)
+    return [{"request_id": i, "warmup": i < cfg.warmup_requests, "ok": False, "error": error, "http_status": None,
+             "sent_s": 0.0, "end_s": 0.0, "not_sent": True,
+             "max_tokens": workload[i % len(workload)].max_tokens if workload else cfg.osl} for i in range(n)]
+
+
+def _check_out_dir(out_dir: str | Path) -> None:
+    """Raise before any network work when the output directory cannot be one.
+
+    Raises:
+        NotADirectoryError: ``out_dir`` (or a parent) exists and is not a directory.
+    """
+    d = Path(out_dir)
+    for q in (d, *d.parents):
+        if q.exists():
+            if not q.is_dir():
+                where = "" if q == d else f" (its parent {str(q)!r})"
+                raise NotADirectoryError(f"output directory {str(d)!r}{where} exists and is a file; "
+                                         "give a directory path (it will be created if missing)")
+            break
 
 
 
@@ -165,6 +216,9 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
             quick (a progress bar, a test's trigger).
 
     Token counting (the tokenizer) happens after the run, so it never delays another stream's time stamps.
+    Without ``cfg.model`` the model id is asked of ``/v1/models`` (waiting at most ``cfg.timeout_s``); when that
+    fails nothing is sent and every planned request is returned as failed with the listing's error (``run_info``
+    then has ``setup_error``).
 
     Returns:
         ``(records, run_info)``: every request's record (warm-up ones flagged) and the run facts
@@ -176,8 +230,13 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
     if not workload:
         raise ValueError("workload is empty")
     count = token_counter(tokenizer)
-    model = cfg.model or await get_model_id(cfg.base_url, cfg.api_key_env)
     url = cfg.base_url + ENDPOINTS[cfg.endpoint]
+    model = cfg.model
+    if not model:
+        try:
+            model = await get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)
+        except ValueError as e:
+            return _not_sent(cfg, workload, str(e), on_record, url)
     headers = _headers(cfg)
     sem = asyncio.Semaphore(int(cfg.max_concurrency)) if cfg.max_concurrency else None
     done: list[tuple] = []  # (request id, warm-up?, request, client queue ms, capture or error record)
@@ -245,7 +304,9 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
                 await asyncio.sleep(0)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        selfcheck = await probe.stop()
+        n_streamed = sum(1 for _, warm, _, _, cap in done if not warm and isinstance(cap, StreamCapture)
+                         and cap.error is None and cap.chunk_times)
+        selfcheck = await probe.stop(n_streamed)
     records = []
     for i, warm, req, q_ms, cap in sorted(done, key=lambda x: x[0]):
         if isinstance(cap, StreamCapture):
@@ -271,12 +332,27 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
     return records, info
 
 
+def _not_sent(cfg: LoadConfig, workload: Sequence[RequestInput], error: str,
+              on_record: Callable[[dict], None] | None, url: str | None = None) -> tuple[list[dict], dict]:
+    """``(records, run_info)`` of a point none of whose requests could be sent (see :func:`_failed_records`)."""
+    records = _failed_records(cfg, workload, error)
+    if on_record is not None:
+        for rec in records:
+            on_record(rec)
+    info = {"duration_s": 0.0, "model": cfg.model, "url": url or cfg.base_url + ENDPOINTS[cfg.endpoint],
+            "setup_error": error, "x_client_cpu_frac": None, "x_loop_lag_ms_p50": None, "x_loop_lag_ms_p99": None,
+            "x_loop_lag_ms_max": None, **_selfcheck_skipped("no request was sent")}
+    return records, info
+
+
 def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
     """One results-schema row (``backend = "openai"``) from a run's request records.
 
     Failed and warm-up requests are excluded from every latency statistic; failures are counted in ``failed``
-    and the first error texts kept in ``error``. Formulas: :mod:`kit.metrics` (throughputs, goodput, SLOs,
-    percentiles with n). Means of TTFT/TPOT/E2EL are per request; ITL pools the tokens of all requests.
+    and the first distinct error texts kept in ``error``, each cut to one line (:func:`kit.serving.short_error`:
+    an HTML error page becomes its title; the detail file keeps the full text). Formulas: :mod:`kit.metrics`
+    (throughputs, goodput, SLOs, percentiles with n). Means of TTFT/TPOT/E2EL are per request; ITL pools the
+    tokens of all requests.
     """
     meas = [r for r in records if not r.get("warmup")]
     ok = [r for r in meas if r.get("ok")]
@@ -298,7 +374,7 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
     p_ttft, p_tpot, p_itl, p_e2el = (M.percentiles(v) for v in (ttft, tpot, itl, e2el))
     p_user = M.percentiles(users, (10, 50, 90))
     p_gap = M.percentiles(gaps, (50, 99))
-    errors = sorted({str(r.get("error")) for r in bad})
+    errors = sorted({short_error(r.get("error"), ERROR_SUMMARY_CHARS) for r in bad})
     rate = float(cfg.request_rate)
     row = {
         "backend": "openai", "status": "ok" if ok else "error",
@@ -342,7 +418,7 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
         "x_slo_ttft_ms": cfg.slo_ttft_ms, "x_slo_tpot_ms": cfg.slo_tpot_ms, "x_slo_e2el_ms": cfg.slo_e2el_ms,
     }
     for k in ("x_client_cpu_frac", "x_loop_lag_ms_p50", "x_loop_lag_ms_p99", "x_loop_lag_ms_max", "x_client_bound",
-              "x_client_warning"):
+              "x_client_warning", "x_client_check"):
         row[k] = info.get(k)
     return row
 
@@ -369,7 +445,7 @@ def point_id(cfg: LoadConfig) -> str:
 
 def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None,
               workload: Sequence[RequestInput] | None = None, store=None, extra: dict | None = None,
-              on_progress: Callable[[int, bool], None] | None = None) -> dict:
+              on_progress: Callable[[int, bool], None] | None = None, setup_error: str | None = None) -> dict:
     """Run one served load point, write its per-request detail file, and return (and store) its row.
 
     Args:
@@ -380,13 +456,21 @@ def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None
         store: a :class:`kit.results.ResultStore` to append the row to.
         extra: columns merged into the row (e.g. ``accelerator``, ``n_gpus``, ``device_name``).
         on_progress: see :func:`run_load_async`.
+        setup_error: an error that already rules the point out (e.g. :func:`run_sweep` could not list the
+            models): nothing is sent, and every planned request is recorded as failed with this text.
 
     Returns: the row (a dict of schema columns + ``x_`` extras). Never raises for server faults: a dead server
-    gives a row with ``status="error"`` and every request counted in ``failed``.
+    (or one whose model list cannot be read) gives a row with ``status="error"`` and every planned request
+    counted in ``failed``.
+
+    Raises:
+        NotADirectoryError: ``out_dir`` exists and is a file (checked before any network work).
     """
     from . import results as R
 
     cfg.validate()
+    if out_dir is not None:
+        _check_out_dir(out_dir)
     if workload is None:
         n = (cfg.num_requests or 256) + cfg.warmup_requests
         workload = build_workload(min(n, 1024), cfg.isl, cfg.osl, tokenizer, cfg.seed, cfg.isl_range,
@@ -408,16 +492,17 @@ def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None
             fh.flush()
 
     try:
-        try:
-            records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_record, on_progress))
-        except ValueError as e:  # e.g. the model list could not be fetched: a finished, failed point
-            records, info = [], {"duration_s": 0.0, "model": cfg.model, "setup_error": str(e)}
+        if setup_error:
+            records, info = _not_sent(cfg, workload, setup_error, on_record)
+        else:
+            try:
+                records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_record, on_progress))
+            except ValueError as e:  # any other set-up failure: a finished, failed point
+                records, info = _not_sent(cfg, workload, str(e), on_record)
     finally:
         if fh:
             fh.close()
     row = aggregate(records, cfg, info)
-    if info.get("setup_error"):
-        row["error"] = info["setup_error"]
     row["point_id"] = pid
     row["x_detail_file"] = str(detail) if detail else None
     row.update(extra or {})
@@ -429,16 +514,21 @@ def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None
 
 
 def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path, tokenizer=None,
-              extra: dict | None = None, metadata: dict | None = None, progress: bool = True) -> "Any":
+              extra: dict | None = None, metadata: dict | None = None, progress: bool = True,
+              model_error: str | None = None) -> "Any":
     """A concurrency sweep against one server: one :func:`run_point` per value of ``concurrencies``.
 
     Rows are appended to ``out_dir`` as each point finishes (``points.jsonl``, ``results.parquet``), beside one
     detail file per point, so they concatenate with in-process rows via :func:`kit.results.to_frame`.
+    Without ``cfg.model`` the model id is listed once (``/v1/models``, at most ``cfg.timeout_s``); if that fails
+    (or ``model_error`` says it already did), every point is recorded with all its planned requests failed,
+    without asking again.
 
     Returns: the results DataFrame of this sweep.
 
     Raises:
         ValueError: an empty list or a concurrency < 1.
+        NotADirectoryError: ``out_dir`` exists and is a file (checked before any network work).
     """
     from dataclasses import replace
 
@@ -448,6 +538,12 @@ def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path
     if not concs or min(concs) < 1:
         raise ValueError(f"concurrencies={list(concurrencies)}; give one or more integers >= 1")
     cfg.validate()
+    _check_out_dir(out_dir)
+    if not cfg.model and not model_error:
+        try:
+            cfg = replace(cfg, model=run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)))
+        except ValueError as e:
+            model_error = str(e)
     meta = R.run_metadata(backend="openai", config={k: v for k, v in asdict(cfg).items() if k != "api_key_env"},
                           **(metadata or {}))
     store = R.ResultStore(out_dir, metadata=meta)
@@ -458,7 +554,8 @@ def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path
     rows = []
     extra = {"run_id": meta["created_utc"], **(extra or {})}
     for c in concs:
-        row = run_point(replace(cfg, max_concurrency=c), out_dir, tok, workload, store, extra)
+        row = run_point(replace(cfg, max_concurrency=c), out_dir, tok, workload, store, extra,
+                        setup_error=model_error)
         rows.append(row)
         if progress:
             print(summary_line(row), flush=True)
@@ -483,23 +580,61 @@ def summary_line(row: dict) -> str:
         s += f"; {row['x_osl_mismatch']} requests' output length != max_tokens"
     if row.get("x_client_warning"):
         s += f"; WARNING {row['x_client_warning']}"
+    elif str(row.get("x_client_check") or "").startswith("not applied"):
+        s += f"; client self-check {row['x_client_check']}"
     if row.get("error"):
-        s += f"; ERROR {str(row['error'])[:300]}"
+        s += f"; ERROR {short_error(row['error'], 300)}"
     return s
 
 
 # ---------------------------------------------------------------- CLI
+def _concurrency_list(text: str) -> list[int]:
+    """argparse type of ``--concurrency``: a comma list of integers >= 1 (argparse names the option)."""
+    example = "(expected a comma list like 1,4,16)"
+    parts = [x.strip() for x in str(text).split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is empty {example}")
+    out = []
+    for part in parts:
+        if not part:
+            raise argparse.ArgumentTypeError(f"{text!r} has an empty item {example}")
+        try:
+            v = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not an integer {example}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a concurrency >= 1 {example}")
+        out.append(v)
+    return out
+
+
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: …)" to an option's help unless its help already names a default, or the default is
+    None / False (nothing to show)."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        d = action.default
+        if (not action.option_strings or d is None or d is False or d is argparse.SUPPRESS
+                or "default" in h.lower()):
+            return action.help
+        return (h + " " if h else "") + "(default: %(default)s)"
+
+
 def add_cli(subparsers) -> None:
     """``kit serve-bench``: a concurrency sweep against a running OpenAI-compatible server."""
     p = subparsers.add_parser(
         "serve-bench", help="benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, goodput)",
         description="Concurrency sweep against a running server; one results row per concurrency "
                     "(backend=openai) plus a per-request detail file. The API key is read from the environment "
-                    f"variable named by --api-key-env (default {DEFAULT_API_KEY_ENV}).")
+                    f"variable named by --api-key-env (default {DEFAULT_API_KEY_ENV}).",
+        formatter_class=_DefaultsHelpFormatter)
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="served model id (default: first of /v1/models)")
-    p.add_argument("--endpoint", default="completions", choices=sorted(ENDPOINTS))
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated max concurrency values")
+    p.add_argument("--endpoint", default="completions", choices=sorted(ENDPOINTS),
+                   help="API to call: " + ", ".join(f"{k}={v}" for k, v in sorted(ENDPOINTS.items())))
+    p.add_argument("--concurrency", type=_concurrency_list, default="1,4,16",
+                   help="comma-separated max concurrency values")
     p.add_argument("--workload", default=None, choices=sorted(WORKLOAD_PRESETS),
                    help="ISL/OSL preset (overrides --isl/--osl): " +
                         ", ".join(f"{k}={v[0]}/{v[1]}" for k, v in WORKLOAD_PRESETS.items()))
@@ -512,18 +647,20 @@ def add_cli(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per point (excluded)")
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (default inf: all at once)")
     p.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape of arrival gaps (1 = Poisson)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of prompts and arrival gaps")
     p.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (vLLM, SGLang)")
     p.add_argument("--continuous-usage", action="store_true",
                    help="ask for usage in every chunk (vLLM): exact tokens per chunk without a tokenizer")
     p.add_argument("--extra-body", default=None, help="JSON object merged into every request body")
     p.add_argument("--tokenizer", default=None,
                    help="local tokenizer path/id for prompts and token counts (default: try the model id)")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="total time one request may take")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="total time one request (and the /v1/models look-up) may take")
     p.add_argument("--stall-timeout-s", type=float, default=60.0, help="longest silence within a stream")
-    p.add_argument("--slo-ttft-ms", type=float, default=None)
-    p.add_argument("--slo-tpot-ms", type=float, default=None)
-    p.add_argument("--slo-e2el-ms", type=float, default=None)
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO on TTFT (ms; default: none)")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO on TPOT (ms; default: none)")
+    p.add_argument("--slo-e2el-ms", type=float, default=None,
+                   help="goodput SLO on end-to-end latency (ms; default: none)")
     p.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV, help="environment variable with the API key")
     p.add_argument("--accelerator", default=None, help="catalog accelerator name for the rows (e.g. MI355X)")
     p.add_argument("--n-gpus", type=int, default=None, help="GPUs behind the server (for tok/s/GPU)")
@@ -533,6 +670,7 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
+    _check_out_dir(args.out)  # before any network work
     isl, osl = WORKLOAD_PRESETS[args.workload] if args.workload else (args.isl, args.osl)
     try:
         extra_body = json.loads(args.extra_body) if args.extra_body else {}
@@ -540,7 +678,8 @@ def _cli_main(args) -> int:
         raise ValueError(f"--extra-body={args.extra_body!r} is not valid JSON: {e}") from e
     if not isinstance(extra_body, dict):
         raise ValueError(f"--extra-body={args.extra_body!r} must be a JSON object")
-    concs = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
+    concs = (list(args.concurrency) if isinstance(args.concurrency, (list, tuple))
+             else _concurrency_list(args.concurrency))
     cfg = LoadConfig(url=args.url, model=args.model, endpoint=args.endpoint, max_concurrency=concs[0],
                      request_rate=args.request_rate, burstiness=args.burstiness, seed=args.seed,
                      num_requests=args.num_requests, duration_s=args.duration_s, warmup_requests=args.warmup,
@@ -549,18 +688,21 @@ def _cli_main(args) -> int:
                      api_key_env=args.api_key_env, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
                      slo_e2el_ms=args.slo_e2el_ms, continuous_usage=args.continuous_usage,
                      extra_body=extra_body).validate()
-    tok = None
-    if args.tokenizer:
-        tok = load_tokenizer(args.tokenizer)
-    else:
+    tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    model_error = None
+    if not cfg.model:  # listed once here (for the tokenizer too), not again by run_sweep
         try:
-            mid = cfg.model or run_coro(get_model_id(cfg.base_url, cfg.api_key_env))
-            cfg.model = mid
-            tok = load_tokenizer(mid)
+            cfg.model = run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s))
+        except ValueError as e:
+            model_error = str(e)
+            print(f"kit serve-bench: {e}; no request is sent, every planned request is counted as failed")
+    if tok is None and not args.tokenizer and cfg.model:
+        try:
+            tok = load_tokenizer(cfg.model)
         except ValueError as e:
             print(f"kit serve-bench: no tokenizer ({e}); prompts are token ids, token counts per chunk assumed 1")
     extra = {k: v for k, v in (("accelerator", args.accelerator), ("n_gpus", args.n_gpus)) if v is not None}
-    df = run_sweep(cfg, concs, args.out, tok, extra)
+    df = run_sweep(cfg, concs, args.out, tok, extra, model_error=model_error)
     print(f"results: {Path(args.out) / 'results.parquet'} ({len(df)} rows; per-request detail in "
           f"{Path(args.out)}/requests-*.jsonl)")
     if args.plot:

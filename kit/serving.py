@@ -321,6 +321,51 @@ def _headers(cfg: LoadConfig) -> dict:
     return h
 
 
+def describe_exception(e: BaseException) -> str:
+    """``"TypeName: message"``, never with an empty message (then the repr of its args, or "no details")."""
+    msg = str(e).strip()
+    if not msg:
+        msg = ", ".join(repr(a) for a in getattr(e, "args", ()) if a not in (None, "")) or "no details"
+    return f"{type(e).__name__}: {msg}"
+
+
+def _timeout_text(e: BaseException, url: str, elapsed_s: float, timeout_s: float, stall_timeout_s: float,
+                  connect_s: float | None, http_status: int | None) -> str:
+    """What timed out, after how many seconds, and where (one request of :func:`stream_request`)."""
+    import aiohttp
+
+    if isinstance(e, aiohttp.ConnectionTimeoutError) or (
+            isinstance(e, aiohttp.ServerTimeoutError) and "connection timeout" in str(e).lower()):
+        return f"timeout: could not connect to {url} within {connect_s or timeout_s:g} s"
+    if elapsed_s >= timeout_s * 0.99:
+        state = "" if http_status is not None else " (no response received)"
+        return f"timeout: request to {url} exceeded {timeout_s:g} s (total timeout){state}"
+    if http_status is None:
+        return (f"timeout: no response from {url} within {stall_timeout_s:g} s (stall timeout; the server "
+                "accepted the connection but sent nothing)")
+    return f"timeout: stream from {url} stalled (no data for {stall_timeout_s:g} s)"
+
+
+def short_error(text: Any, limit: int = 200) -> str:
+    """One line of at most ``limit`` characters from an error text, for summaries (the detail file keeps the
+    full text): an HTML page is reduced to its ``<title>`` (else its text without tags), whitespace and line
+    breaks are collapsed, and a longer text is cut with "…"."""
+    import html
+    import re
+
+    s = str(text)
+    if re.search(r"<\s*(!doctype|html|head|body|title|h1|p|div|pre|center)\b", s, re.I):
+        title = re.search(r"<title[^>]*>(.*?)</title\s*>", s, re.I | re.S)
+        if title:  # keep what precedes the page (e.g. "HTTP 502: ") and the page's title
+            s = s[:s.find("<")] + title.group(1)
+        else:
+            s = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>", " ", s)
+            s = re.sub(r"<[^>]*>", " ", s)
+        s = html.unescape(s)
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[:max(1, limit - 1)].rstrip() + "…"
+
+
 async def stream_request(session, url: str, body: dict, headers: dict, timeout_s: float,
                          stall_timeout_s: float) -> StreamCapture:
     """Send one streaming request and capture every event's arrival time. Never raises for server faults.
@@ -349,20 +394,19 @@ async def stream_request(session, url: str, body: dict, headers: dict, timeout_s
                     cap.add_events(parser.feed(raw), now)
                 cap.add_events(parser.close(), time.perf_counter())
                 cap.finish()
-    except asyncio.TimeoutError:
+    except asyncio.TimeoutError as e:  # also aiohttp's connect / socket-read timeouts (subclasses)
         el = time.perf_counter() - cap.t_send
-        cap.error = (f"timeout: request exceeded {timeout_s:g} s" if el >= timeout_s * 0.99
-                     else f"timeout: stream stalled (no data for {stall_timeout_s:g} s)")
+        cap.error = _timeout_text(e, url, el, timeout_s, stall_timeout_s, tmo.sock_connect, cap.http_status)
     except aiohttp.ClientPayloadError as e:
-        cap.error = f"broken stream: {e}"
+        cap.error = f"broken stream: {str(e).strip() or describe_exception(e)} ({url})"
     except aiohttp.ServerDisconnectedError as e:
-        cap.error = f"server disconnected: {e}"
+        cap.error = f"server disconnected: {str(e).strip() or describe_exception(e)} ({url})"
     except aiohttp.ClientConnectorError as e:
-        cap.error = f"connection failed: {e}"
+        cap.error = f"connection failed: {str(e).strip() or describe_exception(e)}"
     except aiohttp.ClientError as e:
-        cap.error = f"{type(e).__name__}: {e}"
+        cap.error = f"{describe_exception(e)} ({url})"
     except OSError as e:
-        cap.error = f"{type(e).__name__}: {e}"
+        cap.error = f"{describe_exception(e)} ({url})"
     cap.t_end = time.perf_counter()
     return cap
 
@@ -416,27 +460,47 @@ def request_record(cap: StreamCapture, req: RequestInput, count_tokens=None, t0_
 
 
 async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, timeout_s: float = 10.0) -> str:
-    """The first model id listed by ``GET /v1/models``.
+    """The first model id listed by ``GET /v1/models``, waiting at most ``timeout_s`` seconds in all (the load
+    generator passes its ``LoadConfig.timeout_s``, i.e. ``--timeout-s``).
 
     Raises:
-        ValueError: the server cannot be reached or lists no model (the message says which and where).
+        ValueError: the server cannot be reached, does not answer within ``timeout_s``, answers with an HTTP
+            error or something that is not a model list, or lists no model (the message says which, after how
+            long, and the URL).
     """
     import aiohttp
 
+    url = base_url.rstrip("/") + "/v1/models"
     key = os.environ.get(api_key_env) if api_key_env else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    hint = "pass the model id explicitly (--model)"
+    t0 = time.perf_counter()
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
-            async with s.get(base_url.rstrip("/") + "/v1/models", headers=headers) as r:
+            async with s.get(url, headers=headers) as r:
+                if r.status != 200:
+                    text = await r.text(errors="replace")
+                    raise ValueError(f"cannot list models at {url} (HTTP {r.status}: {short_error(text, 160)}); "
+                                     f"{hint}")
                 data = await r.json(content_type=None)
+    except ValueError as e:
+        if str(e).startswith("cannot list models"):
+            raise
+        raise ValueError(f"cannot list models at {url} (not a JSON model list: {describe_exception(e)}); "
+                         f"{hint}") from e
+    except asyncio.TimeoutError as e:
+        el = time.perf_counter() - t0
+        what = ("could not connect" if isinstance(e, aiohttp.ConnectionTimeoutError)
+                else "no complete answer")
+        raise ValueError(f"cannot list models at {url}: timed out after {el:.1f} s ({what} within the "
+                         f"{timeout_s:g} s timeout); {hint}") from e
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"cannot list models at {base_url}/v1/models ({type(e).__name__}: {e}); "
-                         "pass the model id explicitly") from e
-    models = [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict)]
+        raise ValueError(f"cannot list models at {url} ({describe_exception(e)}); {hint}") from e
+    items = (data or {}).get("data", []) if isinstance(data, dict) else []
+    models = [m.get("id") for m in items if isinstance(m, dict) and m.get("id")]
     if not models:
-        raise ValueError(f"{base_url}/v1/models lists no model; pass the model id explicitly")
+        raise ValueError(f"{url} lists no model; {hint}")
     return models[0]
-
 
 
 # ---------------------------------------------------------------- re-exports (load generator, plots)
@@ -450,7 +514,8 @@ _MOVED: dict[str, str] = {
 }
 
 __all__ = ["ENDPOINTS", "DEFAULT_API_KEY_ENV", "LoadConfig", "RequestInput", "load_tokenizer", "token_counter",
-           "StreamCapture", "classify_event", "SSEParser", "stream_request", "request_record", "get_model_id",
+           "StreamCapture", "classify_event", "SSEParser", "describe_exception", "short_error", "stream_request",
+           "request_record", "get_model_id",
            *_MOVED]
 
 

@@ -16,6 +16,7 @@ chosen by the request's ``model`` field:
 ``stall``       one chunk, then silence for 120 s (a client must time out)
 ``truncate``    two chunks, then the connection is cut mid-stream (no chunked-encoding terminator)
 ``slow``        like ``normal`` with 50 ms between chunks
+``html502``     HTTP 502 with a multi-line HTML error page (as a reverse proxy sends), no stream
 ==============  ==========================================================================================
 
 Run in-process with :func:`start_in_thread`, or as a separate process: ``python tests/sse_server.py --port N``
@@ -88,7 +89,9 @@ def script(name: str, chat: bool, max_tokens: int, gap_ms: float) -> list[tuple[
     raise KeyError(name)
 
 
-SCENARIOS = ("e1", "e1u", "e2a", "e2b", "e2c", "normal", "fast", "flaky", "stall", "truncate", "slow")
+SCENARIOS = ("e1", "e1u", "e2a", "e2b", "e2c", "normal", "fast", "flaky", "stall", "truncate", "slow", "html502")
+HTML_502 = ("<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
+            "</center>\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n" + "<!-- padding -->\r\n" * 6)
 
 
 def make_app(gap_ms: float = GAP_MS) -> web.Application:
@@ -110,6 +113,8 @@ def make_app(gap_ms: float = GAP_MS) -> web.Application:
         k = next(counter)
         if name == "flaky" and k % 2 == 1:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
+        if name == "html502":
+            return web.Response(text=HTML_502, status=502, content_type="text/html")
         events = script(name, chat, int(body.get("max_tokens", 16)), float(req.query.get("gap_ms", gap_ms)))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         resp.enable_chunked_encoding()

@@ -358,3 +358,179 @@ def test_cli_serve_bench(scripted, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kit.cli", "serve-bench", "--url", "localhost:1"],
                          capture_output=True, text=True, timeout=60, cwd=HERE.parent)
     assert bad.returncode == 2 and "url='localhost:1'" in bad.stderr
+
+
+# ---------------------------------------------------------------- new-user trial regressions
+@pytest.fixture
+def silent_server():
+    """A port that accepts TCP connections (kernel backlog) but never answers; ``.pending()`` says whether a
+    client connected."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+
+    class Silent:
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+
+        @staticmethod
+        def pending() -> bool:
+            s.setblocking(False)
+            try:
+                conn, _ = s.accept()
+            except BlockingIOError:
+                return False
+            conn.close()
+            return True
+
+    yield Silent
+    s.close()
+
+
+def _dead_url() -> str:
+    import socket
+
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_model_listing_failure_counts_every_planned_request(tmp_path):
+    url = _dead_url()
+    row = S.run_point(S.LoadConfig(url=url, num_requests=3, warmup_requests=2), tmp_path / "a")
+    assert row["failed"] == 3 and row["completed"] == 0 and row["status"] == "error"
+    assert "cannot list models" in row["error"] and "/v1/models" in row["error"]
+    detail = [json.loads(x) for x in Path(row["x_detail_file"]).read_text().splitlines()]
+    assert len(detail) == 5 and sum(d["warmup"] for d in detail) == 2
+    assert all(not d["ok"] and "cannot list models" in d["error"] for d in detail)
+    assert int(R.load_results(tmp_path / "a")["failed"].iloc[0]) == 3
+    # a sweep lists the models once and records every point the same way
+    df = S.run_sweep(S.LoadConfig(url=url, num_requests=4, warmup_requests=0), [1, 2], tmp_path / "b",
+                     progress=False)
+    assert list(df["failed"]) == [4, 4] and list(df["completed"]) == [0, 0]
+    # a duration-only run plans no count: one failed request
+    row = S.run_point(S.LoadConfig(url=url, num_requests=None, duration_s=1.0, warmup_requests=0))
+    assert row["failed"] == 1
+    # run_load_async itself returns the failed records (it no longer raises)
+    recs, info = S.run_coro(S.run_load_async(S.LoadConfig(url=url, num_requests=2, warmup_requests=0),
+                                             [S.RequestInput("hi", 2, 4)]))
+    assert len(recs) == 2 and not any(r["ok"] for r in recs) and "/v1/models" in info["setup_error"]
+
+
+def test_silent_server_timeouts_are_descriptive_and_honour_timeout_s(silent_server, tmp_path):
+    url = silent_server.url
+    t = time.perf_counter()
+    with pytest.raises(ValueError) as ei:
+        S.run_coro(S.get_model_id(url, timeout_s=0.5))
+    assert time.perf_counter() - t < 3
+    msg = str(ei.value)
+    assert f"{url}/v1/models" in msg and "timed out after 0.5 s" in msg and "TimeoutError: )" not in msg
+    # no model given: the listing waits at most timeout_s, then every planned request fails with that text
+    t = time.perf_counter()
+    row = S.run_point(S.LoadConfig(url=url, num_requests=2, warmup_requests=0, timeout_s=0.5), tmp_path / "a")
+    assert time.perf_counter() - t < 3 and row["failed"] == 2 and "timed out after 0.5 s" in row["error"]
+    # requests: silence before any response (stall timeout) and the total timeout, each with what/when/where
+    row = S.run_point(S.LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=5,
+                                   stall_timeout_s=0.4), tmp_path / "b")
+    assert f"no response from {url}/v1/completions within 0.4 s" in row["error"]
+    row = S.run_point(S.LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=0.4,
+                                   stall_timeout_s=5), tmp_path / "c")
+    assert f"request to {url}/v1/completions exceeded 0.4 s" in row["error"]
+    import asyncio
+
+    assert S.describe_exception(asyncio.TimeoutError()) == "TimeoutError: no details"
+
+
+def _cli(argv, capsys):
+    from kit.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_concurrency_is_checked_by_argparse(capsys):
+    rc, _, err = _cli(["serve-bench", "--url", "http://127.0.0.1:1", "--concurrency", "1k"], capsys)
+    assert rc == 2 and "argument --concurrency: '1k' is not an integer (expected a comma list like 1,4,16)" in err
+    rc, _, err = _cli(["serve-bench", "--url", "http://127.0.0.1:1", "--concurrency", "1,,4"], capsys)
+    assert rc == 2 and "argument --concurrency" in err and "empty item" in err
+    rc, _, err = _cli(["serve-bench", "--url", "http://127.0.0.1:1", "--concurrency", "0"], capsys)
+    assert rc == 2 and "argument --concurrency: '0'" in err
+    from kit.loadgen import _concurrency_list
+
+    assert _concurrency_list(" 1, 4 ,16") == [1, 4, 16]
+
+
+def test_cli_out_file_rejected_before_network(silent_server, tmp_path, capsys):
+    f = tmp_path / "not-a-dir"
+    f.write_text("x")
+    t = time.perf_counter()
+    rc, _, err = _cli(["serve-bench", "--url", silent_server.url, "--out", str(f)], capsys)
+    assert rc == 2 and "exists and is a file" in err and time.perf_counter() - t < 5
+    assert not silent_server.pending()  # nothing connected to the server
+    with pytest.raises(NotADirectoryError):
+        S.run_sweep(S.LoadConfig(url=silent_server.url), [1], f / "sub", progress=False)
+    with pytest.raises(NotADirectoryError):
+        S.run_point(S.LoadConfig(url=silent_server.url, model="m"), f)
+    assert not silent_server.pending()
+
+
+def test_html_error_page_is_one_short_line_in_the_summary(scripted, tmp_path):
+    cfg = S.LoadConfig(url=scripted.url, model="html502", num_requests=2, warmup_requests=0)
+    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    assert row["failed"] == 2 and "HTTP 502: 502 Bad Gateway" in row["error"]
+    line = S.summary_line(row)
+    for text in (row["error"], line):
+        assert "<" not in text and "\n" not in text and "\r" not in text
+    assert len(row["error"]) < 300
+    detail = [json.loads(x) for x in Path(row["x_detail_file"]).read_text().splitlines()]
+    assert all("<title>502 Bad Gateway</title>" in d["error"] for d in detail)  # full text kept there
+    long = S.short_error("HTTP 500: " + "word " * 200, 80)
+    assert len(long) == 80 and long.endswith("…")
+    assert S.short_error("HTTP 404: <p>Not &amp; found</p>\n<p>sorry</p>") == "HTTP 404: Not & found sorry"
+
+
+def test_selfcheck_not_applied_without_successful_streams(tmp_path):
+    row = S.run_point(S.LoadConfig(url=_dead_url(), model="m", num_requests=20, max_concurrency=4,
+                                   warmup_requests=0), tmp_path)
+    assert row["failed"] == 20
+    assert row["x_client_bound"] is False and row["x_client_warning"] is None
+    assert row["x_client_check"].startswith("not applied: no successful streamed request")
+    line = S.summary_line(row)
+    assert "self-check not applied" in line and "may be the bottleneck" not in line
+
+    import asyncio
+
+    from kit.loadgen import _LoopProbe
+
+    async def busy(n_streamed):
+        probe = _LoopProbe()
+        probe.start()
+        await asyncio.sleep(0.05)
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.3:  # the client hogs its loop
+            pass
+        await asyncio.sleep(0.15)
+        return await probe.stop(n_streamed)
+
+    assert asyncio.run(busy(0))["x_client_bound"] is False
+    judged = asyncio.run(busy(5))  # with successful streams the same run is flagged
+    assert judged["x_client_bound"] is True and judged["x_client_check"] == "client-bound"
+
+
+def test_cli_help_shows_defaults_once(capsys):
+    rc, out, _ = _cli(["serve-bench", "--help"], capsys)
+    assert rc == 0
+    text = " ".join(out.split())
+    for s in ("comma-separated max concurrency values (default: 1,4,16)",
+              "measured requests per concurrency point (default: 64)", "(default: 600.0)",
+              "longest silence within a stream (default: 60.0)", "warm-up requests per point (excluded) (default: 2)",
+              "(default: OPENAI_API_KEY)", "(default: results/serve-bench)", "(default: completions)"):
+        assert s in text, s
+    assert "default: None" not in text and "default: False" not in text
+    assert "(default inf: all at once)" in text and "(default inf: all at once) (default" not in text
+    assert "(default: first of /v1/models)" in text and "(default: first of /v1/models) (default" not in text
