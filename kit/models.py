@@ -132,6 +132,9 @@ def get_config(model: str):
     if Path(model).exists():
         raise ValueError(f"model={model!r} is a path but holds no config.json; a checkpoint directory needs "
                          "config.json + *.safetensors")
+    if any(sep in str(model) for sep in ("/", "\\")) or str(model).startswith((".", "~")):
+        raise ValueError(f"model={model!r} looks like a checkpoint path but it does not exist; give an existing "
+                         f"directory (config.json + *.safetensors) or a preset: {sorted(PRESETS)}")
     raise ValueError(f"unknown model preset {model!r}; allowed presets: {sorted(PRESETS)}, "
                      "or a local checkpoint directory (config.json + *.safetensors)")
 

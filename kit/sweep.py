@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -50,8 +51,8 @@ class SweepConfig:
     repeats: int = _h("interleaved measurement blocks per point (prefill + warm-up + timed steps)", default=3)
     kv_fill: str = _h("prefill (real, timed TTFT) | synthetic (random KV, for long contexts)", default="prefill")
     seed: int = _h("seed for weights and token ids", default=0)
-    accelerator: str | None = _h("catalog accelerator for cost columns (default: detected)", default=None)
-    threads: int | None = _h("CPU only: torch threads (default: torch's choice); 1 gives steadier timings on a "
+    accelerator: str | None = _h("catalog accelerator for cost columns (None: the detected device)", default=None)
+    threads: int | None = _h("CPU only: torch threads (None: torch's choice); 1 gives steadier timings on a "
                              "busy shared machine", default=None)
 
     def points(self) -> list[tuple[str, PointConfig]]:
@@ -65,18 +66,25 @@ class SweepConfig:
         for name in ("dtypes", "kv_lens", "concurrencies"):
             v = getattr(self, name)
             if isinstance(v, (str, int)) or not list(v):
-                raise ValueError(f"{name}={v!r} must be a non-empty list")
+                raise ValueError(f"{name}={v!r} (--{_FLAGS[name]}) must be a non-empty list")
         for dt in self.dtypes:
             hardware.parse_dtype(dt)
         for name, vals in (("kv_lens", self.kv_lens), ("concurrencies", self.concurrencies)):
             for v in vals:
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                     what = "KV length" if name == "kv_lens" else "concurrency"
-                    raise ValueError(f"{what} {v!r} in {name} must be an integer >= 1")
+                    raise ValueError(f"{what} {v!r} in {name} (--{_FLAGS[name]}) must be an integer >= 1")
         if self.kv_fill not in KV_FILLS:
             raise ValueError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ValueError(f"threads={self.threads!r} must be an integer >= 1 or None")
+            raise ValueError(f"threads={self.threads!r} (--threads) must be an integer >= 1 or None")
+        if self.accelerator is not None:
+            from .catalog import load_catalog
+
+            try:
+                self.accelerator = load_catalog().resolve(self.accelerator)
+            except KeyError as e:
+                raise ValueError(f"accelerator (--accelerator): {e.args[0]}") from None
         maxpos = models.max_positions(cfg)
         for _, p in self.points():
             p.validate(maxpos)
@@ -84,6 +92,9 @@ class SweepConfig:
         for dt in self.dtypes:
             hardware.check_dtype_supported(hardware.parse_dtype(dt), info.device)
         return self
+
+
+_FLAGS = {"dtypes": "dtype", "kv_lens": "kv", "concurrencies": "concurrency"}
 
 
 def point_id(model: str, dtype: str, device: str, p: PointConfig) -> str:
@@ -131,6 +142,8 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
     from tqdm.auto import tqdm
 
     config.validate()
+    if not str(out_dir).strip():
+        raise ValueError("out_dir is empty; give a directory for the results (e.g. results/my-sweep)")
     store_dir = Path(out_dir)
     if store_dir.exists() and not store_dir.is_dir():
         raise NotADirectoryError(f"output directory {str(store_dir)!r} exists and is a file; give a directory")
@@ -144,6 +157,10 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
     runner = runner or run_point
     run_id = meta["created_utc"]
     todo = [(dt, p) for dt, p in config.points() if point_id(config.model, dt, info.backend, p) not in done]
+    n_all = len(config.points())
+    if progress and len(todo) < n_all:
+        tqdm.write(f"resuming: {n_all - len(todo)} of {n_all} points already recorded in {store_dir}; "
+                   f"measuring the other {len(todo)} (--no-resume to measure all again)")
     accel = config.accelerator or info.catalog_name
     bar = tqdm(total=len(todo), desc=f"sweep {config.model}", disable=not progress, unit="pt")
     baseline_gb = None
@@ -205,10 +222,10 @@ def _archive_previous(out_dir: Path) -> None:
 # ------------------------------------------------------------------------------------------------ CLI
 def _int_list(text: str) -> list[int]:
     out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts) or (len(parts) > 1 and not all(parts)):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item (expected a comma list like 128,512)")
+    for part in parts:
         try:
             out.append(int(part))
         except ValueError:
@@ -217,7 +234,10 @@ def _int_list(text: str) -> list[int]:
 
 
 def _str_list(text: str) -> list[str]:
-    return [p.strip() for p in str(text).split(",") if p.strip()]
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item (expected a comma list like float32,bfloat16)")
+    return parts
 
 
 def add_cli(sub) -> None:
@@ -264,7 +284,28 @@ def summary_table(df: pd.DataFrame) -> str:
     return pd.DataFrame(rows).to_string(index=False) if rows else "(no points)"
 
 
+def current_rows(df: pd.DataFrame, config: SweepConfig) -> pd.DataFrame:
+    """The latest row of each point of ``config`` (a run directory can also hold earlier runs' points)."""
+    backend = hardware.detect(config.device).backend
+    ids = {point_id(config.model, dt, backend, p) for dt, p in config.points()}
+    return df[df["point_id"].isin(ids)].drop_duplicates("point_id", keep="last")
+
+
+def noise_warning(df: pd.DataFrame, ratio: float = 2.0) -> str | None:
+    """A warning when TPOT p50 is far above the fastest step (a busy machine), else None."""
+    ok = df[(df["status"] == "ok") & df["tpot_ms_min"].notna()]
+    if ok.empty:
+        return None
+    worst = float((ok["tpot_ms_p50"] / ok["tpot_ms_min"]).max())
+    if worst <= ratio:
+        return None
+    return (f"noisy machine: TPOT p50 is up to {worst:.1f}x the fastest step of its point; treat the figures as "
+            "upper bounds (re-run on a quiet machine, or with --threads 1 on a busy shared one)")
+
+
 def _cli_sweep(args) -> int:
+    if not str(args.out).strip():
+        raise ValueError("--out '' is empty; give a directory for the results (e.g. results/my-sweep)")
     cfg = SweepConfig(model=args.model, dtypes=args.dtype, device=args.device, kv_lens=args.kv,
                       concurrencies=args.concurrency, decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
                       repeats=args.repeats, kv_fill=args.kv_fill, seed=args.seed, accelerator=args.accelerator,
@@ -274,9 +315,21 @@ def _cli_sweep(args) -> int:
         raise NotADirectoryError(f"--out {str(out)!r} exists and is a file; give a directory")
     cfg.validate()
     t0 = time.perf_counter()
-    df = run_sweep(cfg, out, resume=not args.no_resume)
+    try:
+        df = run_sweep(cfg, out, resume=not args.no_resume)
+    except KeyboardInterrupt:
+        from .results import load_results
+
+        try:
+            n = len(current_rows(load_results(out), cfg))
+        except FileNotFoundError:
+            n = 0
+        print(f"\ninterrupted: {n} of {len(cfg.points())} points of this sweep are saved in {out}; "
+              "re-run the same command to resume", file=sys.stderr)
+        return 130
     wall = time.perf_counter() - t0
-    cur = df[df["model"] == cfg.model]
+    cur = current_rows(df, cfg)
+    others = df["point_id"].nunique() - cur["point_id"].nunique()
     print(summary_table(cur))
     if not args.no_plots:
         from .plots import save_standard_plots
@@ -286,6 +339,12 @@ def _cli_sweep(args) -> int:
     bad = cur[cur["status"] != "ok"]
     print(f"\n{len(cur)} points ({(cur['status'] == 'ok').sum()} ok, {len(bad)} not ok) in {wall:.1f} s; "
           f"results: {out / 'results.parquet'} (+ results.json metadata, points.jsonl log)")
+    if others > 0:
+        print(f"note: {out} also holds {others} points of other settings (earlier runs); the table and plots above "
+              "show this sweep only")
     for _, r in bad.iterrows():
         print(f"  {r['status']}: kv={r['context_len']} B={r['concurrency']} {r['dtype']}: {r['error']}")
+    warn = noise_warning(cur)
+    if warn:
+        print(f"warning: {warn}")
     return 0
