@@ -90,9 +90,10 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
     ``eff_bw=0.8``, ``mem_gb=...``).
 
     Raises:
-        KeyError: unknown accelerator (lists the catalog). FileNotFoundError: ``"local"`` on a device never
-        calibrated and with no catalog row. ValueError: a non-positive override, or ``eff_bw`` / ``eff_flops``
-        outside (0, 1].
+        KeyError: unknown accelerator (lists the catalog).
+        FileNotFoundError: ``"local"`` on a device never calibrated and with no catalog row.
+        ValueError: a non-positive override, or ``eff_bw`` / ``eff_flops`` not in the interval from 0
+            (excluded) to 1.
     """
     from .catalog import load_catalog
 
@@ -364,7 +365,8 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
 
     Raises:
         ValueError: non-positive sizes, ``context_len`` beyond the model's ``max_position_embeddings``, unknown
-        dtype, inconsistent tp/ep/pp (ep > 1 on a dense model), mem_util outside (0, 1].
+            dtype, inconsistent tp/ep/pp (ep > 1 on a dense model), ``mem_util`` not in the interval from 0
+            (excluded) to 1.
         KeyError: unknown model or accelerator.
     Warns:
         UserWarning: attention / KV heads that do not split evenly over tp (see :func:`_check_heads_split`).
@@ -571,7 +573,8 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
 
     Raises:
         ValueError: non-positive sizes, ``context_len`` beyond the model's ``max_position_embeddings``, unknown
-        dtype, bad parallel layout, ``eff_bw`` / ``eff_flops`` outside (0, 1]. KeyError: unknown model/accelerator.
+            dtype, bad parallel layout, ``eff_bw`` / ``eff_flops`` not in the interval from 0 (excluded) to 1.
+        KeyError: unknown model or accelerator.
     """
     spec = get_spec(model)
     B = _check_pos_int("concurrency", concurrency)
