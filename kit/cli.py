@@ -23,6 +23,56 @@ COMMANDS: dict[str, str] = {
 }
 
 
+def parse_int_list(text: str, name: str | None = None, minimum: int | None = 1,
+                   example: str = "128,512") -> list[int]:
+    """Parse a list of integers typed by a user: ``"128, 512 2048"`` → ``[128, 512, 2048]``.
+
+    Items are separated by commas (or spaces); duplicates are dropped, order kept. Used by every CLI option and
+    widget that takes such a list, so they all accept and reject the same things.
+
+    Args:
+        name: what the list is (prefixes the message, e.g. "KV lengths"); None when argparse names the option.
+        minimum: smallest allowed value, or None to leave range checks to the caller.
+        example: shown in messages as "(expected a comma list like EXAMPLE)".
+
+    Raises:
+        ValueError: no item, an empty item ("1,,4"), an item that is not an integer, or one below ``minimum``;
+            the message names the item.
+    """
+    pre = f"{name}: " if name else ""
+    hint = f"(expected a comma list like {example})"
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        if len(parts) > 1:
+            raise ValueError(f"{pre}{text!r} has an empty item {hint}")
+        raise ValueError(f"{pre}give at least one integer {hint}")
+    if not all(parts):
+        raise ValueError(f"{pre}{text!r} has an empty item {hint}")
+    out: list[int] = []
+    for item in (x for part in parts for x in part.split()):
+        try:
+            v = int(item)
+        except ValueError:
+            raise ValueError(f"{pre}{item!r} is not an integer {hint}") from None
+        if minimum is not None and v < minimum:
+            raise ValueError(f"{pre}{item!r} is too small: {v} must be >= {minimum}")
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def int_list_arg(minimum: int | None = 1, example: str = "128,512"):
+    """An argparse ``type=`` for :func:`parse_int_list` (argparse prefixes the option's name to the message)."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            return parse_int_list(text, None, minimum, example)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argparse parser; with ``only`` set, import just that subcommand's module (fast start-up)."""
     parser = argparse.ArgumentParser(prog="kit", description="LLM inference performance exploration kit.")

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import metrics as M
+from .cli import int_list_arg
 from .serving import (DEFAULT_API_KEY_ENV, ENDPOINTS, LoadConfig, RequestInput, StreamCapture, _headers, _payload,
                       get_model_id, load_tokenizer, request_record, short_error, stream_request, token_counter)
 
@@ -588,24 +589,8 @@ def summary_line(row: dict) -> str:
 
 
 # ---------------------------------------------------------------- CLI
-def _concurrency_list(text: str) -> list[int]:
-    """argparse type of ``--concurrency``: a comma list of integers >= 1 (argparse names the option)."""
-    example = "(expected a comma list like 1,4,16)"
-    parts = [x.strip() for x in str(text).split(",")]
-    if not any(parts):
-        raise argparse.ArgumentTypeError(f"{text!r} is empty {example}")
-    out = []
-    for part in parts:
-        if not part:
-            raise argparse.ArgumentTypeError(f"{text!r} has an empty item {example}")
-        try:
-            v = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r} is not an integer {example}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{part!r} is not a concurrency >= 1 {example}")
-        out.append(v)
-    return out
+#: argparse type of ``--concurrency``: a comma list of integers >= 1 (argparse names the option)
+_concurrency_list = int_list_arg(minimum=1, example="1,4,16")
 
 
 class _DefaultsHelpFormatter(argparse.HelpFormatter):

@@ -48,6 +48,15 @@ class Preset:
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
 
+_DEEPSEEK_V3 = dict(
+    hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
+    num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
+    qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1,
+    first_k_dense_replace=3, n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
+    vocab_size=129280, max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    rope_parameters={"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0})
+
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("tiny-llama", "llama", dict(
         hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
@@ -84,25 +93,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
         "Qwen3-32B (32.8B params, QK-norm)", "HF Qwen/Qwen3-32B config.json"),
-    Preset("deepseek-v3", "deepseek_v3", dict(
-        hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
-        num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
-        qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1,
-        first_k_dense_replace=3, n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
-        vocab_size=129280, max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                         "rope_theta": 10000.0}),
+    Preset("deepseek-v3", "deepseek_v3", dict(_DEEPSEEK_V3),
         "DeepSeek-V3 (671B total / 37B active; MLA + MoE)", "HF deepseek-ai/DeepSeek-V3 config.json"),
-    Preset("kimi-k2", "deepseek_v3", dict(
-        hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
-        num_attention_heads=64, num_key_value_heads=64, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
-        qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=384, num_experts_per_tok=8, n_shared_experts=1,
-        first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.827, norm_topk_prob=True,
-        vocab_size=163840, max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
-                         "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                         "rope_theta": 50000.0}),
+    # Kimi K2 is the DeepSeek-V3 architecture with half the heads, 384 experts and one dense layer
+    Preset("kimi-k2", "deepseek_v3", {**_DEEPSEEK_V3, **dict(
+        num_attention_heads=64, num_key_value_heads=64, n_routed_experts=384, first_k_dense_replace=1, n_group=1,
+        topk_group=1, routed_scaling_factor=2.827, vocab_size=163840, max_position_embeddings=131072,
+        rope_parameters={**_DEEPSEEK_V3["rope_parameters"], "factor": 32.0, "beta_fast": 1.0,
+                         "rope_theta": 50000.0})},
         "Kimi K2 (1.03T total / 32.9B active; DeepSeek-V3 architecture)", "HF moonshotai/Kimi-K2-Instruct config.json"),
 ]}
 DEFAULT_PRESET = "tiny-llama"

@@ -27,6 +27,7 @@ import torch
 
 from . import hardware, models
 from .engine import KV_FILLS, PointConfig, run_point
+from .cli import int_list_arg
 from .results import ResultStore, run_metadata
 
 #: torch.OutOfMemoryError (torch >= 2.5) is torch.cuda.OutOfMemoryError on older builds; a RuntimeError subclass
@@ -220,17 +221,8 @@ def _archive_previous(out_dir: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-def _int_list(text: str) -> list[int]:
-    out = []
-    parts = [p.strip() for p in str(text).split(",")]
-    if not any(parts) or (len(parts) > 1 and not all(parts)):
-        raise argparse.ArgumentTypeError(f"{text!r} has an empty item (expected a comma list like 128,512)")
-    for part in parts:
-        try:
-            out.append(int(part))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r} is not an integer (expected a comma list like 128,512)")
-    return out
+#: ``--kv`` / ``--concurrency``: range checks are SweepConfig.validate's, so its messages name the bad value
+_int_list = int_list_arg(minimum=None, example="128,512")
 
 
 def _str_list(text: str) -> list[str]:

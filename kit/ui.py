@@ -35,6 +35,7 @@ from typing import Callable
 import pandas as pd
 
 from . import models
+from .cli import parse_int_list
 from .engine import KV_FILLS
 from .results import load_results
 
@@ -50,28 +51,6 @@ PLOTS = {
 }
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "rocm")
-
-
-def parse_int_list(text: str, name: str = "value") -> list[int]:
-    """Parse a comma/space separated list of positive integers, e.g. ``"128, 512 2048"`` → ``[128, 512, 2048]``.
-
-    Duplicates are dropped; order is kept. Raises:
-        ValueError: empty text, or an item that is not an integer >= 1 (the message names the item and ``name``).
-    """
-    items = [p for p in str(text).replace(",", " ").split() if p]
-    if not items:
-        raise ValueError(f"{name}: give at least one integer, e.g. 128, 512")
-    out: list[int] = []
-    for p in items:
-        try:
-            v = int(p)
-        except ValueError:
-            raise ValueError(f"{name}: {p!r} is not an integer (expected a comma list like 128, 512)") from None
-        if v < 1:
-            raise ValueError(f"{name}: {v} must be >= 1")
-        if v not in out:
-            out.append(v)
-    return out
 
 
 def results_table(df: pd.DataFrame, columns=TABLE_COLUMNS) -> pd.DataFrame:
