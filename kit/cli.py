@@ -100,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"kit {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # commands that keep partial results say so themselves and return 130
+        out = getattr(args, "out", None)
+        saved = f"; what finished before it is in {out}" if out else ""
+        print(f"\nkit {args.command}: interrupted{saved}", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `kit ... | head`: the reader left; not an error of ours
         import os
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from . import metrics as M
 from .cli import int_list_arg
+from .interrupts import InterruptGuard
 from .serving import (DEFAULT_API_KEY_ENV, ENDPOINTS, LoadConfig, RequestInput, StreamCapture, _headers, _payload,
                       get_model_id, load_tokenizer, request_record, short_error, stream_request, token_counter)
 
@@ -530,6 +531,7 @@ def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path
     Raises:
         ValueError: an empty list or a concurrency < 1.
         NotADirectoryError: ``out_dir`` exists and is a file (checked before any network work).
+        KeyboardInterrupt: Ctrl-C; the points finished before it stay in ``out_dir``.
     """
     from dataclasses import replace
 
@@ -554,12 +556,14 @@ def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path
                               as_token_ids=tok is None and cfg.endpoint == "completions")
     rows = []
     extra = {"run_id": meta["created_utc"], **(extra or {})}
-    for c in concs:
-        row = run_point(replace(cfg, max_concurrency=c), out_dir, tok, workload, store, extra,
-                        setup_error=model_error)
-        rows.append(row)
-        if progress:
-            print(summary_line(row), flush=True)
+    with InterruptGuard() as guard:
+        for c in concs:
+            guard.check()  # a Ctrl-C swallowed by a finaliser still stops the sweep between points
+            row = run_point(replace(cfg, max_concurrency=c), out_dir, tok, workload, store, extra,
+                            setup_error=model_error)
+            rows.append(row)
+            if progress:
+                print(summary_line(row), flush=True)
     return R.to_frame(rows)
 
 

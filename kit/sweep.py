@@ -27,6 +27,7 @@ import torch
 
 from . import hardware, models
 from .engine import KV_FILLS, PointConfig, run_point
+from .interrupts import InterruptGuard
 from .cli import int_list_arg
 from .results import ResultStore, run_metadata
 
@@ -168,8 +169,10 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
     threads_before = torch.get_num_threads()
     if config.threads and dev == "cpu":
         torch.set_num_threads(config.threads)
+    guard = InterruptGuard().__enter__()  # left in the finally below
     try:
         for dt, p in todo:
+            guard.check()  # a Ctrl-C swallowed by a finaliser during the last point still stops the sweep here
             if should_stop is not None and should_stop():
                 break
             pid = point_id(config.model, dt, info.backend, p)
@@ -204,6 +207,7 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
             if on_point is not None:
                 on_point(full, store.frame())
     finally:
+        guard.__exit__(None, None, None)
         bar.close()
         torch.set_num_threads(threads_before)
     return store.frame()

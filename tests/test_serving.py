@@ -40,6 +40,13 @@ def replay(name: str, chat: bool = True, split: bool = False) -> S.StreamCapture
     return cap
 
 
+def late_ok(measured: float, scripted: float, late: float, early: float | None = None) -> bool:
+    """A wall-clock gap the server scripted with sleeps: on a busy machine it can only come out late (by up to
+    ``late``), never early by more than timer resolution (``early``, default 2 % of the gap)."""
+    early = 0.02 * scripted if early is None else early
+    return scripted - early <= measured <= scripted + late
+
+
 def chars(text: str) -> int:
     """Stand-in tokenizer for the scripted cases: one token per non-space character."""
     return len(text.strip())
@@ -212,8 +219,8 @@ def test_e1_end_to_end_over_http(scripted):
     recs, info = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 64)], tokenizer=chars))
     for r in recs:
         assert r["ok"] and r["output_tokens"] == 6
-        assert r["ttft_ms"] == pytest.approx(500, abs=60) and r["tpot_ms"] == pytest.approx(100, abs=20)
-        assert len(r["itl_ms"]) == 5 and r["chunk_gaps_ms"][1] == pytest.approx(300, abs=40)
+        assert late_ok(r["ttft_ms"], 500, 120) and late_ok(r["tpot_ms"], 100, 40)
+        assert len(r["itl_ms"]) == 5 and late_ok(r["chunk_gaps_ms"][1], 300, 80)
 
 
 def test_client_queue_is_reported_not_hidden(scripted):
@@ -221,7 +228,7 @@ def test_client_queue_is_reported_not_hidden(scripted):
     recs, _ = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 1)], tokenizer=chars))
     queues = sorted(r["client_queue_ms"] for r in recs)
     assert queues[0] < 50 and queues[-1] > 800  # the 4th waited ~3 x 300 ms for its slot ...
-    assert all(r["ttft_ms"] == pytest.approx(300, abs=60) for r in recs)  # ... and TTFT does not include it
+    assert all(late_ok(r["ttft_ms"], 300, 120) for r in recs)  # ... and TTFT does not include it
 
 
 def test_fault_500_on_every_other_request(scripted, tmp_path):
@@ -341,7 +348,7 @@ def test_request_rate_spaces_arrivals(scripted):
     recs, info = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 1)], tokenizer=chars))
     sent = sorted(r["sent_s"] for r in recs)
     expected = S.arrival_gaps_s(6, 20.0, 1.0, 2).cumsum()
-    assert sent[-1] - sent[0] == pytest.approx(expected[-1] - expected[0], abs=0.05)
+    assert late_ok(sent[-1] - sent[0], expected[-1] - expected[0], 0.15, early=0.01)
     assert info["x_client_cpu_frac"] >= 0 and info["x_client_bound"] in (True, False)
 
 
@@ -534,3 +541,50 @@ def test_cli_help_shows_defaults_once(capsys):
     assert "default: None" not in text and "default: False" not in text
     assert "(default inf: all at once)" in text and "(default inf: all at once) (default" not in text
     assert "(default: first of /v1/models)" in text and "(default: first of /v1/models) (default" not in text
+
+
+def test_cli_serve_bench_ctrl_c_keeps_finished_points(scripted, tmp_path):
+    """Ctrl-C during the second point: exit 130, a one-line message naming the output dir, no traceback, and
+    the first point's row is on disk."""
+    import signal
+
+    out = tmp_path / "int"
+    cmd = [sys.executable, "-m", "kit.cli", "serve-bench", "--url", scripted.url, "--model", "normal",
+           "--concurrency", "1,2,3", "--isl", "8", "--osl", "64", "--num-requests", "8", "--warmup", "0",
+           "--tokenizer", "", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
+    deadline = time.time() + 60
+    while time.time() < deadline and not ((out / "points.jsonl").exists() and (out / "points.jsonl").read_text()):
+        time.sleep(0.05)
+    time.sleep(0.3)  # inside the second point's requests
+    proc.send_signal(signal.SIGINT)
+    stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + err
+    assert "interrupted" in err and str(out) in err and "Traceback" not in err, err
+    assert 1 <= len(R.load_results(out)) < 3
+
+
+def test_ctrl_c_swallowed_by_a_finaliser_stops_the_served_sweep(scripted, tmp_path, monkeypatch):
+    """The kind of fault of the engine-sweep case: a SIGINT raised inside a finaliser is not lost."""
+    import signal
+
+    from kit import loadgen
+
+    class Finaliser:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)
+
+    real, calls = loadgen.run_point, []
+
+    def run_point(*a, **k):
+        calls.append(1)
+        row = real(*a, **k)
+        obj = Finaliser()
+        del obj
+        return row
+
+    monkeypatch.setattr(loadgen, "run_point", run_point)
+    cfg = S.LoadConfig(url=scripted.url, model="normal", num_requests=2, osl=8, warmup_requests=0)
+    with pytest.raises(KeyboardInterrupt):
+        S.run_sweep(cfg, [1, 2, 4], tmp_path, tokenizer=chars, progress=False)
+    assert len(calls) == 1 and len(R.load_results(tmp_path)) == 1

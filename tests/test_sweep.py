@@ -152,3 +152,33 @@ sweep.run_sweep(sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode
                          runner=lambda m, p, d, s: measured.append((p.context_len, p.concurrency)) or run_point(m, p, d, s))
     assert sorted(measured) == [(32, 1), (32, 2)]
     assert len(df) == 4 and df.point_id.nunique() == 4
+
+
+class _InterruptsInItsFinaliser:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)  # the KeyboardInterrupt is raised inside __del__ and swallowed there
+
+
+def test_ctrl_c_swallowed_by_a_finaliser_still_stops_the_sweep(tmp_path, capsys):
+    """CI, 2026-11-30: the SIGINT landed in a regex ``Group.__del__``; Python printed "Exception ignored ...
+    KeyboardInterrupt" and the sweep measured every remaining point. A swallowed Ctrl-C must stop the sweep at
+    the next point, keep the finished ones, and print no traceback."""
+    calls = []
+
+    def runner(model, point, device, seed):
+        calls.append((point.context_len, point.concurrency))
+        rec = run_point(model, point, device, seed)
+        if len(calls) == 1:
+            obj = _InterruptsInItsFinaliser()
+            del obj
+        return rec
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    hook_before = sys.unraisablehook
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(sweep.SweepConfig(**SMALL), tmp_path, progress=False, runner=runner)
+    assert len(calls) == 1 and len(results.load_results(tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "stopping after the current point" in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler and hook restored
+    assert sys.unraisablehook is hook_before
