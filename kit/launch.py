@@ -150,6 +150,24 @@ def vendor_env(engine: str, accelerator: str, quantization: str | None = None) -
     return env  # CPU: nothing; the caller's environment (e.g. OMP_NUM_THREADS) passes through
 
 
+#: LaunchSpec field -> the engine's flag: an unset field (None, "", False; a dp/ep size of 1) adds nothing, True adds
+#: the bare flag, any other value ``flag value``
+_SPEC_FLAGS = {
+    "vllm": (("dp", "--data-parallel-size"),  # EP is the bare --enable-expert-parallel, added in build_command
+             ("quantization", "--quantization"), ("kv_cache_dtype", "--kv-cache-dtype"),
+             ("max_model_len", "--max-model-len"), ("max_num_seqs", "--max-num-seqs"),
+             ("max_batch_tokens", "--max-num-batched-tokens"), ("served_model_name", "--served-model-name"),
+             ("trust_remote_code", "--trust-remote-code")),
+    "sglang": (("dp", "--dp-size"), ("ep", "--ep-size"),
+               ("quantization", "--quantization"), ("kv_cache_dtype", "--kv-cache-dtype"),
+               ("max_model_len", "--context-length"), ("max_num_seqs", "--max-running-requests"),
+               ("max_batch_tokens", "--chunked-prefill-size"), ("served_model_name", "--served-model-name"),
+               ("trust_remote_code", "--trust-remote-code")),
+}
+#: values an engine spells differently
+_FLAG_VALUES = {("sglang", "kv_cache_dtype"): {"fp8": "fp8_e4m3"}}
+
+
 def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` that start ``spec``'s server; ``env`` holds only the variables the recipe sets.
 
@@ -159,56 +177,30 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
     spec.validate()
     py = python or sys.executable
     env = {**vendor_env(spec.engine, spec.accelerator, spec.quantization), **{k: str(v) for k, v in spec.env.items()}}
-    if spec.engine == "vllm":
-        a = ["vllm", "serve", spec.model, "--host", spec.host, "--port", str(spec.port),
-             "--tensor-parallel-size", str(spec.tp), "--dtype", spec.dtype]
-        if spec.dp > 1:
-            a += ["--data-parallel-size", str(spec.dp)]
-        if spec.ep > 1:
-            a += ["--enable-expert-parallel"]
-        if spec.quantization:
-            a += ["--quantization", spec.quantization]
-        if spec.kv_cache_dtype:
-            a += ["--kv-cache-dtype", spec.kv_cache_dtype]
-        if spec.max_model_len:
-            a += ["--max-model-len", str(spec.max_model_len)]
-        if spec.max_num_seqs:
-            a += ["--max-num-seqs", str(spec.max_num_seqs)]
-        if spec.max_batch_tokens:
-            a += ["--max-num-batched-tokens", str(spec.max_batch_tokens)]
-        if spec.served_model_name:
-            a += ["--served-model-name", spec.served_model_name]
-        if spec.trust_remote_code:
-            a += ["--trust-remote-code"]
-        a += ["--no-enable-prefix-caching"]  # random prompts: a prefix cache would only add noise
-        if spec.nnodes > 1:
+    if spec.engine in _SPEC_FLAGS:
+        if spec.engine == "vllm":
+            a = ["vllm", "serve", spec.model, "--host", spec.host, "--port", str(spec.port),
+                 "--tensor-parallel-size", str(spec.tp), "--dtype", spec.dtype]
+        else:
+            a = [py, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host,
+                 "--port", str(spec.port), "--tp-size", str(spec.tp), "--dtype", spec.dtype]
+        for field_name, flag in _SPEC_FLAGS[spec.engine]:
+            value = getattr(spec, field_name)
+            if field_name in ("dp", "ep") and value <= 1:
+                continue
+            if value is True:
+                a.append(flag)
+            elif value:
+                a += [flag, _FLAG_VALUES.get((spec.engine, field_name), {}).get(value, str(value))]
+        if spec.engine == "vllm":
+            a += ["--enable-expert-parallel"] if spec.ep > 1 else []
+            a += ["--no-enable-prefix-caching"]  # random prompts: a prefix cache would only add noise
+        if spec.nnodes > 1 and spec.engine == "vllm":
             a += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank),
                   "--master-addr", spec.master_addr, "--master-port", str(spec.master_port)]
             if spec.node_rank > 0:
                 a += ["--headless"]  # only node 0 serves HTTP
-    elif spec.engine == "sglang":
-        a = [py, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host,
-             "--port", str(spec.port), "--tp-size", str(spec.tp), "--dtype", spec.dtype]
-        if spec.dp > 1:
-            a += ["--dp-size", str(spec.dp)]
-        if spec.ep > 1:
-            a += ["--ep-size", str(spec.ep)]
-        if spec.quantization:
-            a += ["--quantization", spec.quantization]
-        if spec.kv_cache_dtype:
-            kv = "fp8_e4m3" if spec.kv_cache_dtype == "fp8" else spec.kv_cache_dtype
-            a += ["--kv-cache-dtype", kv]
-        if spec.max_model_len:
-            a += ["--context-length", str(spec.max_model_len)]
-        if spec.max_num_seqs:
-            a += ["--max-running-requests", str(spec.max_num_seqs)]
-        if spec.max_batch_tokens:
-            a += ["--chunked-prefill-size", str(spec.max_batch_tokens)]
-        if spec.served_model_name:
-            a += ["--served-model-name", spec.served_model_name]
-        if spec.trust_remote_code:
-            a += ["--trust-remote-code"]
-        if spec.nnodes > 1:
+        elif spec.nnodes > 1:
             a += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank),
                   "--dist-init-addr", f"{spec.master_addr}:{spec.master_port}"]
     else:  # transformers serve

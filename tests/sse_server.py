@@ -223,11 +223,7 @@ def main(argv=None) -> int:
             print(f"READY {srv.sockets[0].getsockname()[1]}", flush=True)
             await asyncio.Event().wait()
 
-        try:
-            asyncio.run(run_raw())
-        except KeyboardInterrupt:
-            pass
-        return 0
+        return _serve_until_interrupted(run_raw())
 
     async def run():
         runner = web.AppRunner(make_app(a.gap_ms), access_log=None)
@@ -237,8 +233,12 @@ def main(argv=None) -> int:
         print(f"READY {site._server.sockets[0].getsockname()[1]}", flush=True)
         await asyncio.Event().wait()
 
+    return _serve_until_interrupted(run())
+
+
+def _serve_until_interrupted(coro) -> int:
     try:
-        asyncio.run(run())
+        asyncio.run(coro)
     except KeyboardInterrupt:
         pass
     return 0
