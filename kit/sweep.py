@@ -169,47 +169,47 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
     threads_before = torch.get_num_threads()
     if config.threads and dev == "cpu":
         torch.set_num_threads(config.threads)
-    guard = InterruptGuard().__enter__()  # left in the finally below
-    try:
-        for dt, p in todo:
-            guard.check()  # a Ctrl-C swallowed by a finaliser during the last point still stops the sweep here
-            if should_stop is not None and should_stop():
-                break
-            pid = point_id(config.model, dt, info.backend, p)
-            base = {"run_id": run_id, "point_id": pid, "model": config.model, "dtype": hardware.dtype_name(
-                hardware.parse_dtype(dt)), "device": info.backend, "device_name": info.name, "accelerator": accel,
-                "n_gpus": 1, "concurrency": p.concurrency, "context_len": p.context_len,
-                "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats, "backend": "engine"}
-            bar.set_postfix_str(f"{base['dtype']} kv={p.context_len} B={p.concurrency}")
-            rec, failure = None, None
-            try:
-                model = get_model(config.model, dt, dev, config.seed)
-                if baseline_gb is None:
-                    baseline_gb = hardware.allocated_gb(dev)
-                rec = runner(model, p, dev, config.seed)
-            except OOM_ERROR as e:
-                failure = ("oom", f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else 'out of memory'}")
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:  # recorded, the sweep continues
-                failure = ("error", f"{type(e).__name__}: {e}"[:1000])
-            if failure is not None:
-                # outside the except block: the exception and its frames are gone, so their tensors can be freed
-                hardware.free_memory(dev)
-                rec = {"status": failure[0], "error": failure[1]}
-                after = hardware.allocated_gb(dev)
-                if dev != "cpu" and baseline_gb is not None:
-                    rec["x_mem_above_baseline_gb"] = round(after - baseline_gb, 4)
-            full = {**base, **rec}
-            full["backend"] = "engine"
-            store.append(full)
-            bar.update(1)
-            if on_point is not None:
-                on_point(full, store.frame())
-    finally:
-        guard.__exit__(None, None, None)
-        bar.close()
-        torch.set_num_threads(threads_before)
+    with InterruptGuard() as guard:
+        try:
+            for dt, p in todo:
+                guard.check()  # a Ctrl-C swallowed by a finaliser during the last point still stops the sweep here
+                if should_stop is not None and should_stop():
+                    break
+                pid = point_id(config.model, dt, info.backend, p)
+                base = {"run_id": run_id, "point_id": pid, "model": config.model, "dtype": hardware.dtype_name(
+                    hardware.parse_dtype(dt)), "device": info.backend, "device_name": info.name, "accelerator": accel,
+                    "n_gpus": 1, "concurrency": p.concurrency, "context_len": p.context_len,
+                    "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats, "backend": "engine"}
+                bar.set_postfix_str(f"{base['dtype']} kv={p.context_len} B={p.concurrency}")
+                rec, failure = None, None
+                try:
+                    model = get_model(config.model, dt, dev, config.seed)
+                    if baseline_gb is None:
+                        baseline_gb = hardware.allocated_gb(dev)
+                    rec = runner(model, p, dev, config.seed)
+                except OOM_ERROR as e:
+                    first = str(e).splitlines()[0][:300] if str(e) else "out of memory"
+                    failure = ("oom", f"{type(e).__name__}: {first}")
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:  # recorded, the sweep continues
+                    failure = ("error", f"{type(e).__name__}: {e}"[:1000])
+                if failure is not None:
+                    # outside the except block: the exception and its frames are gone, so their tensors can be freed
+                    hardware.free_memory(dev)
+                    rec = {"status": failure[0], "error": failure[1]}
+                    after = hardware.allocated_gb(dev)
+                    if dev != "cpu" and baseline_gb is not None:
+                        rec["x_mem_above_baseline_gb"] = round(after - baseline_gb, 4)
+                full = {**base, **rec}
+                full["backend"] = "engine"
+                store.append(full)
+                bar.update(1)
+                if on_point is not None:
+                    on_point(full, store.frame())
+        finally:
+            bar.close()
+            torch.set_num_threads(threads_before)
     return store.frame()
 
 
