@@ -10,7 +10,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY=.venv/bin/python
 stamp=.venv/.kit-setup-stamp
-want=$(cat pyproject.toml .ci/setup.sh | sha1sum | cut -d' ' -f1)
+# the settings below count too: changing KIT_KEEP_TORCH or KIT_TORCH_VERSION re-runs the install
+want=$( { cat pyproject.toml .ci/setup.sh; echo "${KIT_KEEP_TORCH:-0} ${KIT_TORCH_VERSION:-}"; } | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from . import hardware
+from . import hardware, metrics
 from .engine import PointConfig, bare_decode_loop_ms, run_point
 from .sweep import get_model
 
@@ -80,7 +80,8 @@ def versus_generate(model, batch: int, context_len: int, steps: int, rounds: int
             r = run_point(model, PointConfig(batch, context_len, steps, warmup_steps=3, repeats=1,
                                              kv_fill="prefill"), device)
             kit_tps.append(r["decode_tok_s"])
-            gen_tps.append(batch / (float(np.median(generate_step_ms(model, ids, steps + 1, device))) / 1000.0))
+            gen_tps.append(metrics.decode_tok_s(batch, float(np.median(generate_step_ms(model, ids, steps + 1,
+                                                                                        device)))))
     k, gm = float(np.median(kit_tps)), float(np.median(gen_tps))
     return {"kit_decode_tok_s_p50": k, "generate_decode_tok_s_p50": gm, "kit_decode_tok_s_max": float(max(kit_tps)),
             "generate_decode_tok_s_max": float(max(gen_tps)), "n": rounds, "speedup": k / gm}

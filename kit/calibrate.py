@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from . import hardware
-from .metrics import percentiles
+from .metrics import achieved_gb_s, percentiles
 
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -57,10 +57,14 @@ def default_path(device: str | None = None) -> Path:
     return cache_dir() / f"calibration-{device_key(info)}.json"
 
 
-def _timed(fn, device, warmup: int, repeats: int) -> list[float]:
-    """Seconds per call of ``fn`` over ``repeats`` calls after ``warmup`` calls, synchronised around each."""
-    for _ in range(warmup):
+def _timed(fn, device, warmup: int, repeats: int, warmup_s: float = 0.0) -> list[float]:
+    """Seconds per call of ``fn`` over ``repeats`` calls, synchronised around each, after at least ``warmup`` calls
+    and at least ``warmup_s`` seconds of them (CPU BLAS libraries pick and JIT kernels over the first calls)."""
+    t0, i = time.perf_counter(), 0
+    while i < warmup or time.perf_counter() - t0 < warmup_s:
         fn()
+        hardware.synchronize(device)
+        i += 1
     hardware.synchronize(device)
     out = []
     for _ in range(repeats):
@@ -88,8 +92,8 @@ def measure_bandwidth(device: str = "cpu", size_mb: float = 256.0, warmup: int =
     nbytes = n * 4
     t_copy = _timed(lambda: dst.copy_(src), device, warmup, repeats)
     t_read = _timed(lambda: src.sum(), device, warmup, repeats)
-    cp = percentiles([2 * nbytes / t / 1e9 for t in t_copy], (10, 50, 90))
-    rd = percentiles([nbytes / t / 1e9 for t in t_read], (50,))
+    cp = percentiles([achieved_gb_s(2 * nbytes, t) for t in t_copy], (10, 50, 90))  # read + write
+    rd = percentiles([achieved_gb_s(nbytes, t) for t in t_read], (50,))
     del src, dst
     return {"copy_gb_s": cp["p50"], "copy_p10": cp["p10"], "copy_p90": cp["p90"], "read_gb_s": rd["p50"],
             "n": cp["n"], "size_mb": nbytes / 1e6}
@@ -107,7 +111,7 @@ def measure_matmul(device: str = "cpu", dtype: str = "float32", n: int = 1024, w
     try:
         a = torch.randn(n, n, device=device).to(dt)
         b = torch.randn(n, n, device=device).to(dt)
-        ts = _timed(lambda: a @ b, device, warmup, repeats)
+        ts = _timed(lambda: a @ b, device, warmup, repeats, warmup_s=0.2)
     except (RuntimeError, TypeError) as e:
         return {"tflops": None, "error": f"{type(e).__name__}: {e}"[:200], "n": 0, "size": n}
     p = percentiles([2 * n ** 3 / t / 1e12 for t in ts], (10, 50, 90))
@@ -131,7 +135,6 @@ def _interleaved_medians(runs: dict, rounds: int, decode_steps: int, device: str
     (A, B, A, B, ...) and pooled, so a burst of other load disturbs every configuration alike and cannot own a whole
     measurement. Returns (medians, steps pooled per configuration)."""
     from .engine import run_point
-    from .metrics import percentiles
 
     steps: dict = {k: [] for k in runs}
     for _ in range(rounds):

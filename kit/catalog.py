@@ -14,6 +14,7 @@ replace it) or with :func:`Catalog.with_price`.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -127,6 +128,10 @@ class Catalog:
     def bases(self) -> list[str]:
         return sorted(self.prices["basis"].unique())
 
+    def bases_for(self, name: str) -> list[str]:
+        """Price bases with a price for accelerator ``name`` (canonical name, as in ``prices.accelerator``)."""
+        return sorted(set(self.prices.loc[self.prices.accelerator == name, "basis"]))
+
     def resolve(self, name: str) -> str:
         """Case-insensitive lookup, also accepting the long name ("MI355X", "mi355x", "H200 SXM").
 
@@ -167,7 +172,7 @@ class Catalog:
         n = self.resolve(name)
         rows = self.prices[(self.prices.accelerator == n) & (self.prices.basis == basis)]
         if rows.empty:
-            have = sorted(self.prices[self.prices.accelerator == n].basis)
+            have = self.bases_for(n)
             raise KeyError(f"no price for {n} on basis {basis!r}; bases with a price for {n}: {have}")
         r = rows.iloc[0]
         return Price(n, float(r.usd_per_gpu_hr), basis, str(r.get("source", "")))
@@ -211,6 +216,14 @@ def _read_user_csv(path: str | Path) -> pd.DataFrame:
         raise CatalogError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
+@functools.lru_cache(maxsize=1)
+def _shipped() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The shipped accelerators and prices, read and validated once per process (the planner asks per point)."""
+    acc = _validate_accels(pd.read_csv(_data_path("accelerators.csv"), dtype={"gfx_arch": str}),
+                           "kit/data/accelerators.csv")
+    return acc, _validate_prices(pd.read_csv(_data_path("prices.csv")), "kit/data/prices.csv", set(acc.name))
+
+
 def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str | Path | None = None) -> Catalog:
     """Load the shipped catalog, optionally merged with a user's files.
 
@@ -224,12 +237,13 @@ def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str
         CatalogError: a file fails validation (names the file, row and column), is a directory or cannot be parsed
         as CSV (names the file). FileNotFoundError: a path is missing.
     """
-    acc = _validate_accels(pd.read_csv(_data_path("accelerators.csv"), dtype={"gfx_arch": str}), "kit/data/accelerators.csv")
+    shipped_acc, shipped_prices = _shipped()
+    acc = shipped_acc.copy()
     if extra_accelerators is not None:
         user = _validate_accels(_read_user_csv(extra_accelerators), str(extra_accelerators))
         acc = pd.concat([acc[~acc.name.isin(user.name)], user], ignore_index=True)
     known = set(acc.name)
-    prices = _validate_prices(pd.read_csv(_data_path("prices.csv")), "kit/data/prices.csv", known)
+    prices = shipped_prices.copy()
     if extra_prices is not None:
         user_p = _validate_prices(_read_user_csv(extra_prices), str(extra_prices), known)
         key = set(zip(user_p.accelerator, user_p.basis))

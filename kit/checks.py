@@ -245,7 +245,7 @@ _ID_OPS = ("top_k_top_p_sampling_from_probs", "sampling_from_probs")
 
 def compiled(fn: Callable, backend: str = "inductor", **compile_kwargs) -> Callable:
     """``torch.compile(fn)``, cached per (fn, backend, options) so a process compiles each graph once."""
-    key = (fn, backend, tuple(sorted(compile_kwargs.items())))
+    key = (fn, backend, repr(sorted(compile_kwargs.items())))  # repr: options= is a dict (unhashable)
     if key not in _COMPILED:
         _COMPILED[key] = torch.compile(fn, backend=backend, **compile_kwargs)
     return _COMPILED[key]

@@ -49,7 +49,7 @@ def get_price(accelerator: str, basis: str | None = DEFAULT_BASIS, usd_per_gpu_h
 
 def add_cost_columns(df: pd.DataFrame, basis: str | None = DEFAULT_BASIS, usd_per_gpu_hr: float | None = None,
                      accelerator: str | None = None, tok_s_col: str = "decode_tok_s", n_gpus: int | None = None,
-                     catalog: Catalog | None = None) -> pd.DataFrame:
+                     catalog: Catalog | None = None, missing_price: str = "raise") -> pd.DataFrame:
     """A copy of ``df`` with ``usd_per_gpu_hr``, ``price_basis``, ``tok_s_per_gpu``, ``usd_per_mtok``,
     ``tok_per_usd`` and ``tok_s_basis`` filled for every row.
 
@@ -59,6 +59,9 @@ def add_cost_columns(df: pd.DataFrame, basis: str | None = DEFAULT_BASIS, usd_pe
         accelerator: use this catalog accelerator instead of each row's ``accelerator`` column.
         tok_s_col: throughput column the cost is per (``decode_tok_s``, ``output_tok_s`` or ``total_tok_s``).
         n_gpus: GPUs per row when the frame has no ``n_gpus`` (default 1).
+        missing_price: ``"raise"`` (default) or ``"nan"``: a row without an accelerator or without a catalog price
+            on ``basis`` keeps its speed columns and gets NaN cost columns (price basis empty), other rows keep
+            their prices.
 
     Raises:
         ValueError: unknown ``tok_s_col``; a row without an accelerator and no override.
@@ -66,6 +69,8 @@ def add_cost_columns(df: pd.DataFrame, basis: str | None = DEFAULT_BASIS, usd_pe
     """
     if tok_s_col not in TOK_S_COLUMNS:
         raise ValueError(f"tok_s_col={tok_s_col!r}; allowed: {TOK_S_COLUMNS}")
+    if missing_price not in ("raise", "nan"):
+        raise ValueError(f"missing_price={missing_price!r}; allowed: 'raise', 'nan'")
     cat = catalog or load_catalog()
     out = df.copy()
     if tok_s_col not in out.columns:
@@ -74,18 +79,25 @@ def add_cost_columns(df: pd.DataFrame, basis: str | None = DEFAULT_BASIS, usd_pe
     for _, r in out.iterrows():
         acc = accelerator or (r.get("accelerator") if pd.notna(r.get("accelerator")) else None)
         if acc is None and usd_per_gpu_hr is None:
-            raise ValueError("a row has no accelerator: pass accelerator=... or usd_per_gpu_hr=...")
-        if acc is None:
+            if missing_price == "raise":
+                raise ValueError("a row has no accelerator: pass accelerator=... or usd_per_gpu_hr=...")
+            p = Price("?", float("nan"), None)
+        elif acc is None:
             p = Price("?", float(usd_per_gpu_hr), "user")
         else:
-            p = get_price(acc, basis, usd_per_gpu_hr, cat)
+            try:
+                p = get_price(acc, basis, usd_per_gpu_hr, cat)
+            except KeyError:
+                if missing_price == "raise":
+                    raise
+                p = Price(str(acc), float("nan"), None)
         n = r.get("n_gpus") if "n_gpus" in out.columns and pd.notna(r.get("n_gpus")) else (n_gpus or 1)
         tok_s = r.get(tok_s_col)
         tok_s = float(tok_s) if tok_s is not None and pd.notna(tok_s) else float("nan")
         prices.append(p.usd_per_gpu_hr)
         bases.append(p.basis)
         per_gpu.append(metrics.tok_s_per_gpu(tok_s, int(n)))
-        per_m.append(metrics.usd_per_mtok(tok_s, p.usd_per_gpu_hr, int(n)) if tok_s == tok_s else float("nan"))
+        per_m.append(metrics.usd_per_mtok(tok_s, p.usd_per_gpu_hr, int(n)))
         per_usd.append(metrics.tok_per_usd(tok_s, p.usd_per_gpu_hr, int(n)))
     out["usd_per_gpu_hr"] = prices
     out["price_basis"] = pd.Series(bases, index=out.index, dtype="string")
@@ -208,6 +220,7 @@ def published_as_results(basis: str = "assumed-rental", catalog: Catalog | None 
                          "n_gpus": n, "concurrency": conc, "output_tok_s": tok_s,
                          "x_system": r["system"], "x_source": r["source"]})
     df = to_frame(recs)
+    # published figures carry no TPOT: the mean rate per user (aggregate / users) stands in for 1000 / TPOT
     df["tok_s_per_stream"] = df["output_tok_s"] / df["concurrency"]
-    keep = [i for i, a in df["accelerator"].items() if basis in set(cat.prices[cat.prices.accelerator == a].basis)]
+    keep = [i for i, a in df["accelerator"].items() if basis in cat.bases_for(a)]
     return add_cost_columns(df.loc[keep], basis=basis, tok_s_col="output_tok_s", catalog=cat)

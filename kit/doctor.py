@@ -25,7 +25,7 @@ import time
 import torch
 
 from . import checks as C
-from .hardware import check_dtype_supported, detect, synchronize
+from .hardware import check_dtype_supported, detect
 
 SCHEMA_VERSION = 1
 #: Python packages whose version is reported (installed or not)
@@ -139,20 +139,11 @@ def _time_matmul(dtype: torch.dtype, device: str, n: int, reps: int = 5,
     """Median ms of an n×n matmul (after ≥ 3 warm-up runs and ≥ ``warmup_s`` seconds of them — CPU BLAS libraries
     JIT their kernels over the first calls — synchronised), the TFLOP/s it implies (2n³ flop) and the spread of the
     repeats (slowest / fastest; near 1 on a quiet machine)."""
+    from .calibrate import _timed
+
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    t0, i = time.perf_counter(), 0
-    while i < 3 or time.perf_counter() - t0 < warmup_s:
-        a @ b
-        synchronize(device)
-        i += 1
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        synchronize(device)
-        times.append((time.perf_counter() - t) * 1e3)
-    times.sort()
+    times = sorted(t * 1e3 for t in _timed(lambda: a @ b, device, 3, reps, warmup_s=warmup_s))
     ms = times[len(times) // 2]
     return ms, 2 * n ** 3 / (ms / 1e3) / 1e12, times[-1] / times[0] if times[0] > 0 else float("inf")
 

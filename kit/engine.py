@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from . import hardware, metrics
-from .models import weight_bytes
+from .models import max_positions, weight_bytes
 
 KV_FILLS = ("prefill", "synthetic")
 
@@ -145,7 +145,7 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
         ValueError: bad point. torch.OutOfMemoryError: the device ran out of memory (the caller records it).
     """
     cfg = model.config
-    point.validate(int(getattr(cfg, "max_position_embeddings", 0) or 0))
+    point.validate(max_positions(cfg))
     B, C, S = point.concurrency, point.context_len, point.decode_steps
     dev = torch.device(device)
     fwd = _Forward(model)

@@ -141,7 +141,7 @@ def request_timings(chunk_times_s: Sequence[float], chunk_tokens: Sequence[int],
         return RequestTimings(None, None, None, int(output_tokens), [], [])
     ttft = (pairs[0][0] - t0_s) * 1000.0
     e2el = (pairs[-1][0] - t0_s) * 1000.0
-    tpot = (e2el - ttft) / (output_tokens - 1) if output_tokens > 1 else None
+    tpot = tpot_ms(ttft, e2el, output_tokens)
     gaps: list[float] = []
     itl: list[float] = []
     prev = pairs[0][0]
@@ -217,15 +217,26 @@ _BUSBW_FACTOR = {
 }
 
 
+def busbw_factor(op: str, n_ranks: int) -> float:
+    """busbw / algbw of a collective over ``n_ranks`` (all-reduce 2(n−1)/n, all-gather and reduce-scatter (n−1)/n,
+    broadcast and reduce 1), the nccl-tests convention (nccl-tests doc/PERFORMANCE.md).
+
+    Raises:
+        ValueError: unknown ``op`` or ``n_ranks`` < 1.
+    """
+    if op not in _BUSBW_FACTOR:
+        raise ValueError(f"unknown collective {op!r}; allowed: {sorted(_BUSBW_FACTOR)}")
+    if n_ranks < 1:
+        raise ValueError(f"n_ranks={n_ranks} must be >= 1")
+    return _BUSBW_FACTOR[op](n_ranks)
+
+
 def bus_bandwidth_gb_s(op: str, size_bytes: float, seconds: float, n_ranks: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s for a collective, nccl-tests convention.
 
     Raises:
         ValueError: unknown op (lists the allowed ones) or n_ranks < 1.
     """
-    if op not in _BUSBW_FACTOR:
-        raise ValueError(f"unknown collective {op!r}; allowed: {sorted(_BUSBW_FACTOR)}")
-    if n_ranks < 1:
-        raise ValueError(f"n_ranks={n_ranks} must be >= 1")
+    factor = busbw_factor(op, n_ranks)
     alg = size_bytes / seconds / 1e9
-    return alg, alg * _BUSBW_FACTOR[op](n_ranks)
+    return alg, alg * factor

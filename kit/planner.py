@@ -404,8 +404,9 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
                     state_bytes_per_seq_per_gpu=state_bytes_per_seq(spec, context_len or big_ctx, kv_dtype,
                                                                     state_dtype, tp) / pp,
                     fits_weights=fits_w, kv_tokens_free=tokens_free, context_len=context_len, concurrency=concurrency)
+    per_seq = (context_len * kv_tok + state_bytes_per_seq(spec, context_len, kv_dtype, state_dtype, tp) / pp
+               if context_len else None)
     if context_len:
-        per_seq = context_len * kv_tok + state_bytes_per_seq(spec, context_len, kv_dtype, state_dtype, tp) / pp
         res.max_concurrency = int(max(0.0, budget_b) // per_seq) if per_seq else None
     if concurrency:
         st = state_bytes_per_seq(spec, big_ctx, kv_dtype, state_dtype, tp) / pp
@@ -415,8 +416,7 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
             res.max_context = min(res.max_context, int(spec.max_position_embeddings))
     res.fits = fits_w
     if context_len and concurrency:
-        need = concurrency * (context_len * kv_tok + state_bytes_per_seq(spec, context_len, kv_dtype, state_dtype, tp)
-                              / pp)
+        need = concurrency * per_seq
         res.need_gb_per_gpu = (w_gpu + need) / 1e9 + reserve
         res.fits = fits_w and need <= budget_b
     res.assumptions = (f"mem_util={mem_util}; reserve={reserve:.2f} GB/GPU (runtime {runtime} GB + workspace for "
@@ -487,8 +487,7 @@ def _attn_flops_per_ctx_token(spec: ArchSpec, tp: int, decode: bool) -> float:
     return 4 * (spec.num_attention_heads / tp) * spec.head_dim
 
 
-def _decode_terms(spec: ArchSpec, dev: Device, B: int, ctx: float, tp: int, ep: int, dts: dict, kv_dtype,
-                  state_dtype, compute_dtype, act_dtype) -> dict:
+def _decode_terms(spec: ArchSpec, B: int, ctx: float, tp: int, ep: int, dts: dict, kv_dtype, state_dtype) -> dict:
     wr = weight_bytes(spec, dts, tp, ep)
     cov = expert_coverage(spec.n_routed_experts, B, spec.experts_per_token)
     w_bytes = sum(v for g, v in wr.items() if g not in ("embed", "routed_experts"))
@@ -536,7 +535,7 @@ def _comm_ms(spec: ArchSpec, dev: Device, tokens: float, tp: int, act_dtype) -> 
     if tp <= 1 or not dev.scaleup_gb_s:
         return 0.0
     size = tokens * spec.hidden_size * dtype_bytes(act_dtype)
-    return 2 * spec.num_layers * size * 2 * (tp - 1) / tp / (dev.scaleup_gb_s * 1e9) * 1e3
+    return 2 * spec.num_layers * size * metrics.busbw_factor("all_reduce", tp) / (dev.scaleup_gb_s * 1e9) * 1e3
 
 
 def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrency: int = 1, context_len: int = 1024,
@@ -587,7 +586,9 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
     kv_dtype = canonical_dtype(kv_dtype or dtype or "bfloat16")
     act_dtype = canonical_dtype(act_dtype or dtype or "bfloat16")
     compute_dtype = canonical_dtype(compute_dtype or dts["attn"])
-    n_gpus, tp, ep, pp = _layout(dev, n_gpus, tp, ep, pp, spec)
+    fit = memory_fit(spec, dev.name, n_gpus, C, B, kv_dtype, state_dtype, dts, tp, ep, pp, mem_util, reserve_gb,
+                     device=dev)  # also settles the parallel layout
+    n_gpus, tp, ep, pp = fit.n_gpus, fit.tp, fit.ep, fit.pp
     eb = _check_eff("eff_bw", dev.eff_bw if eff_bw is None else eff_bw)
     ef = _check_eff("eff_flops", dev.eff_flops if eff_flops is None else eff_flops)
     ovh = (dev.overhead_ms_fixed + dev.overhead_ms_per_layer * spec.num_layers) if overhead_ms is None \
@@ -595,9 +596,7 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
     if ovh < 0:
         raise ValueError(f"overhead_ms={overhead_ms!r} must be >= 0")
     att = _check_pos_int("attend_len", attend_len) if attend_len is not None else C
-    fit = memory_fit(spec, dev.name, n_gpus, C, B, kv_dtype, state_dtype, dts, tp, ep, pp, mem_util, reserve_gb,
-                     device=dev)
-    d = _decode_terms(spec, dev, B, att, tp, ep, dts, kv_dtype, state_dtype, compute_dtype, act_dtype)
+    d = _decode_terms(spec, B, att, tp, ep, dts, kv_dtype, state_dtype)
     bytes_step = d["weight_bytes"] + d["kv_bytes"]
     rl = _roofline(dev, d["weight_bytes"], d["linear_flops"], d["kv_bytes"], d["attn_flops"], compute_dtype, eb, ef)
     t_comm = _comm_ms(spec, dev, B, tp, act_dtype)
@@ -608,9 +607,7 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
         "device": dev.device, "device_name": dev.full_name or dev.name, "accelerator": dev.name, "n_gpus": n_gpus,
         "concurrency": B, "context_len": C, "tp": tp, "eff_bw": eb, "eff_flops": ef,
         "peak_mem_method": "planner", "weights_gb": fit.weights_gb_total,
-        "peak_mem_gb": (fit.weights_gb_per_gpu + fit.reserve_gb_per_gpu
-                        + B * (C * fit.kv_bytes_per_token_per_gpu + state_bytes_per_seq(spec, C, kv_dtype, state_dtype,
-                                                                                          tp) / pp) / 1e9),
+        "peak_mem_gb": fit.need_gb_per_gpu,
         "kv_cache_gb": B * (C * kv_bytes_per_token(spec, kv_dtype) + state_bytes_per_seq(spec, C, kv_dtype,
                                                                                           state_dtype)) / 1e9,
         "tpot_ms_p50": step_ms, "decode_tok_s": metrics.decode_tok_s(B, step_ms),
@@ -827,7 +824,7 @@ def _cli_plan(args) -> int:
     df = to_frame(pts)
     costs = []
     if dev.name != "local" and dev.name != "CPU" or args.price:
-        bases = [args.basis] if args.basis else sorted(set(cat.prices[cat.prices.accelerator == dev.name].basis))
+        bases = [args.basis] if args.basis else cat.bases_for(dev.name)
         if args.price:
             bases = [args.basis or "user"]
         for b in bases:

@@ -245,14 +245,13 @@ def load_results(path: str | Path) -> pd.DataFrame:
             df = to_frame(read_log(log))
             side = path / "results.json"
         elif pq.exists():
-            df, side = pd.read_parquet(pq), pq.with_suffix(".json")
+            df, side = coerce(pd.read_parquet(pq)), pq.with_suffix(".json")
         else:
             raise FileNotFoundError(f"no results.parquet or points.jsonl in {path}")
     elif path.exists():
-        df, side = pd.read_parquet(path), path.with_suffix(".json")
+        df, side = coerce(pd.read_parquet(path)), path.with_suffix(".json")
     else:
         raise FileNotFoundError(f"results file {path} does not exist")
-    df = coerce(df)
     if side.exists():
         df.attrs["metadata"] = json.loads(side.read_text()).get("metadata", {})
     return df
@@ -298,8 +297,8 @@ class ResultStore:
         """point_ids already recorded with one of ``statuses`` (errors are retried on resume)."""
         return {r.get("point_id") for r in self._records if r.get("status") in statuses}
 
-    def append(self, rec: dict) -> None:
-        """Validate, append to the log (flush + fsync), then refresh Parquet + sidecar."""
+    def append(self, rec: dict) -> pd.DataFrame:
+        """Validate, append to the log (flush + fsync), then refresh Parquet + sidecar; returns every row so far."""
         rec = validate_record(dict(rec))
         rec.setdefault("timestamp", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
         line = json.dumps(rec, default=_json_default, allow_nan=True)
@@ -308,11 +307,13 @@ class ResultStore:
             f.flush()
             os.fsync(f.fileno())
         self._records.append(json.loads(line))
-        self.flush()
+        return self.flush()
 
-    def flush(self) -> Path:
-        """Rewrite results.parquet + results.json from every record so far."""
-        return save_results(self.frame(), self.dir / "results.parquet", self.metadata)
+    def flush(self) -> pd.DataFrame:
+        """Rewrite results.parquet + results.json from every record so far; returns that frame."""
+        df = self.frame()
+        save_results(df, self.dir / "results.parquet", self.metadata)
+        return df
 
     def frame(self) -> pd.DataFrame:
         return to_frame(self._records)

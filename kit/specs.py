@@ -16,6 +16,7 @@ head_dim × bytes``; MLA ``layers × (kv_lora_rank + qk_rope_head_dim) × bytes`
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, replace
@@ -228,9 +229,7 @@ class ArchSpec:
             out.append(("dense_mlp", "tp", self.n_dense_layers * 3 * h * self.intermediate_size))
         if self.is_moe:
             m, E, mi = self.n_moe_layers, self.n_routed_experts, self.moe_intermediate_size
-            d = self.moe_latent_size or h
-            per_expert = 3 * d * mi + ((2 * mi + d) if self.expert_bias else 0)
-            out.append(("routed_experts", "experts", m * E * per_expert))
+            out.append(("routed_experts", "experts", m * E * self.expert_params))
             out.append(("router", "rep", m * (E * h + (E if self.expert_bias else 0))))
             si = self.shared_expert_intermediate_size or self.n_shared_experts * mi
             if self.n_shared_experts and si:
@@ -310,7 +309,13 @@ def _models_csv() -> Path:
 
 
 def model_table() -> pd.DataFrame:
-    """The shipped reference models (``kit/data/models.csv``), one row each, with sources and flags."""
+    """The shipped reference models (``kit/data/models.csv``), one row each, with sources and flags (a copy; the file
+    is read once per process)."""
+    return _read_model_table().copy()
+
+
+@functools.lru_cache(maxsize=1)
+def _read_model_table() -> pd.DataFrame:
     return pd.read_csv(_models_csv(), dtype=str, keep_default_na=False)
 
 
@@ -477,9 +482,7 @@ def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict 
             weight_dtypes = f"default=fp8;embed={base};lm_head={base};norms={base};router={base}"
         else:
             weight_dtypes = f"default={base}"
-    elif isinstance(weight_dtypes, dict):
-        weight_dtypes = ";".join(f"{k}={v}" for k, v in weight_dtypes.items())
-    kw["weight_dtypes"] = weight_dtypes
+    kw["weight_dtypes"] = _dt_str(weight_dtypes)
     return ArchSpec(**kw)
 
 
@@ -493,23 +496,27 @@ def get_spec(model, weight_dtypes: str | dict | None = None) -> ArchSpec:
     if isinstance(model, ArchSpec):
         return replace(model, weight_dtypes=_dt_str(weight_dtypes)) if weight_dtypes else model
     if isinstance(model, str) and not Path(model).exists():
-        t = model_table()
-        low = model.strip().lower()
-        hit = t[(t["key"].str.lower() == low) | (t["model"].str.lower() == low)
-                | (t["model"].str.split(" ").str[0].str.lower() == low) | (t["hf_repo"].str.lower() == low)]
-        if len(hit):
-            spec = _spec_from_row(hit.iloc[0])
-            return replace(spec, weight_dtypes=_dt_str(weight_dtypes)) if weight_dtypes else spec
-        try:
-            from . import models as _models
-        except ImportError:  # pragma: no cover - kit.models is part of the kit
-            _models = None
-        presets = sorted(getattr(_models, "PRESETS", {})) if _models else []
-        if _models is not None and model in presets:
-            return spec_from_config(_models.get_config(model), name=model, weight_dtypes=weight_dtypes)
-        raise KeyError(f"unknown model {model!r}; reference models: {list_models()}; presets: {presets}; "
-                       "or pass a transformers config, a dict or a config.json path")
+        spec = _named_spec(model)
+        return replace(spec, weight_dtypes=_dt_str(weight_dtypes)) if weight_dtypes else spec
     return spec_from_config(model, weight_dtypes=weight_dtypes)
+
+
+@functools.lru_cache(maxsize=None)
+def _named_spec(model: str) -> ArchSpec:
+    """The spec of a reference-model name or kit preset, built once per process (specs are frozen, so sharing is
+    safe; the planner asks for the same name once per grid point)."""
+    t = model_table()
+    low = model.strip().lower()
+    hit = t[(t["key"].str.lower() == low) | (t["model"].str.lower() == low)
+            | (t["model"].str.split(" ").str[0].str.lower() == low) | (t["hf_repo"].str.lower() == low)]
+    if len(hit):
+        return _spec_from_row(hit.iloc[0])
+    from . import models as _models
+
+    if model in _models.PRESETS:
+        return spec_from_config(_models.get_config(model), name=model)
+    raise KeyError(f"unknown model {model!r}; reference models: {list(t['key'])}; presets: {sorted(_models.PRESETS)}; "
+                   "or pass a transformers config, a dict or a config.json path")
 
 
 def _dt_str(d):

@@ -165,7 +165,7 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
                    f"measuring the other {len(todo)} (--no-resume to measure all again)")
     accel = config.accelerator or info.catalog_name
     bar = tqdm(total=len(todo), desc=f"sweep {config.model}", disable=not progress, unit="pt")
-    baseline_gb = None
+    baseline_gb, baseline_model = None, None
     threads_before = torch.get_num_threads()
     if config.threads and dev == "cpu":
         torch.set_num_threads(config.threads)
@@ -184,8 +184,8 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
                 rec, failure = None, None
                 try:
                     model = get_model(config.model, dt, dev, config.seed)
-                    if baseline_gb is None:
-                        baseline_gb = hardware.allocated_gb(dev)
+                    if model is not baseline_model:  # a new dtype builds a new model: a new baseline
+                        baseline_gb, baseline_model = hardware.allocated_gb(dev), model
                     rec = runner(model, p, dev, config.seed)
                 except OOM_ERROR as e:
                     first = str(e).splitlines()[0][:300] if str(e) else "out of memory"
@@ -203,10 +203,10 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
                         rec["x_mem_above_baseline_gb"] = round(after - baseline_gb, 4)
                 full = {**base, **rec}
                 full["backend"] = "engine"
-                store.append(full)
+                frame = store.append(full)
                 bar.update(1)
                 if on_point is not None:
-                    on_point(full, store.frame())
+                    on_point(full, frame)
         finally:
             bar.close()
             torch.set_num_threads(threads_before)
@@ -309,7 +309,6 @@ def _cli_sweep(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {str(out)!r} exists and is a file; give a directory")
-    cfg.validate()
     t0 = time.perf_counter()
     try:
         df = run_sweep(cfg, out, resume=not args.no_resume)

@@ -457,14 +457,9 @@ def compare_frame(sets: dict[str, pd.DataFrame], prices: dict[str, float] | None
         d = df.copy()
         d["label"] = str(lab)
         price = prices.get(lab)
-        try:
-            d = add_cost_columns(d, basis=basis, usd_per_gpu_hr=price, tok_s_col=tok_s_col, catalog=cat)
-        except KeyError:  # no catalog price for this accelerator on this basis: cost unknown, speed still compared
-            d = add_cost_columns(d, usd_per_gpu_hr=1.0, tok_s_col=tok_s_col, catalog=cat, accelerator=None)
-            for c in ("usd_per_gpu_hr", "usd_per_mtok", "tok_per_usd"):
-                d[c] = float("nan")
-            d["price_basis"] = pd.Series([None] * len(d), index=d.index, dtype="string")
-        parts.append(d)
+        # a row without a price (no accelerator, or none on this basis): cost unknown, speed still compared
+        parts.append(add_cost_columns(d, basis=basis, usd_per_gpu_hr=price, tok_s_col=tok_s_col, catalog=cat,
+                                      missing_price="nan"))
     return pd.concat(parts, ignore_index=True)
 
 

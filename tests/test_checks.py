@@ -253,3 +253,13 @@ def test_f1_fp8_clamp_then_cast_compiled():
     torch.testing.assert_close(fn_c, fn_e)
     torch.testing.assert_close(fnuz_c, fnuz_e)
     assert fn_c.tolist()[3:] == [448.0, 256.0, -448.0] and fnuz_c.tolist()[3:] == [240.0, 240.0, -240.0]
+
+
+def test_compiled_cache_takes_dict_options():
+    """torch.compile's ``options=`` is a dict: the cache key must not need it hashable (compiles lazily: no compile here)."""
+    def f(x):
+        return x + 1
+
+    a = C.compiled(f, "inductor", options={"max_autotune": False})
+    assert C.compiled(f, "inductor", options={"max_autotune": False}) is a
+    assert C.compiled(f, "inductor", options={"max_autotune": True}) is not a

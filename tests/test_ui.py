@@ -225,3 +225,16 @@ def test_compare_view_handlers(tmp_path):
     l2.value = "MI355X run"
     v.on_compare()
     assert "used twice" in v.last_error
+
+
+def test_compare_frame_unpriced_rows_do_not_blank_or_break_their_set():
+    """A set mixing a priced (MI355X) and an unpriced (CPU) accelerator keeps the MI355X price; a served set with no
+    accelerator column is compared on speed with NaN cost instead of failing the whole comparison."""
+    mixed = pd.concat([_fake_set("MI355X", 100.0), _fake_set("CPU", 10.0)], ignore_index=True)
+    served = _fake_set("B300", 150.0).drop(columns=["accelerator"])
+    df = compare_frame({"mixed": mixed, "served": served})
+    m = df[df.label == "mixed"]
+    assert m[m.accelerator == "MI355X"]["usd_per_mtok"].notna().all()
+    assert m[m.accelerator == "CPU"]["usd_per_mtok"].isna().all()
+    s = df[df.label == "served"]
+    assert len(s) == 4 and s["usd_per_mtok"].isna().all() and s["decode_tok_s"].notna().all()
