@@ -27,9 +27,11 @@ NOTEBOOKS = ROOT / "notebooks"
 
 
 def notebooks() -> list[str]:
-    """Every notebook under notebooks/, relative (posix), sorted."""
-    return sorted(p.relative_to(NOTEBOOKS).as_posix() for p in NOTEBOOKS.rglob("*.ipynb")
-                  if ".ipynb_checkpoints" not in p.parts)
+    """Every notebook under notebooks/, relative (posix), sorted (:func:`kit.notebooks.list_notebooks`)."""
+    sys.path.insert(0, str(ROOT))
+    from kit.notebooks import list_notebooks
+
+    return list_notebooks()
 
 
 def api_page() -> str:

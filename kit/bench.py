@@ -88,8 +88,7 @@ def versus_generate(model, batch: int, context_len: int, steps: int, rounds: int
 
 
 def add_cli(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark the kit: harness overhead and speed vs model.generate()",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny-llama", help="preset or checkpoint directory")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | rocm")

@@ -310,7 +310,7 @@ def load_calibration(path: str | Path | None = None, device: str | None = None) 
 
 def add_cli(sub) -> None:
     """``kit calibrate``: measure this device and store the figures the planner uses."""
-    p = sub.add_parser("calibrate", help="measure local memory bandwidth, matmul TFLOPS and step overhead",
+    p = sub.add_parser("calibrate",
                        description="Measure this device's memory bandwidth (copy), matmul TFLOPS per dtype and the "
                                    "per-step overhead of the kit's decode loop (warm-up, repeats, medians), and "
                                    "store them as JSON for `kit plan --accelerator local`.")

@@ -2,7 +2,8 @@
 
 Each subcommand lives beside its concern: the module named in :data:`COMMANDS` defines
 ``add_cli(subparsers)``, which adds a parser and sets ``func`` (called with the parsed args; its return value is
-the exit code). Modules are imported only when their subcommand runs or ``--help`` is asked for.
+the exit code). A module is imported only when its subcommand is named (``kit sweep ...``, ``kit sweep --help``);
+``kit --help`` lists the commands from :data:`COMMANDS` alone, without importing torch.
 """
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ import argparse
 import importlib
 import sys
 
-#: subcommand → module defining ``add_cli(subparsers)``
-COMMANDS: dict[str, str] = {
-    "sweep": "kit.sweep",
-    "devices": "kit.hardware",
-    "bench": "kit.bench",
-    "plan": "kit.planner",
-    "calibrate": "kit.calibrate",
-    "serve-bench": "kit.loadgen",
-    "dashboard": "kit.dashboard",
-    "doctor": "kit.doctor",
+#: subcommand → (module defining ``add_cli(subparsers)``, one-line help shown by ``kit --help``)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "sweep": ("kit.sweep", "sweep KV-cache length x concurrency in-process; write results and plots"),
+    "devices": ("kit.hardware", "show the detected device and the accelerator catalog"),
+    "bench": ("kit.bench", "benchmark the kit: harness overhead and speed vs model.generate()"),
+    "plan": ("kit.planner", "will it fit, how fast, at what cost (analytic; no GPU needed)"),
+    "calibrate": ("kit.calibrate", "measure local memory bandwidth, matmul TFLOPS and step overhead"),
+    "serve-bench": ("kit.loadgen", "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, "
+                                   "goodput)"),
+    "dashboard": ("kit.dashboard", "serve the sweep control panel as a web page (Voila, 127.0.0.1)"),
+    "doctor": ("kit.doctor", "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel "
+                             "libraries and their sampling ops"),
 }
 
 
@@ -74,18 +77,16 @@ def int_list_arg(minimum: int | None = 1, example: str = "128,512"):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The argparse parser; with ``only`` set, import just that subcommand's module (fast start-up)."""
+    """The argparse parser. With ``only`` (a subcommand) its module is imported and builds the full parser; without,
+    every subcommand is listed with its help line only (``kit --help``, a missing or unknown command)."""
     parser = argparse.ArgumentParser(prog="kit", description="LLM inference performance exploration kit.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    seen = set()
-    for name, mod in COMMANDS.items():
-        if only is not None and name != only:
-            continue
-        if mod in seen:
-            continue
-        seen.add(mod)
-        importlib.import_module(mod).add_cli(sub)
+    for name, (mod, help_line) in COMMANDS.items():
+        if only is None:
+            sub.add_parser(name, help=help_line)
+        elif name == only:
+            importlib.import_module(mod).add_cli(sub)
     return parser
 
 

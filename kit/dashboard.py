@@ -23,6 +23,11 @@ import time
 from pathlib import Path
 
 from . import models
+from .cli import int_list_arg
+from .launch import free_port
+
+#: --kv / --concurrency: comma lists of integers >= 1
+_int_list = int_list_arg(minimum=1, example="128,512")
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8866
@@ -43,13 +48,6 @@ def dashboard_notebook(out_dir: str | Path, model: str = models.DEFAULT_PRESET, 
            f"repeats={int(repeats)}, device={device!r})\npanel")
     return new_notebook([("md", "# kit dashboard\nA sweep control panel: enter a workload and press **Run**."),
                          ("code", src)])
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def voila_command(notebook: str | Path, port: int, open_browser: bool = False) -> list[str]:
@@ -128,10 +126,7 @@ def launch(out_dir: str | Path = "results/dashboard", port: int = DEFAULT_PORT, 
 # ------------------------------------------------------------------------------------------------ CLI
 def add_cli(sub) -> None:
     """``kit dashboard``: serve the control panel as a web page on 127.0.0.1."""
-    from .sweep import _int_list
-
-    p = sub.add_parser("dashboard", help="serve the sweep control panel as a web page (Voila, 127.0.0.1)",
-                       description="Serve the sweep control panel as a standalone web page with Voila on "
+    p = sub.add_parser("dashboard", description="Serve the sweep control panel as a standalone web page with Voila on "
                                    "127.0.0.1 (not reachable from other machines; use an SSH tunnel for a remote "
                                    "node: ssh -L PORT:127.0.0.1:PORT host). Open the printed URL, enter a workload, "
                                    "press Run. Runs are written under --out. Ctrl-C stops the server.",

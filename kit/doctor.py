@@ -16,6 +16,7 @@ a ``--require``\\ d library that is not importable. Everything else is a warning
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import subprocess
@@ -260,7 +261,7 @@ def _backends_from(overrides: list[str] | None) -> tuple[C.Backend, ...]:
         if not sep or not module or name not in backends:
             raise ValueError(f"--backend {item!r}: use NAME=MODULE with NAME one of {sorted(backends)}")
         b = backends[name]
-        backends[name] = C.Backend(b.name, module, b.symbols, b.adapters)
+        backends[name] = dataclasses.replace(b, module=module)
     return tuple(backends.values())
 
 
@@ -389,9 +390,7 @@ def format_report(r: dict) -> str:
 
 def add_cli(sub) -> None:
     """``kit doctor``: environment report; ``--strict`` exits 1 when something expected is missing."""
-    p = sub.add_parser("doctor", help="is this machine ready? versions, devices, dtypes, fp8, torch.compile, "
-                                      "kernel libraries and their sampling ops",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser("doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema: kit doctor --schema)")
     p.add_argument("--schema", action="store_true", help="print the JSON Schema of --json and exit")
     p.add_argument("--strict", action="store_true", help="exit 1 when there is any problem (for CI gates)")

@@ -245,7 +245,7 @@ def check_dtype_supported(dtype: torch.dtype, device: str | torch.device) -> Non
 
 def add_cli(sub) -> None:
     """``kit devices``: the detected device and the accelerator catalog."""
-    p = sub.add_parser("devices", help="show the detected device and the accelerator catalog",
+    p = sub.add_parser("devices",
                        description="Show the device torch sees (cpu | cuda | rocm, name, memory, gfx arch) and the "
                                    "accelerator catalog with default $/GPU-hour (tco basis).")
     p.add_argument("--accelerators", default=None, help="extra accelerator CSV merged into the catalog")

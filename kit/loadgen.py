@@ -376,6 +376,7 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
     p_ttft, p_tpot, p_itl, p_e2el = (M.percentiles(v) for v in (ttft, tpot, itl, e2el))
     p_user = M.percentiles(users, (10, 50, 90))
     p_gap = M.percentiles(gaps, (50, 99))
+    p_queue = M.percentiles(queue)
     errors = sorted({short_error(r.get("error"), ERROR_SUMMARY_CHARS) for r in bad})
     rate = float(cfg.request_rate)
     row = {
@@ -389,7 +390,7 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
         "tpot_n": p_tpot["n"],
         "itl_ms_p50": p_itl["p50"], "itl_ms_p90": p_itl["p90"], "itl_ms_p99": p_itl["p99"], "itl_n": p_itl["n"],
         "e2el_ms_p50": p_e2el["p50"], "e2el_ms_p90": p_e2el["p90"], "e2el_ms_p99": p_e2el["p99"],
-        "client_queue_ms_p50": M.percentiles(queue)["p50"],
+        "client_queue_ms_p50": p_queue["p50"],
         "tok_s_per_stream": M.tok_s_per_stream(p_tpot["p50"]) if tpot else None,
         "output_tok_s": thr["output_tok_s"], "total_tok_s": thr["total_tok_s"],
         "request_throughput": thr["request_throughput"],
@@ -408,7 +409,7 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
         if ok and sum(r.get("n_chunks") or 0 for r in ok) else None,
         "x_tok_s_per_user_p10": p_user["p10"], "x_tok_s_per_user_p50": p_user["p50"],
         "x_tok_s_per_user_p90": p_user["p90"],
-        "x_client_queue_ms_p99": M.percentiles(queue)["p99"],
+        "x_client_queue_ms_p99": p_queue["p99"],
         "x_input_tokens_total": in_tok, "x_output_tokens_total": out_tok,
         "x_output_tokens_estimated": sum(bool(r.get("output_tokens_estimated")) for r in ok),
         "x_osl_mismatch": sum(bool(r.get("osl_mismatch")) for r in ok),
@@ -436,6 +437,14 @@ def run_coro(coro):
 
     with ThreadPoolExecutor(1) as ex:
         return ex.submit(asyncio.run, coro).result()
+
+
+def _default_workload(cfg: LoadConfig, tokenizer=None) -> list[RequestInput]:
+    """The requests a point sends when none are given: warm-up + measured (256 when unbounded), at most 1024
+    distinct prompts (reused round-robin); token-id prompts on ``/v1/completions`` without a tokenizer."""
+    n = (cfg.num_requests or 256) + cfg.warmup_requests
+    return build_workload(min(n, 1024), cfg.isl, cfg.osl, tokenizer, cfg.seed, cfg.isl_range, cfg.osl_range,
+                          as_token_ids=tokenizer is None and cfg.endpoint == "completions")
 
 
 def point_id(cfg: LoadConfig) -> str:
@@ -474,9 +483,7 @@ def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None
     if out_dir is not None:
         _check_out_dir(out_dir)
     if workload is None:
-        n = (cfg.num_requests or 256) + cfg.warmup_requests
-        workload = build_workload(min(n, 1024), cfg.isl, cfg.osl, tokenizer, cfg.seed, cfg.isl_range,
-                                  cfg.osl_range, as_token_ids=tokenizer is None and cfg.endpoint == "completions")
+        workload = _default_workload(cfg, tokenizer)
     pid = point_id(cfg)
     detail = None
     if out_dir is not None:
@@ -550,16 +557,13 @@ def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path
     meta = R.run_metadata(backend="openai", config={k: v for k, v in asdict(cfg).items() if k != "api_key_env"},
                           **(metadata or {}))
     store = R.ResultStore(out_dir, metadata=meta)
-    tok = tokenizer
-    n = max(((cfg.num_requests or 256) + cfg.warmup_requests), 1)
-    workload = build_workload(min(n, 1024), cfg.isl, cfg.osl, tok, cfg.seed, cfg.isl_range, cfg.osl_range,
-                              as_token_ids=tok is None and cfg.endpoint == "completions")
+    workload = _default_workload(cfg, tokenizer)
     rows = []
     extra = {"run_id": meta["created_utc"], **(extra or {})}
     with InterruptGuard() as guard:
         for c in concs:
             guard.check()  # a Ctrl-C swallowed by a finaliser still stops the sweep between points
-            row = run_point(replace(cfg, max_concurrency=c), out_dir, tok, workload, store, extra,
+            row = run_point(replace(cfg, max_concurrency=c), out_dir, tokenizer, workload, store, extra,
                             setup_error=model_error)
             rows.append(row)
             if progress:
@@ -613,7 +617,7 @@ class _DefaultsHelpFormatter(argparse.HelpFormatter):
 def add_cli(subparsers) -> None:
     """``kit serve-bench``: a concurrency sweep against a running OpenAI-compatible server."""
     p = subparsers.add_parser(
-        "serve-bench", help="benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, goodput)",
+        "serve-bench",
         description="Concurrency sweep against a running server; one results row per concurrency "
                     "(backend=openai) plus a per-request detail file. The API key is read from the environment "
                     f"variable named by --api-key-env (default {DEFAULT_API_KEY_ENV}).",
@@ -667,8 +671,7 @@ def _cli_main(args) -> int:
         raise ValueError(f"--extra-body={args.extra_body!r} is not valid JSON: {e}") from e
     if not isinstance(extra_body, dict):
         raise ValueError(f"--extra-body={args.extra_body!r} must be a JSON object")
-    concs = (list(args.concurrency) if isinstance(args.concurrency, (list, tuple))
-             else _concurrency_list(args.concurrency))
+    concs = args.concurrency  # argparse applies type= to the string default too
     cfg = LoadConfig(url=args.url, model=args.model, endpoint=args.endpoint, max_concurrency=concs[0],
                      request_rate=args.request_rate, burstiness=args.burstiness, seed=args.seed,
                      num_requests=args.num_requests, duration_s=args.duration_s, warmup_requests=args.warmup,

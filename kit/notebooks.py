@@ -13,6 +13,12 @@ NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL = "python3"
 
 
+def list_notebooks() -> list[str]:
+    """Every notebook under ``notebooks/`` as a posix path relative to it, sorted (checkpoints skipped)."""
+    return sorted(p.relative_to(NOTEBOOK_DIR).as_posix() for p in NOTEBOOK_DIR.rglob("*.ipynb")
+                  if ".ipynb_checkpoints" not in p.parts)
+
+
 def declared_parameters(path: str | Path) -> dict:
     """Names (and inferred types/defaults/help) declared in the notebook's ``parameters`` cell.
 

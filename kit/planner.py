@@ -773,7 +773,7 @@ def overlay_figure(measured: pd.DataFrame, predicted: pd.DataFrame, x: str = "co
 # ---------------------------------------------------------------- CLI
 def add_cli(sub) -> None:
     """``kit plan``: memory fit, KV headroom, predicted tok/s and cost for a model on N accelerators."""
-    p = sub.add_parser("plan", help="will it fit, how fast, at what cost (analytic; no GPU needed)",
+    p = sub.add_parser("plan",
                        description="Analytic plan for serving a model: weights per GPU, KV tokens left, max users "
                                    "at a context, predicted decode tok/s (roofline) and $ per million tokens. "
                                    f"Reference models: {', '.join(list_models())}; also kit presets and any "

@@ -193,13 +193,14 @@ def plot_served(df, title: str | None = None):
     """
     from matplotlib.ticker import NullFormatter
 
+    from . import metrics as M
     from . import results as R
 
     df = R.coerce(df)
     df = df[df["status"] == "ok"].copy()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     df["_tok_s"] = _throughput_col(df)
-    df["_per_gpu"] = df["_tok_s"] / df["n_gpus"].fillna(1).astype("float64")
+    df["_per_gpu"] = M.tok_s_per_gpu(df["_tok_s"], df["n_gpus"].fillna(1).astype("float64"))
     for (backend, model), g in df.groupby([df["backend"], df["model"].fillna("?")], sort=False):
         g = g.sort_values("concurrency")
         label = f"{backend}: {Path(str(model)).name}"

@@ -113,7 +113,7 @@ def _check_range(t: torch.Tensor, name: str, raw, allowed: str, lo, hi, lo_open=
                          f"allowed: {allowed}")
 
 
-def _k(top_k, batch, device, vocab) -> torch.Tensor:
+def _k(top_k, batch, device) -> torch.Tensor:
     k = _per_row(top_k, "top_k", batch, device, integer=True, allowed="an integer ≥ 0 (0 = disabled)")
     _check_range(k, "top_k", top_k, "integers ≥ 0 (0 or ≥ vocab = keep every token)", 0, None)
     return k
@@ -180,7 +180,7 @@ def top_k_renorm_prob(probs: torch.Tensor, top_k) -> torch.Tensor:
             ``(batch,)``; ``top_k < 0``.
     """
     _check_matrix(probs, "probs")
-    k = _k(top_k, probs.shape[0], probs.device, probs.shape[1])
+    k = _k(top_k, probs.shape[0], probs.device)
     x = _work(probs)
     return _renorm(x, _top_k_keep(x, k), probs.dtype)
 
@@ -244,7 +244,7 @@ def top_k_mask_logits(logits: torch.Tensor, top_k) -> torch.Tensor:
         ValueError: ``logits`` not a 2-d floating tensor; bad ``top_k`` (kind, shape, < 0).
     """
     _check_matrix(logits, "logits", "logits")
-    k = _k(top_k, logits.shape[0], logits.device, logits.shape[1])
+    k = _k(top_k, logits.shape[0], logits.device)
     x = _work(logits)
     keep = _top_k_keep(x, k)
     out = torch.where(keep, logits, torch.full_like(logits, float("-inf")))
@@ -355,7 +355,7 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k=0, top_p=1.0, *, 
     """
     _check_matrix(probs, "probs")
     batch, device = probs.shape[0], probs.device
-    k = _k(top_k, batch, device, probs.shape[1])
+    k = _k(top_k, batch, device)
     p = _p(top_p, "top_p", batch, device)
     u = _uniform(uniform, generator, batch, device)
     x = _work(probs)

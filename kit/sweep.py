@@ -240,7 +240,7 @@ def add_cli(sub) -> None:
     """``kit sweep``: run a sweep, write results + plots, print a summary."""
     d = SweepConfig()
     helps = {f.name: f.metadata.get("help", "") for f in fields(SweepConfig)}
-    p = sub.add_parser("sweep", help="sweep KV-cache length x concurrency in-process; write results and plots",
+    p = sub.add_parser("sweep",
                        description="Measure prefill and decode of a model on this machine over a grid of KV-cache "
                                    "lengths and concurrencies. Writes OUT/results.parquet (+ .json metadata), "
                                    "OUT/points.jsonl (append log; a re-run resumes) and OUT/*.png plots.",

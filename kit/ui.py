@@ -359,8 +359,9 @@ class ControlPanel:
             if self.export_format.value == "csv":
                 out.mkdir(parents=True, exist_ok=True)
                 path = out / "export.csv"
-                self.frame.drop(columns=[c for c in self.frame.columns if c.startswith("x_step")
-                                         or c.startswith("x_prefill")]).to_csv(path, index=False)
+                from .analysis import LIST_COLUMNS  # per-step lists do not fit a CSV cell
+
+                self.frame.drop(columns=list(LIST_COLUMNS), errors="ignore").to_csv(path, index=False)
             else:
                 path = save_results(self.frame, out / "export.parquet",
                                     metadata=self.frame.attrs.get("metadata", {}))

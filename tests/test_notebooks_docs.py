@@ -15,7 +15,7 @@ import pandas as pd
 import papermill as pm
 import pytest
 
-from kit.notebooks import NOTEBOOK_DIR, declared_parameters, run_notebook
+from kit.notebooks import NOTEBOOK_DIR, declared_parameters, list_notebooks, run_notebook
 from nbexec import execute
 
 pytestmark = pytest.mark.slow
@@ -171,8 +171,7 @@ def test_explanation_performance_per_dollar():
 
 
 # ------------------------------------------------------------------------------------------- notebook rules
-ALL_NOTEBOOKS = sorted(p.relative_to(NOTEBOOK_DIR).as_posix() for p in NOTEBOOK_DIR.rglob("*.ipynb")
-                       if ".ipynb_checkpoints" not in p.parts)
+ALL_NOTEBOOKS = list_notebooks()
 
 
 @pytest.mark.parametrize("rel", ALL_NOTEBOOKS)
