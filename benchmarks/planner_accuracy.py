@@ -45,9 +45,10 @@ def main(argv=None) -> int:
           + ("  (busy machine: timings will scatter; try --threads 1 or a quiet moment)"
              if load > (os.cpu_count() or 1) else ""))
 
-    from kit import calibrate, planner
+    from kit.measure import calibrate
+    from kit.plan import roofline as planner
     from kit.results import load_results, save_results
-    from kit.sweep import SweepConfig, run_sweep
+    from kit.measure.sweep import SweepConfig, run_sweep
 
     out = Path(args.out or tempfile.mkdtemp(prefix="planner-accuracy-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -27,9 +27,9 @@ NOTEBOOKS = ROOT / "notebooks"
 
 
 def notebooks() -> list[str]:
-    """Every notebook under notebooks/, relative (posix), sorted (:func:`kit.notebooks.list_notebooks`)."""
+    """Every notebook under notebooks/, relative (posix), sorted (:func:`kit.view.notebooks.list_notebooks`)."""
     sys.path.insert(0, str(ROOT))
-    from kit.notebooks import list_notebooks
+    from kit.view.notebooks import list_notebooks
 
     return list_notebooks()
 
@@ -49,7 +49,7 @@ def api_page() -> str:
 def execute_all(dest: Path, run_dir: Path) -> list[str]:
     """papermill-execute every notebook with its own defaults (out_dir under ``run_dir``); returns failures."""
     sys.path.insert(0, str(ROOT))
-    from kit.notebooks import run_notebook
+    from kit.view.notebooks import run_notebook
 
     failed = []
     for rel in notebooks():

@@ -20,6 +20,8 @@ from importlib import resources
 from pathlib import Path
 
 import pandas as pd
+from kit._io import data_path
+from kit.errors import InputNotFoundError, UnknownNameError, UserError
 
 ACCEL_REQUIRED = {
     "name": str, "vendor": str, "hbm_gb": float, "hbm_tb_s": float, "fp32_tflops": float, "bf16_tflops": float,
@@ -31,12 +33,8 @@ PRICE_REQUIRED = ("accelerator", "usd_per_gpu_hr", "basis")
 DEFAULT_BASIS = "tco"
 
 
-class CatalogError(ValueError):
+class CatalogError(UserError):
     """A catalog or price file failed validation (the message names the file, row and column)."""
-
-
-def _data_path(name: str) -> Path:
-    return Path(str(resources.files("kit") / "data" / name))
 
 
 def _validate_accels(df: pd.DataFrame, origin: str) -> pd.DataFrame:
@@ -142,7 +140,7 @@ class Catalog:
         for n, row in self.accelerators.iterrows():
             if low in (n.lower(), str(row.get("full_name", "")).lower()):
                 return n
-        raise KeyError(f"unknown accelerator {name!r}; known: {self.names}")
+        raise UnknownNameError(f"unknown accelerator {name!r}; known: {self.names}")
 
     def get(self, name: str) -> pd.Series:
         """The catalog row of one accelerator (see :meth:`resolve` for accepted names)."""
@@ -157,10 +155,10 @@ class Catalog:
         col = {"float32": "fp32_tflops", "fp32": "fp32_tflops", "bfloat16": "bf16_tflops", "bf16": "bf16_tflops",
                "float16": "fp16_tflops", "fp16": "fp16_tflops", "fp8": "fp8_tflops", "fp4": "fp4_tflops"}.get(dtype)
         if col is None:
-            raise ValueError(f"unknown dtype {dtype!r}; allowed: float32, bfloat16, float16, fp8, fp4")
+            raise UserError(f"unknown dtype {dtype!r}; allowed: float32, bfloat16, float16, fp8, fp4")
         v = self.get(name).get(col)
         if v is None or pd.isna(v):
-            raise ValueError(f"no {dtype} TFLOPS figure for {name}")
+            raise UserError(f"no {dtype} TFLOPS figure for {name}")
         return float(v)
 
     def price(self, name: str, basis: str = DEFAULT_BASIS) -> Price:
@@ -173,7 +171,7 @@ class Catalog:
         rows = self.prices[(self.prices.accelerator == n) & (self.prices.basis == basis)]
         if rows.empty:
             have = self.bases_for(n)
-            raise KeyError(f"no price for {n} on basis {basis!r}; bases with a price for {n}: {have}")
+            raise UnknownNameError(f"no price for {n} on basis {basis!r}; bases with a price for {n}: {have}")
         r = rows.iloc[0]
         return Price(n, float(r.usd_per_gpu_hr), basis, str(r.get("source", "")))
 
@@ -184,7 +182,7 @@ class Catalog:
             ValueError: price not > 0. KeyError: unknown accelerator.
         """
         if not float(usd_per_gpu_hr) > 0:
-            raise ValueError(f"usd_per_gpu_hr={usd_per_gpu_hr!r} must be > 0")
+            raise UserError(f"usd_per_gpu_hr={usd_per_gpu_hr!r} must be > 0")
         n = self.resolve(name)
         keep = self.prices[~((self.prices.accelerator == n) & (self.prices.basis == basis))]
         new = pd.DataFrame([{"accelerator": n, "usd_per_gpu_hr": float(usd_per_gpu_hr), "basis": basis,
@@ -205,7 +203,7 @@ def _read_user_csv(path: str | Path) -> pd.DataFrame:
     """Read a user's CSV: the path must be an existing file; parse failures become :class:`CatalogError` naming it."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise InputNotFoundError(f"{path}: no such file")
     if not p.is_file():
         raise CatalogError(f"{path}: is a directory (or not a regular file); give a CSV file")
     try:
@@ -219,9 +217,9 @@ def _read_user_csv(path: str | Path) -> pd.DataFrame:
 @functools.lru_cache(maxsize=1)
 def _shipped() -> tuple[pd.DataFrame, pd.DataFrame]:
     """The shipped accelerators and prices, read and validated once per process (the planner asks per point)."""
-    acc = _validate_accels(pd.read_csv(_data_path("accelerators.csv"), dtype={"gfx_arch": str}),
+    acc = _validate_accels(pd.read_csv(data_path("accelerators.csv"), dtype={"gfx_arch": str}),
                            "kit/data/accelerators.csv")
-    return acc, _validate_prices(pd.read_csv(_data_path("prices.csv")), "kit/data/prices.csv", set(acc.name))
+    return acc, _validate_prices(pd.read_csv(data_path("prices.csv")), "kit/data/prices.csv", set(acc.name))
 
 
 def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str | Path | None = None) -> Catalog:

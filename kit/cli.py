@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
+from kit.errors import KitError, UserError
 
 #: subcommand → (module defining ``add_cli(subparsers)``, one-line help shown by ``kit --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "sweep": ("kit.sweep", "sweep KV-cache length x concurrency in-process; write results and plots"),
+    "sweep": ("kit.measure.sweep", "sweep KV-cache length x concurrency in-process; write results and plots"),
     "devices": ("kit.hardware", "show the detected device and the accelerator catalog"),
-    "bench": ("kit.bench", "benchmark the kit: harness overhead and speed vs model.generate()"),
-    "plan": ("kit.planner", "will it fit, how fast, at what cost (analytic; no GPU needed)"),
-    "calibrate": ("kit.calibrate", "measure local memory bandwidth, matmul TFLOPS and step overhead"),
-    "serve-bench": ("kit.loadgen", "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, "
+    "bench": ("kit.measure.bench", "benchmark the kit: harness overhead and speed vs model.generate()"),
+    "plan": ("kit.plan.roofline", "will it fit, how fast, at what cost (analytic; no GPU needed)"),
+    "calibrate": ("kit.measure.calibrate", "measure local memory bandwidth, matmul TFLOPS and step overhead"),
+    "serve-bench": ("kit.serve.load", "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, "
                                    "goodput)"),
-    "dashboard": ("kit.dashboard", "serve the sweep control panel as a web page (Voila, 127.0.0.1)"),
-    "doctor": ("kit.doctor", "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel "
+    "dashboard": ("kit.view.dashboard", "serve the sweep control panel as a web page (Voila, 127.0.0.1)"),
+    "doctor": ("kit.check.doctor", "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel "
                              "libraries and their sampling ops"),
 }
 
@@ -47,18 +50,18 @@ def parse_int_list(text: str, name: str | None = None, minimum: int | None = 1,
     parts = [p.strip() for p in str(text).split(",")]
     if not any(parts):
         if len(parts) > 1:
-            raise ValueError(f"{pre}{text!r} has an empty item {hint}")
-        raise ValueError(f"{pre}give at least one integer {hint}")
+            raise UserError(f"{pre}{text!r} has an empty item {hint}")
+        raise UserError(f"{pre}give at least one integer {hint}")
     if not all(parts):
-        raise ValueError(f"{pre}{text!r} has an empty item {hint}")
+        raise UserError(f"{pre}{text!r} has an empty item {hint}")
     out: list[int] = []
     for item in (x for part in parts for x in part.split()):
         try:
             v = int(item)
         except ValueError:
-            raise ValueError(f"{pre}{item!r} is not an integer {hint}") from None
+            raise UserError(f"{pre}{item!r} is not an integer {hint}") from None
         if minimum is not None and v < minimum:
-            raise ValueError(f"{pre}{item!r} is too small: {v} must be >= {minimum}")
+            raise UserError(f"{pre}{item!r} is too small: {v} must be >= {minimum}")
         if v not in out:
             out.append(v)
     return out
@@ -91,15 +94,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``kit <command> ...``; returns the exit code.
+
+    Exit codes: 0 done; 2 a user error (a :class:`kit.errors.KitError`: one line on stderr, no traceback; argparse
+    errors exit 2 too); 130 interrupted (Ctrl-C); a command's own non-zero code (e.g. ``--strict``). Any other
+    exception is a bug: it propagates with its traceback (Python exits 1).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only)
     args = parser.parse_args(argv)
+    logging.basicConfig(format=f"kit {args.command}: %(message)s", level=logging.INFO)
     try:
         rc = args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"kit {args.command}: error: {msg}", file=sys.stderr)
+    except KitError as e:
+        print(f"kit {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # commands that keep partial results say so themselves and return 130
         out = getattr(args, "out", None)
@@ -107,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nkit {args.command}: interrupted{saved}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `kit ... | head`: the reader left; not an error of ours
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return int(rc or 0)

@@ -18,6 +18,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
+from kit import dtypes
+from kit.errors import UserError
 
 BACKENDS = ("cpu", "cuda", "rocm")
 
@@ -105,16 +107,16 @@ def detect(device: str | None = None) -> DeviceInfo:
     if want.startswith("cuda:"):
         want = "cuda"
     if want not in allowed:
-        raise ValueError(f"device={device!r} is not allowed; use one of {allowed}")
+        raise UserError(f"device={device!r} is not allowed; use one of {allowed}")
     have = backend_of_build()
     if want == "auto":
         want = have
     if want in ("cuda", "rocm"):
         if have == "cpu":
-            raise ValueError(f"device={device!r} requested but torch {torch.__version__} sees no GPU "
+            raise UserError(f"device={device!r} requested but torch {torch.__version__} sees no GPU "
                              f"(torch.cuda.is_available() is False); use device='cpu'")
         if want != have:
-            raise ValueError(f"device={device!r} requested but this torch build is {have} "
+            raise UserError(f"device={device!r} requested but this torch build is {have} "
                              f"(torch.version.hip={getattr(torch.version, 'hip', None)!r}); use device={have!r}")
     if want == "cpu":
         mem = _cpu_total_gb()
@@ -201,31 +203,6 @@ def free_memory(device: str | torch.device = "cpu") -> None:
         torch.cuda.empty_cache()
 
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
-
-
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    """Map a dtype name (float32/fp32, bfloat16/bf16, float16/fp16) to a ``torch.dtype``.
-
-    Raises:
-        ValueError: unknown name (the message lists the allowed names).
-    """
-    if isinstance(name, torch.dtype):
-        if name in _DTYPES.values():
-            return name
-        raise ValueError(f"dtype={name} is not supported for models; use one of {sorted(set(_DTYPES))}")
-    try:
-        return _DTYPES[str(name).lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; allowed: {sorted(_DTYPES)}") from None
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """Canonical name of a torch dtype ("float32", "bfloat16", "float16")."""
-    return str(dtype).removeprefix("torch.")
-
-
 def check_dtype_supported(dtype: torch.dtype, device: str | torch.device) -> None:
     """Run a tiny matmul in ``dtype`` on ``device``; raise ValueError if the device cannot do it.
 
@@ -234,13 +211,13 @@ def check_dtype_supported(dtype: torch.dtype, device: str | torch.device) -> Non
     """
     dev = torch.device(device)
     if dev.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"dtype=bfloat16 is not supported on {torch.cuda.get_device_name(dev)}; "
+        raise UserError(f"dtype=bfloat16 is not supported on {torch.cuda.get_device_name(dev)}; "
                          "use float16 or float32")
     try:
         a = torch.ones(4, 4, dtype=dtype, device=dev)
         (a @ a).sum().item()
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"dtype={dtype_name(dtype)} does not work on device {dev}: {e}") from e
+        raise UserError(f"dtype={dtypes.name_of(dtype)} does not work on device {dev}: {e}") from e
 
 
 def add_cli(sub) -> None:
@@ -259,7 +236,7 @@ def _cli_devices(args) -> int:
 
     import pandas as pd
 
-    from .catalog import load_catalog
+    from kit.catalog import load_catalog
 
     info = detect()
     cat = load_catalog(args.accelerators, args.prices)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
+from kit.errors import UserError
 
 PERCENTILE_METHOD = "linear"
 
@@ -135,7 +136,7 @@ def request_timings(chunk_times_s: Sequence[float], chunk_tokens: Sequence[int],
         ValueError: chunk_times_s and chunk_tokens differ in length.
     """
     if len(chunk_times_s) != len(chunk_tokens):
-        raise ValueError(f"chunk_times_s has {len(chunk_times_s)} entries but chunk_tokens has {len(chunk_tokens)}")
+        raise UserError(f"chunk_times_s has {len(chunk_times_s)} entries but chunk_tokens has {len(chunk_tokens)}")
     pairs = [(t, int(k)) for t, k in zip(chunk_times_s, chunk_tokens)]
     if not pairs:
         return RequestTimings(None, None, None, int(output_tokens), [], [])
@@ -225,9 +226,9 @@ def busbw_factor(op: str, n_ranks: int) -> float:
         ValueError: unknown ``op`` or ``n_ranks`` < 1.
     """
     if op not in _BUSBW_FACTOR:
-        raise ValueError(f"unknown collective {op!r}; allowed: {sorted(_BUSBW_FACTOR)}")
+        raise UserError(f"unknown collective {op!r}; allowed: {sorted(_BUSBW_FACTOR)}")
     if n_ranks < 1:
-        raise ValueError(f"n_ranks={n_ranks} must be >= 1")
+        raise UserError(f"n_ranks={n_ranks} must be >= 1")
     return _BUSBW_FACTOR[op](n_ranks)
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from .hardware import dtype_name, parse_dtype
+from kit.errors import UserError
+from kit import dtypes
 
 
 @dataclass(frozen=True)
@@ -128,12 +129,12 @@ def get_config(model: str):
     if is_checkpoint_dir(model):
         return AutoConfig.from_pretrained(str(model), local_files_only=True)
     if Path(model).exists():
-        raise ValueError(f"model={model!r} is a path but holds no config.json; a checkpoint directory needs "
+        raise UserError(f"model={model!r} is a path but holds no config.json; a checkpoint directory needs "
                          "config.json + *.safetensors")
     if any(sep in str(model) for sep in ("/", "\\")) or str(model).startswith((".", "~")):
-        raise ValueError(f"model={model!r} looks like a checkpoint path but it does not exist; give an existing "
+        raise UserError(f"model={model!r} looks like a checkpoint path but it does not exist; give an existing "
                          f"directory (config.json + *.safetensors) or a preset: {sorted(PRESETS)}")
-    raise ValueError(f"unknown model preset {model!r}; allowed presets: {sorted(PRESETS)}, "
+    raise UserError(f"unknown model preset {model!r}; allowed presets: {sorted(PRESETS)}, "
                      "or a local checkpoint directory (config.json + *.safetensors)")
 
 
@@ -175,7 +176,7 @@ def build_model(model: str = DEFAULT_PRESET, dtype: str | torch.dtype = "float32
     """
     from transformers import AutoModelForCausalLM
 
-    dt = parse_dtype(dtype)
+    dt = dtypes.to_torch(dtype)
     if is_checkpoint_dir(model):
         return load_checkpoint(model, dt, device)
     cfg = get_config(model)
@@ -196,10 +197,10 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = "bfloat1
 
     p = Path(path)
     if not is_checkpoint_dir(p):
-        raise ValueError(f"checkpoint path {str(p)!r} is not a directory with config.json")
+        raise UserError(f"checkpoint path {str(p)!r} is not a directory with config.json")
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
-        raise ValueError(f"checkpoint directory {str(p)!r} has config.json but no *.safetensors weights")
-    m = AutoModelForCausalLM.from_pretrained(str(p), dtype=parse_dtype(dtype), device_map=str(torch.device(device)),
+        raise UserError(f"checkpoint directory {str(p)!r} has config.json but no *.safetensors weights")
+    m = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtypes.to_torch(dtype), device_map=str(torch.device(device)),
                                              local_files_only=True, attn_implementation="sdpa")
     return m.eval()
 
@@ -228,4 +229,4 @@ def preset_table():
 
 
 __all__ = ["PRESETS", "DEFAULT_PRESET", "Preset", "get_config", "build_model", "load_checkpoint",
-           "save_checkpoint", "count_params", "weight_bytes", "max_positions", "preset_table", "dtype_name"]
+           "save_checkpoint", "count_params", "weight_bytes", "max_positions", "preset_table"]

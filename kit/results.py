@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from kit._io import atomic_write_bytes, atomic_write_with
+from kit.errors import InputNotFoundError, OutputPathError, UserError
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "skipped")
@@ -130,12 +132,12 @@ def validate_record(rec: dict) -> dict:
     """
     unknown = [k for k in rec if k not in _DTYPES and not k.startswith("x_")]
     if unknown:
-        raise ValueError(f"record has unknown column(s) {unknown}; schema columns are in kit.results.COLUMN_NAMES "
+        raise UserError(f"record has unknown column(s) {unknown}; schema columns are in kit.results.COLUMN_NAMES "
                          "(backend-specific extras must start with 'x_')")
     if rec.get("status") not in STATUSES:
-        raise ValueError(f"status={rec.get('status')!r}; allowed: {STATUSES}")
+        raise UserError(f"status={rec.get('status')!r}; allowed: {STATUSES}")
     if rec.get("backend") not in BACKENDS:
-        raise ValueError(f"backend={rec.get('backend')!r}; allowed: {BACKENDS}")
+        raise UserError(f"backend={rec.get('backend')!r}; allowed: {BACKENDS}")
     return rec
 
 
@@ -182,7 +184,7 @@ def run_metadata(**extra) -> dict:
     import torch
     import transformers
 
-    from . import __version__
+    from kit import __version__
 
     meta = {
         "schema_version": SCHEMA_VERSION,
@@ -200,15 +202,6 @@ def run_metadata(**extra) -> dict:
     return meta
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save_results(df: pd.DataFrame, path: str | Path, metadata: dict | None = None) -> Path:
     """Write ``df`` to ``path`` (a ``.parquet`` file, or a directory → ``results.parquet``) + a JSON sidecar.
 
@@ -221,12 +214,10 @@ def save_results(df: pd.DataFrame, path: str | Path, metadata: dict | None = Non
         path = path / "results.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     df = coerce(df)
-    tmp = path.with_name(path.name + ".tmp")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
     side = {"metadata": metadata or {}, "schema_version": SCHEMA_VERSION,
             "columns": {c: str(t) for c, t in df.dtypes.items()}}
-    _atomic_write_bytes(path.with_suffix(".json"), json.dumps(side, indent=2, default=str).encode())
+    atomic_write_bytes(path.with_suffix(".json"), json.dumps(side, indent=2, default=str).encode())
     return path
 
 
@@ -247,11 +238,11 @@ def load_results(path: str | Path) -> pd.DataFrame:
         elif pq.exists():
             df, side = coerce(pd.read_parquet(pq)), pq.with_suffix(".json")
         else:
-            raise FileNotFoundError(f"no results.parquet or points.jsonl in {path}")
+            raise InputNotFoundError(f"no results.parquet or points.jsonl in {path}")
     elif path.exists():
         df, side = coerce(pd.read_parquet(path)), path.with_suffix(".json")
     else:
-        raise FileNotFoundError(f"results file {path} does not exist")
+        raise InputNotFoundError(f"results file {path} does not exist")
     if side.exists():
         df.attrs["metadata"] = json.loads(side.read_text()).get("metadata", {})
     return df
@@ -282,7 +273,7 @@ class ResultStore:
     def __init__(self, out_dir: str | Path, metadata: dict | None = None):
         self.dir = Path(out_dir)
         if self.dir.exists() and not self.dir.is_dir():
-            raise NotADirectoryError(f"output directory {str(self.dir)!r} exists and is a file; "
+            raise OutputPathError(f"output directory {str(self.dir)!r} exists and is a file; "
                                      "give a directory path (it will be created if missing)")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = self.dir / "points.jsonl"

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.notebooks import NOTEBOOK_DIR, run_notebook
+from kit.view.notebooks import NOTEBOOK_DIR, run_notebook
 
 #: seconds any one cell may run before the notebook fails
 CELL_TIMEOUT_S = 300

@@ -1,4 +1,4 @@
-"""kit.analysis on hand-made frames (no measuring)."""
+"""kit.view.analysis on hand-made frames (no measuring)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from kit.analysis import concurrency_knee, dtype_comparison, export_for_ci, scaling_exponents
+from kit.view.analysis import concurrency_knee, dtype_comparison, export_for_ci, scaling_exponents
 from kit.results import load_results
 
 

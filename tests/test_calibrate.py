@@ -1,11 +1,13 @@
-"""kit.calibrate: measurements are positive medians with n, stored as JSON, and drive the planner's local device."""
+"""kit.measure.calibrate: measurements are positive medians with n, stored as JSON, and drive the planner's local device."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from kit import calibrate, planner
+from kit.errors import OutputPathError
+from kit.measure import calibrate
+from kit.plan import roofline as planner
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,7 @@ def test_save_calibration_writes_beside_target_and_cleans_up(tmp_path, monkeypat
     p = calibrate.save_calibration(cal, tmp_path / "new" / "deeper" / "c.json")  # missing parents are created
     assert json.loads(p.read_text())["mem_bw_gb_s"] == 1.0
     assert [x.name for x in p.parent.iterdir()] == ["c.json"]
-    with pytest.raises(IsADirectoryError, match="is a directory"):
+    with pytest.raises(OutputPathError, match="is a directory"):
         calibrate.save_calibration(cal, tmp_path)
 
     def boom(src, dst):

@@ -1,11 +1,11 @@
-"""kit.checks: the op resolver (S1, fake backends), the harness (report, summary, planted bug, eager and compiled),
+"""kit.check.harness: the op resolver (S1, fake backends), the harness (report, summary, planted bug, eager and compiled),
 the pytest helpers as a user's suite would use them, and fp8 (F1)."""
 import pytest
 import torch
 
-from kit import checks as C
-from kit import sampling as S
-from kit.checks import (Backend, OpNotFoundError, assert_matches_reference, check_op, device_dtype_params,
+from kit.check import harness as C
+from kit.check import sampling as S
+from kit.check.harness import (Backend, OpNotFoundError, assert_matches_reference, check_op, device_dtype_params,
                         mode_params, resolve_op)
 
 
@@ -206,7 +206,7 @@ def test_user_suite_style(device, dtype):
 
 def test_helpers_shapes_and_failure_message():
     params = device_dtype_params(devices=["cpu"])
-    assert [p.id for p in params] == ["cpu-float32", "cpu-float16", "cpu-bfloat16"]
+    assert [p.id for p in params] == ["cpu-float32", "cpu-bfloat16", "cpu-float16"]
     modes = mode_params(compile_marks=[pytest.mark.compile])
     assert [m.id for m in modes] == ["eager", "compile"] and modes[1].marks
     with pytest.raises(ValueError, match="modes"):

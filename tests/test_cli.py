@@ -40,7 +40,7 @@ def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path):
     (["--kv", "0,128"], "KV length 0"),
     (["--concurrency", "-2"], "concurrency -2"),
     (["--kv", "100000"], "at most 16384 positions"),
-    (["--dtype", "float8"], "unknown dtype 'float8'"),
+    (["--dtype", "float8"], "dtype 'float8'"),
     (["--device", "tpu"], "device='tpu'"),
     (["--accelerator", "nope"], "unknown accelerator 'nope'"),
     (["--model", "./no/such/ckpt"], "does not exist"),

@@ -1,4 +1,4 @@
-"""kit.cost: cost columns with price and basis, published Kimi K3 arithmetic, Pareto front, equal interactivity."""
+"""kit.plan.cost: cost columns with price and basis, published Kimi K3 arithmetic, Pareto front, equal interactivity."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kit import cost
+from kit.plan import cost
 from kit.results import to_frame
 
 

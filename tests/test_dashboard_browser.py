@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.dashboard import launch
+from kit.view.dashboard import launch
 from kit.results import load_results
 
 pytestmark = pytest.mark.slow

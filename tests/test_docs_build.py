@@ -43,5 +43,5 @@ def test_docs_build_nitpicky_warnings_as_errors(tmp_path):
         text = page.read_text()
         assert "cell_output" in text, f"{rel} rendered without outputs"
     api = (html / "api.html").read_text()
-    for name in ("kit.ui.ControlPanel", "kit.sweep.run_sweep", "kit.metrics.usd_per_mtok", "kit.results.schema_table"):
+    for name in ("kit.view.panel.ControlPanel", "kit.measure.sweep.run_sweep", "kit.metrics.usd_per_mtok", "kit.results.schema_table"):
         assert name in api, name

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from kit import cli
-from kit import doctor as D
+from kit.check import doctor as D
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = str(Path(__file__).parent / "fake_backends")

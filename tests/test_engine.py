@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from kit import engine
+from kit.measure import engine
 
 
 def test_metrics_consistent_with_definitions(tiny_model):

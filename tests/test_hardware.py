@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kit import dtypes
 from kit import hardware
 
 
@@ -57,11 +58,11 @@ def test_bad_device_names_the_value():
             hardware.detect("cuda")
 
 
-def test_parse_dtype():
-    assert hardware.parse_dtype("bf16") is torch.bfloat16
-    assert hardware.parse_dtype("float32") is torch.float32
+def test_model_dtypes():
+    assert dtypes.to_torch("bf16") is torch.bfloat16
+    assert dtypes.to_torch("float32") is torch.float32
     with pytest.raises(ValueError, match="'float8'.*allowed"):
-        hardware.parse_dtype("float8")
+        dtypes.to_torch("float8")
 
 
 def test_dtype_the_device_cannot_do(monkeypatch):

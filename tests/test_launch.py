@@ -1,4 +1,4 @@
-"""kit.launch: recipe commands and environments for vLLM / SGLang on ROCm and CUDA and transformers serve;
+"""kit.serve.launch: recipe commands and environments for vLLM / SGLang on ROCm and CUDA and transformers serve;
 the Server process wrapper (readiness, early exit, timeout, stop by process group)."""
 import sys
 import time
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kit import launch as L
+from kit._io import free_port
+from kit.serve import launch as L
 
 HERE = Path(__file__).parent
 
@@ -120,7 +121,7 @@ def test_bad_specs_name_the_value(kw, match):
 
 
 def test_server_ready_and_stop_by_process_group(tmp_path):
-    port = L.free_port()
+    port = free_port()
     srv = L.Server(argv=[sys.executable, str(HERE / "sse_server.py"), "--port", str(port)],
                    url=f"http://127.0.0.1:{port}", log_path=tmp_path / "s.log")
     with srv:
@@ -137,7 +138,7 @@ def test_server_exits_early_or_never_ready(tmp_path):
     with srv, pytest.raises(RuntimeError, match="(?s)code 3.*boom"):
         srv.wait_ready(20, poll_s=0.1)
     # a server that never answers (and has a child) times out, then stop() kills the whole group
-    srv = L.Server(argv=["bash", "-c", "sleep 120 & sleep 120"], url=f"http://127.0.0.1:{L.free_port()}",
+    srv = L.Server(argv=["bash", "-c", "sleep 120 & sleep 120"], url=f"http://127.0.0.1:{free_port()}",
                    log_path=tmp_path / "b.log")
     srv.start()
     t = time.monotonic()

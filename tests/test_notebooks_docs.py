@@ -15,7 +15,7 @@ import pandas as pd
 import papermill as pm
 import pytest
 
-from kit.notebooks import NOTEBOOK_DIR, declared_parameters, list_notebooks, run_notebook
+from kit.view.notebooks import NOTEBOOK_DIR, declared_parameters, list_notebooks, run_notebook
 from nbexec import execute
 
 pytestmark = pytest.mark.slow
@@ -181,7 +181,7 @@ def test_notebook_committed_clean(rel):
     nb = nbformat.read(str(path), as_version=4)
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3", "kernelspec.name must be python3"
     dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
-    assert not dirty, f"cells {dirty} have outputs or execution counts: strip them (kit.notebooks.strip_outputs)"
+    assert not dirty, f"cells {dirty} have outputs or execution counts: strip them (kit.view.notebooks.strip_outputs)"
     params = declared_parameters(path)
     assert "out_dir" in params
     # papermill skips (with only a warning) any line holding a second "=", even inside the comment: such a

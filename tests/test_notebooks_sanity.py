@@ -50,7 +50,7 @@ def test_check_a_sampling_op(executed):
 
 
 def test_is_this_machine_ready(executed):
-    from kit.doctor import SCHEMA
+    from kit.check.doctor import SCHEMA
 
     out = executed["how-to/is-this-machine-ready.ipynb"].result()
     report = json.loads((out / "doctor.json").read_text())

@@ -1,4 +1,4 @@
-"""kit.planner: architecture specs, parameter counts, KV bytes (case P1), memory fit, roofline rows, kit plan."""
+"""kit.plan.roofline: architecture specs, parameter counts, KV bytes (case P1), memory fit, roofline rows, kit plan."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from kit import planner
-from kit.planner import get_spec, kv_bytes_per_token, memory_fit, predict_point, spec_from_config
+from kit.plan import roofline as planner
+from kit.plan.roofline import get_spec, kv_bytes_per_token, memory_fit, predict_point, spec_from_config
 from kit.results import validate_record
 
 REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "models.csv"

@@ -5,7 +5,8 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from kit import plots, results  # noqa: E402
+from kit.view import plots
+from kit import results  # noqa: E402
 
 
 def _frame():

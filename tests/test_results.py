@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 
+from kit.errors import OutputPathError
 from kit import results
 
 
@@ -52,7 +53,7 @@ def test_store_appends_and_survives_torn_line(tmp_path):
 def test_store_refuses_a_file(tmp_path):
     f = tmp_path / "file.txt"
     f.write_text("x")
-    with pytest.raises(NotADirectoryError, match="is a file"):
+    with pytest.raises(OutputPathError, match="is a file"):
         results.ResultStore(f)
 
 

@@ -1,10 +1,10 @@
-"""kit.sampling: cases S1–S5 (eager and torch.compile, float32/float16/bfloat16), documented edge semantics, and
+"""kit.check.sampling: cases S1–S5 (eager and torch.compile, float32/float16/bfloat16), documented edge semantics, and
 strict validation of every op's arguments."""
 import pytest
 import torch
 
-from kit import sampling as S
-from kit.checks import DEFAULT_TOL, compiled_call, frequency_check
+from kit.check import sampling as S
+from kit.check.harness import DEFAULT_TOL, compiled_call, frequency_check
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MODES = ["eager", pytest.param("compile", marks=pytest.mark.compile)]

@@ -1,4 +1,4 @@
-"""kit.serving: SSE parsing, cases E1-E3 (exact), arrivals, workloads, aggregation, faults against a scripted
+"""kit.serve.client: SSE parsing, cases E1-E3 (exact), arrivals, workloads, aggregation, faults against a scripted
 server (500s, stalls, truncated streams, a server killed mid-run, a dead server), the CLI."""
 import json
 import math
@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from kit.errors import OutputPathError
 from kit import results as R
-from kit import serving as S
+from kit.serve import client as S
+from kit.view.plots import plot_served
+from kit.serve import load
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sse_server import script, start_in_thread  # noqa: E402
@@ -89,7 +92,7 @@ def test_e2_one_and_zero_output_tokens():
     assert S.request_record(cap, S.RequestInput("p", 4, 64), S.token_counter(chars))["itl_ms"] == \
         pytest.approx([100.0])
     cfg = S.LoadConfig(url="http://x", slo_tpot_ms=50.0)
-    row = S.aggregate([a, b, c], cfg, {"duration_s": 1.0})
+    row = load.aggregate([a, b, c], cfg, {"duration_s": 1.0})
     assert row["completed"] == 3 and row["failed"] == 0
     assert row["tpot_n"] == 1  # only C has a TPOT; A (1 token) and B (0 tokens) are excluded, no ZeroDivision
     assert row["x_good_requests"] == 2  # A and B pass the TPOT SLO by definition; C's 100 ms does not
@@ -102,12 +105,12 @@ def test_e3_goodput():
                 "input_tokens": 4, "itl_ms": [], "chunk_gaps_ms": [], "n_chunks": n_out, "client_queue_ms": 0.0}
     recs = [rec(400, 90, 10), rec(600, 50, 10), rec(300, 100, 10), rec(200, None, 1)]
     cfg = S.LoadConfig(url="http://x", slo_ttft_ms=500, slo_tpot_ms=100)
-    row = S.aggregate(recs, cfg, {"duration_s": 2.0})
+    row = load.aggregate(recs, cfg, {"duration_s": 2.0})
     assert row["x_good_requests"] == 3
     assert row["goodput_rps"] == pytest.approx(1.5)
     assert row["request_throughput"] == pytest.approx(2.0)
     # no SLO given -> goodput missing, not equal to throughput
-    assert S.aggregate(recs, S.LoadConfig(url="http://x"), {"duration_s": 2.0})["goodput_rps"] is None
+    assert load.aggregate(recs, S.LoadConfig(url="http://x"), {"duration_s": 2.0})["goodput_rps"] is None
 
 
 # ---------------------------------------------------------------- parsing details
@@ -182,26 +185,26 @@ def test_config_validation_names_bad_values():
 
 
 def test_arrivals_gamma_poisson_and_inf():
-    assert (S.arrival_gaps_s(5, math.inf) == 0).all()
-    g = S.arrival_gaps_s(20000, 10.0, 1.0, seed=1)
+    assert (load.arrival_gaps_s(5, math.inf) == 0).all()
+    g = load.arrival_gaps_s(20000, 10.0, 1.0, seed=1)
     assert g.mean() == pytest.approx(0.1, rel=0.03)
     assert g.std() == pytest.approx(0.1, rel=0.05)  # exponential: std = mean
-    bursty = S.arrival_gaps_s(20000, 10.0, 0.25, seed=1)
+    bursty = load.arrival_gaps_s(20000, 10.0, 0.25, seed=1)
     assert bursty.mean() == pytest.approx(0.1, rel=0.05) and bursty.std() > 1.8 * g.std()
-    assert (S.arrival_gaps_s(10, 5.0, seed=3) == S.arrival_gaps_s(10, 5.0, seed=3)).all()
+    assert (load.arrival_gaps_s(10, 5.0, seed=3) == load.arrival_gaps_s(10, 5.0, seed=3)).all()
     with pytest.raises(ValueError):
-        S.arrival_gaps_s(3, 1.0, burstiness=0)
+        load.arrival_gaps_s(3, 1.0, burstiness=0)
 
 
 def test_workload_presets_and_token_ids():
-    assert S.WORKLOAD_PRESETS["seed"] == (1024, 400) and S.WORKLOAD_PRESETS["8k/1k"] == (8192, 1024)
-    w = S.build_workload(6, 50, 20, None, seed=1, osl_range=0.5, as_token_ids=True)
+    assert load.WORKLOAD_PRESETS["seed"] == (1024, 400) and load.WORKLOAD_PRESETS["8k/1k"] == (8192, 1024)
+    w = load.build_workload(6, 50, 20, None, seed=1, osl_range=0.5, as_token_ids=True)
     assert all(len(r.prompt) == 50 and r.input_tokens == 50 for r in w)
     assert all(10 <= r.max_tokens <= 30 for r in w) and len({r.max_tokens for r in w}) > 1
-    words = S.build_workload(2, 7, 3, None)
+    words = load.build_workload(2, 7, 3, None)
     assert len(words[0].prompt.split()) == 7 and words[0].input_tokens is None
     with pytest.raises(ValueError, match="isl_range"):
-        S.build_workload(2, 7, 3, None, isl_range=1.5)
+        load.build_workload(2, 7, 3, None, isl_range=1.5)
 
 
 # ---------------------------------------------------------------- against the scripted server
@@ -215,7 +218,7 @@ def scripted():
 def test_e1_end_to_end_over_http(scripted):
     cfg = S.LoadConfig(url=scripted.url, model="e1", endpoint="chat", num_requests=2, max_concurrency=2,
                        warmup_requests=0)
-    recs, info = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 64)], tokenizer=chars))
+    recs, info = load.run_coro(load.run_load_async(cfg, [S.RequestInput("hi", 2, 64)], tokenizer=chars))
     for r in recs:
         assert r["ok"] and r["output_tokens"] == 6
         # times from the send are scripted at fixed offsets: they can only come out late ...
@@ -227,7 +230,7 @@ def test_e1_end_to_end_over_http(scripted):
 
 def test_client_queue_is_reported_not_hidden(scripted):
     cfg = S.LoadConfig(url=scripted.url, model="e2a", num_requests=4, max_concurrency=1, warmup_requests=0)
-    recs, _ = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 1)], tokenizer=chars))
+    recs, _ = load.run_coro(load.run_load_async(cfg, [S.RequestInput("hi", 2, 1)], tokenizer=chars))
     queues = sorted(r["client_queue_ms"] for r in recs)
     assert queues[0] < 50 and queues[-1] > 800  # the 4th waited ~3 x 300 ms for its slot ...
     assert all(late_ok(r["ttft_ms"], 300, 120) for r in recs)  # ... and TTFT does not include it
@@ -236,7 +239,7 @@ def test_client_queue_is_reported_not_hidden(scripted):
 def test_fault_500_on_every_other_request(scripted, tmp_path):
     cfg = S.LoadConfig(url=scripted.url, model="flaky", num_requests=6, max_concurrency=1, warmup_requests=0,
                        osl=8)
-    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    row = load.run_point(cfg, tmp_path, tokenizer=chars)
     assert row["completed"] == 3 and row["failed"] == 3 and row["status"] == "ok"
     assert "HTTP 500" in row["error"]
     df = R.load_results(tmp_path)
@@ -250,7 +253,7 @@ def test_fault_stall_past_the_timeout(scripted, tmp_path):
     cfg = S.LoadConfig(url=scripted.url, model="stall", num_requests=2, max_concurrency=2, warmup_requests=0,
                        stall_timeout_s=0.4, timeout_s=5)
     t = time.perf_counter()
-    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    row = load.run_point(cfg, tmp_path, tokenizer=chars)
     assert time.perf_counter() - t < 5
     assert row["failed"] == 2 and row["completed"] == 0 and row["status"] == "error"
     assert "stalled" in row["error"]
@@ -259,14 +262,14 @@ def test_fault_stall_past_the_timeout(scripted, tmp_path):
 
 def test_fault_truncated_stream(scripted, tmp_path):
     cfg = S.LoadConfig(url=scripted.url, model="truncate", num_requests=2, warmup_requests=0)
-    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    row = load.run_point(cfg, tmp_path, tokenizer=chars)
     assert row["failed"] == 2 and "broken stream" in row["error"]
 
 
 def test_fault_total_timeout(scripted, tmp_path):
     cfg = S.LoadConfig(url=scripted.url, model="slow", num_requests=1, warmup_requests=0, osl=100,
                        timeout_s=0.5, stall_timeout_s=5)
-    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    row = load.run_point(cfg, tmp_path, tokenizer=chars)
     assert row["failed"] == 1 and "exceeded" in row["error"]
 
 
@@ -277,9 +280,9 @@ def test_dead_server_finishes_with_failures(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    row = S.run_point(S.LoadConfig(url=url, model="m", num_requests=3, warmup_requests=1), tmp_path / "a")
+    row = load.run_point(S.LoadConfig(url=url, model="m", num_requests=3, warmup_requests=1), tmp_path / "a")
     assert row["failed"] == 3 and row["completed"] == 0 and "connection failed" in row["error"]
-    row = S.run_point(S.LoadConfig(url=url, num_requests=3), tmp_path / "b")  # model lookup fails
+    row = load.run_point(S.LoadConfig(url=url, num_requests=3), tmp_path / "b")  # model lookup fails
     assert row["status"] == "error" and "/v1/models" in row["error"]
     assert R.load_results(tmp_path / "b")["status"].iloc[0] == "error"
 
@@ -296,7 +299,7 @@ def test_server_killed_mid_run(tmp_path):
         killer = threading.Timer(0.7, lambda: os.killpg(proc.pid, 9))
         killer.start()
         t = time.perf_counter()
-        row = S.run_point(cfg, tmp_path, tokenizer=chars)
+        row = load.run_point(cfg, tmp_path, tokenizer=chars)
         killer.join()
         assert time.perf_counter() - t < 10
     finally:
@@ -314,7 +317,7 @@ def test_api_key_is_sent_but_never_written(scripted, tmp_path, monkeypatch):
     monkeypatch.setenv("KIT_TEST_API_KEY", "sk-very-secret-123")
     cfg = S.LoadConfig(url=scripted.url, model="e2a", num_requests=2, api_key_env="KIT_TEST_API_KEY")
     assert S._headers(cfg)["Authorization"] == "Bearer sk-very-secret-123"
-    S.run_sweep(cfg, [1, 2], tmp_path, tokenizer=chars, progress=False)
+    load.run_sweep(cfg, [1, 2], tmp_path, tokenizer=chars, progress=False)
     for f in tmp_path.iterdir():
         assert "sk-very-secret-123" not in f.read_bytes().decode("utf-8", "replace"), f
 
@@ -322,7 +325,7 @@ def test_api_key_is_sent_but_never_written(scripted, tmp_path, monkeypatch):
 def test_sweep_rows_concat_with_in_process_rows_and_plot(scripted, tmp_path):
     cfg = S.LoadConfig(url=scripted.url, model="normal", num_requests=4, osl=16, warmup_requests=1,
                        slo_ttft_ms=1000)
-    df = S.run_sweep(cfg, [1, 2], tmp_path, tokenizer=chars, extra={"n_gpus": 1}, progress=False)
+    df = load.run_sweep(cfg, [1, 2], tmp_path, tokenizer=chars, extra={"n_gpus": 1}, progress=False)
     assert list(df["backend"]) == ["openai", "openai"] and list(df["concurrency"]) == [1, 2]
     assert (df["completed"] == 4).all() and (df["x_output_tokens_total"] == 64).all()
     assert df["goodput_rps"].notna().all() and df["tok_s_per_gpu"].notna().all()
@@ -331,7 +334,7 @@ def test_sweep_rows_concat_with_in_process_rows_and_plot(scripted, tmp_path):
               "tpot_ms_p50": 4.0, "tok_s_per_stream": 250.0, "n_gpus": 1}
     both = R.to_frame(R.load_results(tmp_path).to_dict("records") + [engine])
     assert set(both["backend"]) == {"openai", "engine"} and len(both) == 3
-    fig = S.plot_served(both)
+    fig = plot_served(both)
     fig.savefig(tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
 
@@ -340,16 +343,16 @@ def test_duration_mode_stops_sending(scripted):
     cfg = S.LoadConfig(url=scripted.url, model="normal", num_requests=None, duration_s=0.5, osl=4,
                        max_concurrency=2, warmup_requests=0)
     t = time.perf_counter()
-    recs, info = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 4)], tokenizer=chars))
+    recs, info = load.run_coro(load.run_load_async(cfg, [S.RequestInput("hi", 2, 4)], tokenizer=chars))
     assert time.perf_counter() - t < 3 and len(recs) > 4 and all(r["ok"] for r in recs)
 
 
 def test_request_rate_spaces_arrivals(scripted):
     cfg = S.LoadConfig(url=scripted.url, model="e2b", num_requests=6, request_rate=20.0, max_concurrency=None,
                        warmup_requests=0, seed=2)
-    recs, info = S.run_coro(S.run_load_async(cfg, [S.RequestInput("hi", 2, 1)], tokenizer=chars))
+    recs, info = load.run_coro(load.run_load_async(cfg, [S.RequestInput("hi", 2, 1)], tokenizer=chars))
     sent = sorted(r["sent_s"] for r in recs)
-    expected = S.arrival_gaps_s(6, 20.0, 1.0, 2).cumsum()
+    expected = load.arrival_gaps_s(6, 20.0, 1.0, 2).cumsum()
     assert sent[-1] - sent[0] == pytest.approx(expected[-1] - expected[0], abs=0.1)  # a late first send shortens it
     assert info["x_client_cpu_frac"] >= 0 and info["x_client_bound"] in (True, False)
 
@@ -407,7 +410,7 @@ def _dead_url() -> str:
 
 def test_model_listing_failure_counts_every_planned_request(tmp_path):
     url = _dead_url()
-    row = S.run_point(S.LoadConfig(url=url, num_requests=3, warmup_requests=2), tmp_path / "a")
+    row = load.run_point(S.LoadConfig(url=url, num_requests=3, warmup_requests=2), tmp_path / "a")
     assert row["failed"] == 3 and row["completed"] == 0 and row["status"] == "error"
     assert "cannot list models" in row["error"] and "/v1/models" in row["error"]
     detail = [json.loads(x) for x in Path(row["x_detail_file"]).read_text().splitlines()]
@@ -415,14 +418,14 @@ def test_model_listing_failure_counts_every_planned_request(tmp_path):
     assert all(not d["ok"] and "cannot list models" in d["error"] for d in detail)
     assert int(R.load_results(tmp_path / "a")["failed"].iloc[0]) == 3
     # a sweep lists the models once and records every point the same way
-    df = S.run_sweep(S.LoadConfig(url=url, num_requests=4, warmup_requests=0), [1, 2], tmp_path / "b",
+    df = load.run_sweep(S.LoadConfig(url=url, num_requests=4, warmup_requests=0), [1, 2], tmp_path / "b",
                      progress=False)
     assert list(df["failed"]) == [4, 4] and list(df["completed"]) == [0, 0]
     # a duration-only run plans no count: one failed request
-    row = S.run_point(S.LoadConfig(url=url, num_requests=None, duration_s=1.0, warmup_requests=0))
+    row = load.run_point(S.LoadConfig(url=url, num_requests=None, duration_s=1.0, warmup_requests=0))
     assert row["failed"] == 1
     # run_load_async itself returns the failed records (it no longer raises)
-    recs, info = S.run_coro(S.run_load_async(S.LoadConfig(url=url, num_requests=2, warmup_requests=0),
+    recs, info = load.run_coro(load.run_load_async(S.LoadConfig(url=url, num_requests=2, warmup_requests=0),
                                              [S.RequestInput("hi", 2, 4)]))
     assert len(recs) == 2 and not any(r["ok"] for r in recs) and "/v1/models" in info["setup_error"]
 
@@ -431,19 +434,19 @@ def test_silent_server_timeouts_are_descriptive_and_honour_timeout_s(silent_serv
     url = silent_server.url
     t = time.perf_counter()
     with pytest.raises(ValueError) as ei:
-        S.run_coro(S.get_model_id(url, timeout_s=0.5))
+        load.run_coro(S.get_model_id(url, timeout_s=0.5))
     assert time.perf_counter() - t < 3
     msg = str(ei.value)
     assert f"{url}/v1/models" in msg and "timed out after 0.5 s" in msg and "TimeoutError: )" not in msg
     # no model given: the listing waits at most timeout_s, then every planned request fails with that text
     t = time.perf_counter()
-    row = S.run_point(S.LoadConfig(url=url, num_requests=2, warmup_requests=0, timeout_s=0.5), tmp_path / "a")
+    row = load.run_point(S.LoadConfig(url=url, num_requests=2, warmup_requests=0, timeout_s=0.5), tmp_path / "a")
     assert time.perf_counter() - t < 3 and row["failed"] == 2 and "timed out after 0.5 s" in row["error"]
     # requests: silence before any response (stall timeout) and the total timeout, each with what/when/where
-    row = S.run_point(S.LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=5,
+    row = load.run_point(S.LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=5,
                                    stall_timeout_s=0.4), tmp_path / "b")
     assert f"no response from {url}/v1/completions within 0.4 s" in row["error"]
-    row = S.run_point(S.LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=0.4,
+    row = load.run_point(S.LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=0.4,
                                    stall_timeout_s=5), tmp_path / "c")
     assert f"request to {url}/v1/completions exceeded 0.4 s" in row["error"]
     import asyncio
@@ -469,7 +472,7 @@ def test_cli_concurrency_is_checked_by_argparse(capsys):
     assert rc == 2 and "argument --concurrency" in err and "empty item" in err
     rc, _, err = _cli(["serve-bench", "--url", "http://127.0.0.1:1", "--concurrency", "0"], capsys)
     assert rc == 2 and "argument --concurrency: '0'" in err
-    from kit.loadgen import _concurrency_list
+    from kit.serve.load import _concurrency_list
 
     assert _concurrency_list(" 1, 4 ,16") == [1, 4, 16]
 
@@ -481,18 +484,18 @@ def test_cli_out_file_rejected_before_network(silent_server, tmp_path, capsys):
     rc, _, err = _cli(["serve-bench", "--url", silent_server.url, "--out", str(f)], capsys)
     assert rc == 2 and "exists and is a file" in err and time.perf_counter() - t < 5
     assert not silent_server.pending()  # nothing connected to the server
-    with pytest.raises(NotADirectoryError):
-        S.run_sweep(S.LoadConfig(url=silent_server.url), [1], f / "sub", progress=False)
-    with pytest.raises(NotADirectoryError):
-        S.run_point(S.LoadConfig(url=silent_server.url, model="m"), f)
+    with pytest.raises(OutputPathError):
+        load.run_sweep(S.LoadConfig(url=silent_server.url), [1], f / "sub", progress=False)
+    with pytest.raises(OutputPathError):
+        load.run_point(S.LoadConfig(url=silent_server.url, model="m"), f)
     assert not silent_server.pending()
 
 
 def test_html_error_page_is_one_short_line_in_the_summary(scripted, tmp_path):
     cfg = S.LoadConfig(url=scripted.url, model="html502", num_requests=2, warmup_requests=0)
-    row = S.run_point(cfg, tmp_path, tokenizer=chars)
+    row = load.run_point(cfg, tmp_path, tokenizer=chars)
     assert row["failed"] == 2 and "HTTP 502: 502 Bad Gateway" in row["error"]
-    line = S.summary_line(row)
+    line = load.summary_line(row)
     for text in (row["error"], line):
         assert "<" not in text and "\n" not in text and "\r" not in text
     assert len(row["error"]) < 300
@@ -504,17 +507,17 @@ def test_html_error_page_is_one_short_line_in_the_summary(scripted, tmp_path):
 
 
 def test_selfcheck_not_applied_without_successful_streams(tmp_path):
-    row = S.run_point(S.LoadConfig(url=_dead_url(), model="m", num_requests=20, max_concurrency=4,
+    row = load.run_point(S.LoadConfig(url=_dead_url(), model="m", num_requests=20, max_concurrency=4,
                                    warmup_requests=0), tmp_path)
     assert row["failed"] == 20
     assert row["x_client_bound"] is False and row["x_client_warning"] is None
     assert row["x_client_check"].startswith("not applied: no successful streamed request")
-    line = S.summary_line(row)
+    line = load.summary_line(row)
     assert "self-check not applied" in line and "may be the bottleneck" not in line
 
     import asyncio
 
-    from kit.loadgen import _LoopProbe
+    from kit.serve.load import _LoopProbe
 
     async def busy(n_streamed):
         probe = _LoopProbe()
@@ -570,7 +573,7 @@ def test_ctrl_c_swallowed_by_a_finaliser_stops_the_served_sweep(scripted, tmp_pa
     """The kind of fault of the engine-sweep case: a SIGINT raised inside a finaliser is not lost."""
     import signal
 
-    from kit import loadgen
+    from kit.serve import load as loadgen
 
     class Finaliser:
         def __del__(self):
@@ -588,5 +591,5 @@ def test_ctrl_c_swallowed_by_a_finaliser_stops_the_served_sweep(scripted, tmp_pa
     monkeypatch.setattr(loadgen, "run_point", run_point)
     cfg = S.LoadConfig(url=scripted.url, model="normal", num_requests=2, osl=8, warmup_requests=0)
     with pytest.raises(KeyboardInterrupt):
-        S.run_sweep(cfg, [1, 2, 4], tmp_path, tokenizer=chars, progress=False)
+        load.run_sweep(cfg, [1, 2, 4], tmp_path, tokenizer=chars, progress=False)
     assert len(calls) == 1 and len(R.load_results(tmp_path)) == 1

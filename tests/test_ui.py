@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from kit import metrics
-from kit.engine import run_point
+from kit.measure.engine import run_point
 from kit.results import load_results
-from kit.ui import (CompareView, ControlPanel, compare_frame, parse_int_list, plot_png, point_problems,
+from kit.view.panel import (CompareView, ControlPanel, compare_frame, parse_int_list, plot_png, point_problems,
                     results_table)
 
 PNG = b"\x89PNG"

@@ -1,6 +1,6 @@
 """aiter-style signature: top_k_renorm_probs(probs, maybe_top_k_arr, top_k_val)."""
-from kit.sampling import top_k_renorm_prob as _ref
-from kit.sampling import top_k_top_p_sampling_from_probs  # noqa: F401
+from kit.check.sampling import top_k_renorm_prob as _ref
+from kit.check.sampling import top_k_top_p_sampling_from_probs  # noqa: F401
 
 CALLS = []
 

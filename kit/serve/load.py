@@ -1,6 +1,6 @@
 """The served load generator: workloads, arrivals, concurrency/rate-limited runs, results rows, ``kit serve-bench``.
 
-The served view of the kit (``backend = "openai"``): send streaming requests (:mod:`kit.serving`'s client) under
+The served view of the kit (``backend = "openai"``): send streaming requests (:mod:`kit.serve.client`'s client) under
 a concurrency cap and/or an arrival rate, and reduce each run to one row of the shared results schema
 (:mod:`kit.results`), so a concurrency sweep against vLLM, SGLang or ``transformers serve`` plots beside an
 in-process sweep. Every formula comes from :mod:`kit.metrics` (definitions in ``METRICS.md``, "Served").
@@ -33,10 +33,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import metrics as M
-from .cli import int_list_arg
-from .interrupts import InterruptGuard
-from .serving import (DEFAULT_API_KEY_ENV, ENDPOINTS, LoadConfig, RequestInput, StreamCapture, _headers, _payload,
+from kit._io import check_out_dir
+from kit.errors import OutputPathError, UserError
+from kit import metrics as M
+from kit.cli import int_list_arg
+from kit.measure.interrupts import InterruptGuard
+from kit.serve.client import (DEFAULT_API_KEY_ENV, ENDPOINTS, LoadConfig, RequestInput, StreamCapture, _headers, _payload,
                       get_model_id, load_tokenizer, request_record, short_error, stream_request, token_counter)
 
 #: ISL/OSL workload presets (tokens): the seed's 1024/400 and InferenceX-style 1k/1k, 1k/8k, 8k/1k.
@@ -72,10 +74,10 @@ def build_workload(n: int, isl: int, osl: int, tokenizer=None, seed: int = 0, is
         ValueError: n, isl or osl < 1, or a range outside [0, 1).
     """
     if n < 1 or isl < 1 or osl < 1:
-        raise ValueError(f"n={n}, isl={isl}, osl={osl}; all must be >= 1")
+        raise UserError(f"n={n}, isl={isl}, osl={osl}; all must be >= 1")
     for name, r in (("isl_range", isl_range), ("osl_range", osl_range)):
         if not 0.0 <= r < 1.0:
-            raise ValueError(f"{name}={r}; must be in [0, 1)")
+            raise UserError(f"{name}={r}; must be in [0, 1)")
     rng = np.random.default_rng(seed)
 
     def draw(x: int, r: float) -> int:
@@ -117,7 +119,7 @@ def arrival_gaps_s(n: int, request_rate: float, burstiness: float = 1.0, seed: i
         ValueError: rate or burstiness not > 0.
     """
     if not (request_rate > 0) or not (burstiness > 0):
-        raise ValueError(f"request_rate={request_rate}, burstiness={burstiness}; both must be > 0")
+        raise UserError(f"request_rate={request_rate}, burstiness={burstiness}; both must be > 0")
     if math.isinf(request_rate):
         return np.zeros(n)
     rng = np.random.default_rng(seed + 7919)
@@ -188,23 +190,6 @@ def _failed_records(cfg: LoadConfig, workload: Sequence[RequestInput], error: st
              "max_tokens": workload[i % len(workload)].max_tokens if workload else cfg.osl} for i in range(n)]
 
 
-def _check_out_dir(out_dir: str | Path) -> None:
-    """Raise before any network work when the output directory cannot be one.
-
-    Raises:
-        NotADirectoryError: ``out_dir`` (or a parent) exists and is not a directory.
-    """
-    d = Path(out_dir)
-    for q in (d, *d.parents):
-        if q.exists():
-            if not q.is_dir():
-                where = "" if q == d else f" (its parent {str(q)!r})"
-                raise NotADirectoryError(f"output directory {str(d)!r}{where} exists and is a file; "
-                                         "give a directory path (it will be created if missing)")
-            break
-
-
-
 async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], tokenizer=None,
                          on_record: Callable[[dict], None] | None = None,
                          on_progress: Callable[[int, bool], None] | None = None) -> tuple[list[dict], dict]:
@@ -230,7 +215,7 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
 
     cfg.validate()
     if not workload:
-        raise ValueError("workload is empty")
+        raise UserError("workload is empty")
     count = token_counter(tokenizer)
     url = cfg.base_url + ENDPOINTS[cfg.endpoint]
     model = cfg.model
@@ -351,7 +336,7 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
     """One results-schema row (``backend = "openai"``) from a run's request records.
 
     Failed and warm-up requests are excluded from every latency statistic; failures are counted in ``failed``
-    and the first distinct error texts kept in ``error``, each cut to one line (:func:`kit.serving.short_error`:
+    and the first distinct error texts kept in ``error``, each cut to one line (:func:`kit.serve.client.short_error`:
     an HTML error page becomes its title; the detail file keeps the full text). Formulas: :mod:`kit.metrics`
     (throughputs, goodput, SLOs, percentiles with n). Means of TTFT/TPOT/E2EL are per request; ITL pools the
     tokens of all requests.
@@ -477,11 +462,11 @@ def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None
     Raises:
         NotADirectoryError: ``out_dir`` exists and is a file (checked before any network work).
     """
-    from . import results as R
+    from kit import results as R
 
     cfg.validate()
     if out_dir is not None:
-        _check_out_dir(out_dir)
+        check_out_dir(out_dir)
     if workload is None:
         workload = _default_workload(cfg, tokenizer)
     pid = point_id(cfg)
@@ -542,13 +527,13 @@ def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path
     """
     from dataclasses import replace
 
-    from . import results as R
+    from kit import results as R
 
     concs = [int(c) for c in concurrencies]
     if not concs or min(concs) < 1:
-        raise ValueError(f"concurrencies={list(concurrencies)}; give one or more integers >= 1")
+        raise UserError(f"concurrencies={list(concurrencies)}; give one or more integers >= 1")
     cfg.validate()
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     if not cfg.model and not model_error:
         try:
             cfg = replace(cfg, model=run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)))
@@ -663,14 +648,14 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_main(args) -> int:
-    _check_out_dir(args.out)  # before any network work
+    check_out_dir(args.out)  # before any network work
     isl, osl = WORKLOAD_PRESETS[args.workload] if args.workload else (args.isl, args.osl)
     try:
         extra_body = json.loads(args.extra_body) if args.extra_body else {}
     except json.JSONDecodeError as e:
-        raise ValueError(f"--extra-body={args.extra_body!r} is not valid JSON: {e}") from e
+        raise UserError(f"--extra-body={args.extra_body!r} is not valid JSON: {e}") from e
     if not isinstance(extra_body, dict):
-        raise ValueError(f"--extra-body={args.extra_body!r} must be a JSON object")
+        raise UserError(f"--extra-body={args.extra_body!r} must be a JSON object")
     concs = args.concurrency  # argparse applies type= to the string default too
     cfg = LoadConfig(url=args.url, model=args.model, endpoint=args.endpoint, max_concurrency=concs[0],
                      request_rate=args.request_rate, burstiness=args.burstiness, seed=args.seed,
@@ -698,7 +683,7 @@ def _cli_main(args) -> int:
     print(f"results: {Path(args.out) / 'results.parquet'} ({len(df)} rows; per-request detail in "
           f"{Path(args.out)}/requests-*.jsonl)")
     if args.plot:
-        from .plots import plot_served
+        from kit.view.plots import plot_served
 
         fig = plot_served(df)
         fig.savefig(Path(args.out) / "serve-bench.png", dpi=110)

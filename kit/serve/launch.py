@@ -1,4 +1,4 @@
-"""Launch recipes for the servers :mod:`kit.serving` benchmarks: vLLM and SGLang on ROCm (MI355X, MI300X) and
+"""Launch recipes for the servers :mod:`kit.serve.client` benchmarks: vLLM and SGLang on ROCm (MI355X, MI300X) and
 CUDA (B300, B200, H200), and ``transformers serve`` (runs on CPU).
 
 A recipe is data first: :func:`build_command` turns a :class:`LaunchSpec` into ``(argv, env)``, which
@@ -26,12 +26,15 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from kit._io import free_port
+from kit import dtypes
+from kit.errors import InputNotFoundError, ServerError, ServerTimeoutError, UserError
 
 ENGINES = ("vllm", "sglang", "transformers")
 #: accelerator → platform the recipes target
 ACCELERATORS: dict[str, str] = {"MI355X": "rocm", "MI300X": "rocm", "B300": "cuda", "B200": "cuda",
                                 "H200": "cuda", "CPU": "cpu"}
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+DTYPES = ("auto", *dtypes.MODEL_DTYPES)
 #: KV-cache block (page) size, tokens, the transformers recipe uses when it sizes the cache
 TRANSFORMERS_CB_BLOCK = 32
 
@@ -89,25 +92,25 @@ class LaunchSpec:
             ValueError: naming the bad field and value, and what is allowed.
         """
         if self.engine not in ENGINES:
-            raise ValueError(f"engine={self.engine!r}; allowed: {ENGINES}")
+            raise UserError(f"engine={self.engine!r}; allowed: {ENGINES}")
         if self.accelerator not in ACCELERATORS:
-            raise ValueError(f"accelerator={self.accelerator!r}; allowed: {sorted(ACCELERATORS)}")
+            raise UserError(f"accelerator={self.accelerator!r}; allowed: {sorted(ACCELERATORS)}")
         if self.engine in ("vllm", "sglang") and ACCELERATORS[self.accelerator] == "cpu":
-            raise ValueError(f"engine={self.engine!r} recipes target GPUs (ROCm or CUDA), not accelerator='CPU'; "
+            raise UserError(f"engine={self.engine!r} recipes target GPUs (ROCm or CUDA), not accelerator='CPU'; "
                              "use engine='transformers' on CPU")
         for name in ("tp", "ep", "dp", "nnodes"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}; must be >= 1")
+                raise UserError(f"{name}={getattr(self, name)}; must be >= 1")
         if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"node_rank={self.node_rank}; must be in [0, nnodes={self.nnodes})")
+            raise UserError(f"node_rank={self.node_rank}; must be in [0, nnodes={self.nnodes})")
         if self.nnodes > 1 and not self.master_addr:
-            raise ValueError(f"nnodes={self.nnodes} needs master_addr (node 0's address)")
+            raise UserError(f"nnodes={self.nnodes} needs master_addr (node 0's address)")
         if self.nnodes > 1 and self.engine == "transformers":
-            raise ValueError("engine='transformers' serves from one process; nnodes must be 1")
+            raise UserError("engine='transformers' serves from one process; nnodes must be 1")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r}; allowed: {DTYPES}")
+            raise UserError(f"dtype={self.dtype!r}; allowed: {DTYPES}")
         if not 0 < int(self.port) < 65536:
-            raise ValueError(f"port={self.port}; must be in 1..65535")
+            raise UserError(f"port={self.port}; must be in 1..65535")
         return self
 
     @property
@@ -127,9 +130,9 @@ def vendor_env(engine: str, accelerator: str, quantization: str | None = None) -
         ValueError: unknown engine or accelerator.
     """
     if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r}; allowed: {ENGINES}")
+        raise UserError(f"engine={engine!r}; allowed: {ENGINES}")
     if accelerator not in ACCELERATORS:
-        raise ValueError(f"accelerator={accelerator!r}; allowed: {sorted(ACCELERATORS)}")
+        raise UserError(f"accelerator={accelerator!r}; allowed: {sorted(ACCELERATORS)}")
     plat = ACCELERATORS[accelerator]
     env: dict[str, str] = {}
     if plat == "rocm":
@@ -246,13 +249,6 @@ def _redact(argv: list[str]) -> list[str]:
     return out
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float) -> int:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - local URL the caller chose
@@ -273,13 +269,13 @@ class Server:
     def __init__(self, spec: LaunchSpec | None = None, log_path: str | Path = "server.log",
                  argv: list[str] | None = None, env: dict | None = None, url: str | None = None):
         if spec is None and argv is None:
-            raise ValueError("give a LaunchSpec or an argv")
+            raise UserError("give a LaunchSpec or an argv")
         if spec is not None:
             argv, env_r = build_command(spec)
             env = {**env_r, **(env or {})}
             url = url or spec.url
         if url is None:
-            raise ValueError("with an explicit argv, give the server's base url too")
+            raise UserError("with an explicit argv, give the server's base url too")
         self.argv, self.env, self.url = list(argv), dict(env or {}), url.rstrip("/")
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
@@ -300,7 +296,7 @@ class Server:
                                          start_new_session=True)
         except FileNotFoundError as e:
             self._log.close()
-            raise FileNotFoundError(f"cannot start {self.argv[0]!r}: not found (is the engine installed?)") from e
+            raise InputNotFoundError(f"cannot start {self.argv[0]!r}: not found (is the engine installed?)") from e
         atexit.register(self.stop)  # a kernel or script that exits without stop() leaves no server behind
         return self
 
@@ -322,12 +318,12 @@ class Server:
         t0 = time.monotonic()
         while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode} before it was ready; "
+                raise ServerError(f"server exited with code {self.proc.returncode} before it was ready; "
                                    f"log {self.log_path}:\n{self.log_tail()}")
             if _get(self.url + "/health", 2.0) == 200 or _get(self.url + "/v1/models", 2.0) == 200:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(f"server at {self.url} not ready after {timeout_s:g} s; log {self.log_path}:\n"
+                raise ServerTimeoutError(f"server at {self.url} not ready after {timeout_s:g} s; log {self.log_path}:\n"
                                    f"{self.log_tail()}")
             time.sleep(poll_s)
 

@@ -1,4 +1,4 @@
-"""``kit dashboard``: the sweep control panel (:class:`kit.ui.ControlPanel`) as a standalone web page, served by
+"""``kit dashboard``: the sweep control panel (:class:`kit.view.panel.ControlPanel`) as a standalone web page, served by
 Voilà on 127.0.0.1 only.
 
 Voilà runs a one-cell notebook that displays the panel in a fresh kernel per browser tab and shows only the
@@ -7,7 +7,7 @@ by point; the runs land under ``--out`` (one ``run-YYYYmmdd-HHMMSS`` directory p
 
 Programmatic use (the browser test does this)::
 
-    from kit.dashboard import launch
+    from kit.view.dashboard import launch
     proc, url = launch(out_dir="results/dashboard", port=0)   # waits until the page answers
     ...
     proc.terminate()
@@ -22,9 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import models
-from .cli import int_list_arg
-from .launch import free_port
+from kit.errors import OutputPathError, ServerError, ServerTimeoutError
+from kit import models
+from kit.cli import int_list_arg
+from kit._io import free_port
 
 #: --kv / --concurrency: comma lists of integers >= 1
 _int_list = int_list_arg(minimum=1, example="128,512")
@@ -39,10 +40,10 @@ def dashboard_notebook(out_dir: str | Path, model: str = models.DEFAULT_PRESET, 
 
     Raises: ValueError for an unknown model preset that is not a checkpoint directory.
     """
-    from .notebooks import new_notebook
+    from kit.view.notebooks import new_notebook
 
     models.get_config(model)  # fail early, naming the presets
-    src = ("from kit.ui import ControlPanel\n\n"
+    src = ("from kit.view.panel import ControlPanel\n\n"
            f"panel = ControlPanel(out_dir={str(Path(out_dir).resolve())!r}, model={model!r}, "
            f"kv_lens={list(kv_lens)!r}, concurrencies={list(concurrencies)!r}, decode_steps={int(decode_steps)}, "
            f"repeats={int(repeats)}, device={device!r})\npanel")
@@ -65,7 +66,7 @@ def write_notebook(out_dir: str | Path, **panel_kw) -> Path:
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {str(out)!r} exists and is a file; give a directory")
+        raise OutputPathError(f"--out {str(out)!r} exists and is a file; give a directory")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "dashboard.ipynb"
     nbformat.write(dashboard_notebook(out, **panel_kw), str(path))
@@ -84,13 +85,13 @@ def wait_ready(port: int, proc: subprocess.Popen | None = None, timeout_s: float
     while time.monotonic() < t_end:
         if proc is not None and proc.poll() is not None:
             out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-            raise RuntimeError(f"voila exited with code {proc.returncode} before serving:\n{out[-3000:]}")
+            raise ServerError(f"voila exited with code {proc.returncode} before serving:\n{out[-3000:]}")
         try:
             with socket.create_connection((HOST, port), timeout=1.0):
                 return
         except OSError:
             time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on {HOST}:{port} after {timeout_s} s")
+    raise ServerTimeoutError(f"nothing listens on {HOST}:{port} after {timeout_s} s")
 
 
 def launch(out_dir: str | Path = "results/dashboard", port: int = DEFAULT_PORT, timeout_s: float = 60.0,

@@ -4,8 +4,8 @@ Holds the load-point configuration (:class:`LoadConfig`, :class:`RequestInput`),
 incremental SSE parser and event classifier, :func:`stream_request` (send one streaming request to
 ``/v1/completions`` or ``/v1/chat/completions`` and time every server-sent event), :func:`request_record` (one
 request's metrics, via :mod:`kit.metrics`) and :func:`get_model_id`. The load generator that drives many such
-requests, reduces them to a results row and runs ``kit serve-bench`` is :mod:`kit.loadgen`; its names (and
-:func:`kit.plots.plot_served`) are re-exported here so ``from kit import serving`` keeps working. Definitions of
+requests, reduces them to a results row and runs ``kit serve-bench`` is :mod:`kit.serve.load`; its names (and
+:func:`kit.view.plots.plot_served`) are re-exported here so ``from kit import serving`` keeps working. Definitions of
 every metric: ``METRICS.md``, "Served".
 
 Measuring choices (and the mistakes they avoid):
@@ -35,7 +35,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from . import metrics as M
+from kit.errors import UserError
+from kit import metrics as M
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
@@ -102,31 +103,31 @@ class LoadConfig:
             ValueError: naming the bad field, its value and what is allowed.
         """
         if self.endpoint not in ENDPOINTS:
-            raise ValueError(f"endpoint={self.endpoint!r}; allowed: {sorted(ENDPOINTS)}")
+            raise UserError(f"endpoint={self.endpoint!r}; allowed: {sorted(ENDPOINTS)}")
         if not str(self.url).startswith(("http://", "https://")):
-            raise ValueError(f"url={self.url!r} must start with http:// or https://")
+            raise UserError(f"url={self.url!r} must start with http:// or https://")
         if self.max_concurrency is not None and int(self.max_concurrency) < 1:
-            raise ValueError(f"max_concurrency={self.max_concurrency}; must be >= 1 or None (unbounded)")
+            raise UserError(f"max_concurrency={self.max_concurrency}; must be >= 1 or None (unbounded)")
         if not (self.request_rate > 0):
-            raise ValueError(f"request_rate={self.request_rate}; must be > 0 (inf = all at once)")
+            raise UserError(f"request_rate={self.request_rate}; must be > 0 (inf = all at once)")
         if not (self.burstiness > 0):
-            raise ValueError(f"burstiness={self.burstiness}; must be > 0 (1 = Poisson)")
+            raise UserError(f"burstiness={self.burstiness}; must be > 0 (1 = Poisson)")
         if self.num_requests is None and self.duration_s is None:
-            raise ValueError("give num_requests or duration_s (or both)")
+            raise UserError("give num_requests or duration_s (or both)")
         if self.num_requests is not None and int(self.num_requests) < 1:
-            raise ValueError(f"num_requests={self.num_requests}; must be >= 1")
+            raise UserError(f"num_requests={self.num_requests}; must be >= 1")
         if self.duration_s is not None and not (self.duration_s > 0):
-            raise ValueError(f"duration_s={self.duration_s}; must be > 0")
+            raise UserError(f"duration_s={self.duration_s}; must be > 0")
         for name in ("isl", "osl"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}; must be >= 1 token")
+                raise UserError(f"{name}={getattr(self, name)}; must be >= 1 token")
         for name in ("isl_range", "osl_range"):
             if not 0.0 <= float(getattr(self, name)) < 1.0:
-                raise ValueError(f"{name}={getattr(self, name)}; must be in [0, 1)")
+                raise UserError(f"{name}={getattr(self, name)}; must be in [0, 1)")
         if self.warmup_requests < 0:
-            raise ValueError(f"warmup_requests={self.warmup_requests}; must be >= 0")
+            raise UserError(f"warmup_requests={self.warmup_requests}; must be >= 0")
         if not (self.timeout_s > 0 and self.stall_timeout_s > 0):
-            raise ValueError(f"timeout_s={self.timeout_s}, stall_timeout_s={self.stall_timeout_s}; both must be > 0")
+            raise UserError(f"timeout_s={self.timeout_s}, stall_timeout_s={self.stall_timeout_s}; both must be > 0")
         return self
 
     @property
@@ -156,7 +157,7 @@ def load_tokenizer(name_or_path: str):
     try:
         return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - any failure means "no tokenizer here"
-        raise ValueError(f"cannot load a tokenizer from {name_or_path!r} offline: {e}") from e
+        raise UserError(f"cannot load a tokenizer from {name_or_path!r} offline: {e}") from e
 
 
 def token_counter(tokenizer) -> Callable[[list[str]], list[int]] | None:
@@ -173,7 +174,7 @@ def token_counter(tokenizer) -> Callable[[list[str]], list[int]] | None:
         return count
     if callable(tokenizer):
         return lambda texts: [int(tokenizer(t)) for t in texts]
-    raise ValueError(f"tokenizer={tokenizer!r}: give a Hugging Face tokenizer, a callable str -> int, or None")
+    raise UserError(f"tokenizer={tokenizer!r}: give a Hugging Face tokenizer, a callable str -> int, or None")
 
 
 # ---------------------------------------------------------------- SSE parsing
@@ -480,52 +481,26 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
             async with s.get(url, headers=headers) as r:
                 if r.status != 200:
                     text = await r.text(errors="replace")
-                    raise ValueError(f"cannot list models at {url} (HTTP {r.status}: {short_error(text, 160)}); "
+                    raise UserError(f"cannot list models at {url} (HTTP {r.status}: {short_error(text, 160)}); "
                                      f"{hint}")
                 data = await r.json(content_type=None)
     except ValueError as e:
         if str(e).startswith("cannot list models"):
             raise
-        raise ValueError(f"cannot list models at {url} (not a JSON model list: {describe_exception(e)}); "
+        raise UserError(f"cannot list models at {url} (not a JSON model list: {describe_exception(e)}); "
                          f"{hint}") from e
     except asyncio.TimeoutError as e:
         el = time.perf_counter() - t0
         what = ("could not connect" if isinstance(e, aiohttp.ConnectionTimeoutError)
                 else "no complete answer")
-        raise ValueError(f"cannot list models at {url}: timed out after {el:.1f} s ({what} within the "
+        raise UserError(f"cannot list models at {url}: timed out after {el:.1f} s ({what} within the "
                          f"{timeout_s:g} s timeout); {hint}") from e
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"cannot list models at {url} ({describe_exception(e)}); {hint}") from e
+        raise UserError(f"cannot list models at {url} ({describe_exception(e)}); {hint}") from e
     items = (data or {}).get("data", []) if isinstance(data, dict) else []
     models = [m.get("id") for m in items if isinstance(m, dict) and m.get("id")]
     if not models:
-        raise ValueError(f"{url} lists no model; {hint}")
+        raise UserError(f"{url} lists no model; {hint}")
     return models[0]
 
 
-# ---------------------------------------------------------------- re-exports (load generator, plots)
-#: names that moved to :mod:`kit.loadgen` / :mod:`kit.plots`, imported lazily on first use (kit.loadgen
-#: imports this module, so an eager import here would be circular)
-_MOVED: dict[str, str] = {
-    **dict.fromkeys(("WORKLOAD_PRESETS", "CLIENT_CPU_LIMIT", "LOOP_LAG_LIMIT_MS", "build_workload",
-                     "arrival_gaps_s", "run_load_async", "aggregate", "run_coro", "point_id", "run_point",
-                     "run_sweep", "summary_line", "add_cli"), "loadgen"),
-    "plot_served": "plots",
-}
-
-__all__ = ["ENDPOINTS", "DEFAULT_API_KEY_ENV", "LoadConfig", "RequestInput", "load_tokenizer", "token_counter",
-           "StreamCapture", "classify_event", "SSEParser", "describe_exception", "short_error", "stream_request",
-           "request_record", "get_model_id",
-           *_MOVED]
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__package__}.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MOVED))

@@ -1,9 +1,9 @@
 """Interactive exploration in Jupyter or Voilà: a sweep control panel and a compare view (ipywidgets 8).
 
-Both are thin layers over :func:`kit.sweep.run_sweep` and :mod:`kit.plots`; every decision lives in plain
+Both are thin layers over :func:`kit.measure.sweep.run_sweep` and :mod:`kit.view.plots`; every decision lives in plain
 methods that tests drive without a browser (set a widget's ``.value``, call the handler, assert on state)::
 
-    from kit.ui import ControlPanel
+    from kit.view.panel import ControlPanel
     panel = ControlPanel(out_dir="results/panel")
     panel            # displays the panel in a notebook
 
@@ -34,22 +34,23 @@ from typing import Callable
 
 import pandas as pd
 
-from . import models
-from .cli import parse_int_list
-from .engine import KV_FILLS
-from .results import load_results
+from kit.dtypes import MODEL_DTYPES
+from kit.errors import OutputPathError, UserError
+from kit import models
+from kit.cli import parse_int_list
+from kit.measure.engine import KV_FILLS
+from kit.results import load_results
 
 #: columns of the results table shown in the panel (all from the kit.results schema)
 TABLE_COLUMNS = ("dtype", "context_len", "concurrency", "status", "ttft_ms", "tpot_ms_p50", "tpot_ms_p90",
                  "tpot_n", "decode_tok_s", "tok_s_per_stream", "peak_mem_gb")
-#: plot choices: label → (function name in kit.plots, y column)
+#: plot choices: label → (function name in kit.view.plots, y column)
 PLOTS = {
     "decode tok/s vs concurrency": ("throughput_vs_concurrency", "decode_tok_s"),
     "TPOT vs KV-cache length": ("tpot_vs_context", "tpot_ms_p50"),
     "decode tok/s heatmap": ("heatmap", "decode_tok_s"),
     "tok/s per stream vs concurrency": ("throughput_vs_concurrency", "tok_s_per_stream"),
 }
-DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda", "rocm")
 
 
@@ -91,10 +92,10 @@ def plot_png(df: pd.DataFrame, kind: str = "decode tok/s vs concurrency", label:
 
     Raises: ValueError for an unknown ``kind`` (lists the allowed ones).
     """
-    from . import plots
+    from kit.view import plots
 
     if kind not in PLOTS:
-        raise ValueError(f"plot kind {kind!r}; allowed: {list(PLOTS)}")
+        raise UserError(f"plot kind {kind!r}; allowed: {list(PLOTS)}")
     if df is None or df.empty:
         return None
     fn_name, y = PLOTS[kind]
@@ -150,7 +151,7 @@ class ControlPanel:
         model, dtypes, kv_lens, concurrencies, decode_steps, repeats, kv_fill, device: initial widget values.
         threaded: run the sweep in a background thread (notebooks, Voilà) so Stop stays responsive; tests pass
             False and call the handlers directly.
-        runner: passed to :func:`kit.sweep.run_sweep` (tests inject slow or failing points here).
+        runner: passed to :func:`kit.measure.sweep.run_sweep` (tests inject slow or failing points here).
 
     Each press of Run writes a new run directory ``out_dir/run-YYYYmmdd-HHMMSS`` (attribute ``run_dir``), so
     runs never mix; load one later with ``kit.results.load_results(run_dir)``.
@@ -181,7 +182,7 @@ class ControlPanel:
         self.model = w.Combobox(value=model, options=list(models.PRESETS), description="model",
                                 placeholder="preset or checkpoint dir", ensure_option=False, layout=lay, style=style,
                                 tooltip="a preset name or a local checkpoint directory")
-        self.dtypes = w.SelectMultiple(value=tuple(dtypes), options=DTYPES, description="dtypes", rows=3,
+        self.dtypes = w.SelectMultiple(value=tuple(dtypes), options=MODEL_DTYPES, description="dtypes", rows=3,
                                        layout=lay, style=style)
         self.device = w.Dropdown(value=device, options=DEVICES, description="device", layout=lay, style=style)
         self.kv_lens = w.Text(value=", ".join(map(str, kv_lens)), description="KV lengths",
@@ -268,11 +269,11 @@ class ControlPanel:
         return problems
 
     def config(self):
-        """The :class:`kit.sweep.SweepConfig` the widgets describe, validated.
+        """The :class:`kit.measure.sweep.SweepConfig` the widgets describe, validated.
 
         Raises: ValueError naming the bad value (from :func:`parse_int_list` or ``SweepConfig.validate``).
         """
-        from .sweep import SweepConfig
+        from kit.measure.sweep import SweepConfig
 
         cfg = SweepConfig(model=self.model.value.strip(), dtypes=list(self.dtypes.value), device=self.device.value,
                           kv_lens=parse_int_list(self.kv_lens.value, "KV lengths"),
@@ -293,7 +294,7 @@ class ControlPanel:
             cfg = self.config()
             out = Path(self.out_dir.value.strip() or "results/panel")
             if out.exists() and not out.is_dir():
-                raise NotADirectoryError(f"output dir {str(out)!r} exists and is a file; give a directory")
+                raise OutputPathError(f"output dir {str(out)!r} exists and is a file; give a directory")
             stamp = time.strftime("run-%Y%m%d-%H%M%S")
             run_dir, k = out / stamp, 1
             while run_dir.exists():
@@ -349,7 +350,7 @@ class ControlPanel:
 
     def on_export(self, _button=None) -> Path | None:
         """Export handler: write the results as ``run_dir/export.parquet`` or ``export.csv``; returns the path."""
-        from .results import save_results
+        from kit.results import save_results
 
         if self.frame.empty:
             self._say("nothing to export yet: run a sweep first", error=True)
@@ -359,7 +360,7 @@ class ControlPanel:
             if self.export_format.value == "csv":
                 out.mkdir(parents=True, exist_ok=True)
                 path = out / "export.csv"
-                from .analysis import LIST_COLUMNS  # per-step lists do not fit a CSV cell
+                from kit.view.analysis import LIST_COLUMNS  # per-step lists do not fit a CSV cell
 
                 self.frame.drop(columns=list(LIST_COLUMNS), errors="ignore").to_csv(path, index=False)
             else:
@@ -390,7 +391,7 @@ class ControlPanel:
                                      for m in self.messages[-12:])
 
     def _sweep(self, cfg, out: Path) -> None:
-        from .sweep import run_sweep
+        from kit.measure.sweep import run_sweep
 
         try:
             df = run_sweep(cfg, out, resume=False, progress=False, on_point=self.on_point,
@@ -436,21 +437,21 @@ def compare_frame(sets: dict[str, pd.DataFrame], prices: dict[str, float] | None
         tok_s_col: throughput behind the cost (decode_tok_s in-process; output_tok_s for served runs).
 
     Returns:
-        One frame with ``label`` and the cost columns of :func:`kit.cost.add_cost_columns` (usd_per_gpu_hr,
+        One frame with ``label`` and the cost columns of :func:`kit.plan.cost.add_cost_columns` (usd_per_gpu_hr,
         price_basis, tok_s_per_gpu, usd_per_mtok, tok_per_usd, tok_s_basis; formulas in :mod:`kit.metrics`).
 
     Raises:
         ValueError: no sets, a price <= 0, or an unknown ``tok_s_col``.
     """
-    from .catalog import DEFAULT_BASIS, load_catalog
-    from .cost import add_cost_columns
+    from kit.catalog import DEFAULT_BASIS, load_catalog
+    from kit.plan.cost import add_cost_columns
 
     if not sets:
-        raise ValueError("give at least one result set to compare")
+        raise UserError("give at least one result set to compare")
     prices = dict(prices or {})
     for lab, p in prices.items():
         if p is not None and not float(p) > 0:
-            raise ValueError(f"price for {lab!r} is {p!r}; a $/GPU-hour must be > 0")
+            raise UserError(f"price for {lab!r} is {p!r}; a $/GPU-hour must be > 0")
     basis = basis or DEFAULT_BASIS
     cat = load_catalog()
     parts = []
@@ -471,7 +472,7 @@ def load_sets(paths: dict[str, str | Path]) -> dict[str, pd.DataFrame]:
 
 def compare_plot(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concurrency", hue: str = "context_len"):
     """Shared-axes plot of a :func:`compare_frame` result: one line style per ``label``. Returns the Figure."""
-    from .plots import line_plot
+    from kit.view.plots import line_plot
 
     logy = y in ("decode_tok_s", "usd_per_mtok", "tok_per_usd")
     return line_plot(df, x, y, hue, label="label", logy=logy,
@@ -547,12 +548,12 @@ class CompareView:
                     continue
                 name = lab.value.strip() or f"set {i + 1}"
                 if name in paths:
-                    raise ValueError(f"label {name!r} is used twice; labels must differ")
+                    raise UserError(f"label {name!r} is used twice; labels must differ")
                 paths[name] = p.value.strip()
                 if price.value:
                     prices[name] = float(price.value)
             if len(paths) < 2:
-                raise ValueError("fill in at least two result sets to compare")
+                raise UserError("fill in at least two result sets to compare")
             self.frame = compare_frame(load_sets(paths), prices, basis=self.basis.value)
         except (ValueError, KeyError, FileNotFoundError, OSError) as e:
             self.last_error = str(e)

@@ -10,13 +10,13 @@ Three measurements, each warmed up, synchronised, repeated, and summarised by th
 - **decode attention throughput** (TFLOPS): the same toy's step at batch 8 × context 1024 minus batch 1 ×
   context 16, over the attention FLOPs it adds (transformers' SDPA path with its mask runs far below matmul peak on
   CPU); the planner uses it as attention's compute rate.
-- **per-step overhead** (ms): the kit's own decode step (:func:`kit.engine.run_point`) on two toy Llama models
+- **per-step overhead** (ms): the kit's own decode step (:func:`kit.measure.engine.run_point`) on two toy Llama models
   (hidden 64, vocab 256; 1 and 4 layers) whose arithmetic is negligible: the difference gives the per-layer cost
   of an eager PyTorch/transformers layer, the rest the fixed per-step cost (embedding, head, sampling, Python).
   This is what makes small batches *overhead-bound* on CPU; the planner adds it to the roofline time.
 
 The result is a JSON file, by default ``$KIT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kit`` or ``~/.cache/kit``, named
-``calibration-<device>.json``; :func:`kit.planner.get_device` reads it for ``accelerator="local"`` / ``"cpu"``.
+``calibration-<device>.json``; :func:`kit.plan.roofline.get_device` reads it for ``accelerator="local"`` / ``"cpu"``.
 """
 from __future__ import annotations
 
@@ -29,18 +29,11 @@ from pathlib import Path
 
 import torch
 
-from . import hardware
-from .metrics import achieved_gb_s, percentiles
+from kit._io import atomic_write_text, cache_dir, check_out_file
+from kit.errors import InputNotFoundError, OutputPathError, UserError
+from kit import dtypes, hardware
+from kit.metrics import achieved_gb_s, percentiles
 
-MATMUL_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def cache_dir() -> Path:
-    """Where calibrations live: ``$KIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/kit``, else ``~/.cache/kit``."""
-    if os.environ.get("KIT_CACHE_DIR"):
-        return Path(os.environ["KIT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kit"
 
 
 def device_key(info: hardware.DeviceInfo | None = None) -> str:
@@ -85,7 +78,7 @@ def measure_bandwidth(device: str = "cpu", size_mb: float = 256.0, warmup: int =
         ValueError: size_mb or repeats not positive.
     """
     if not size_mb > 0 or repeats < 1:
-        raise ValueError(f"size_mb={size_mb!r} and repeats={repeats!r} must be > 0")
+        raise UserError(f"size_mb={size_mb!r} and repeats={repeats!r} must be > 0")
     n = int(size_mb * 1e6 // 4)
     src = torch.rand(n, device=device)
     dst = torch.empty_like(src)
@@ -107,7 +100,7 @@ def measure_matmul(device: str = "cpu", dtype: str = "float32", n: int = 1024, w
         ``{"tflops": median, "p10": .., "p90": .., "n": repeats, "size": n}``; ``{"tflops": None, "error": ...}``
         when the device cannot run the dtype.
     """
-    dt = hardware.parse_dtype(dtype)
+    dt = dtypes.to_torch(dtype)
     try:
         a = torch.randn(n, n, device=device).to(dt)
         b = torch.randn(n, n, device=device).to(dt)
@@ -126,7 +119,7 @@ def _toy_model(layers: int, device: str, dtype: str):
                       tie_word_embeddings=False)
     torch.manual_seed(0)
     with torch.device(device):
-        m = AutoModelForCausalLM.from_config(cfg, dtype=hardware.parse_dtype(dtype), attn_implementation="sdpa")
+        m = AutoModelForCausalLM.from_config(cfg, dtype=dtypes.to_torch(dtype), attn_implementation="sdpa")
     return m.eval()
 
 
@@ -134,7 +127,7 @@ def _interleaved_medians(runs: dict, rounds: int, decode_steps: int, device: str
     """Median step time (ms) of each ``name -> (model, PointConfig)``, measured in ``rounds`` interleaved rounds
     (A, B, A, B, ...) and pooled, so a burst of other load disturbs every configuration alike and cannot own a whole
     measurement. Returns (medians, steps pooled per configuration)."""
-    from .engine import run_point
+    from kit.measure.engine import run_point
 
     steps: dict = {k: [] for k in runs}
     for _ in range(rounds):
@@ -152,11 +145,11 @@ def measure_overhead(device: str = "cpu", dtype: str = "float32", layers=(1, 4),
     Returns:
         ``{"overhead_ms_fixed", "overhead_ms_per_layer", "step_ms": {layers: median ms}, "n": steps per model}``.
     """
-    from .engine import PointConfig
+    from kit.measure.engine import PointConfig
 
     lo, hi = min(layers), max(layers)
     if lo == hi:
-        raise ValueError(f"layers={layers!r} needs two different layer counts")
+        raise UserError(f"layers={layers!r} needs two different layer counts")
     pc = PointConfig(concurrency=1, context_len=16, decode_steps=decode_steps, warmup_steps=3, repeats=1,
                      kv_fill="synthetic")
     runs = {n: (_toy_model(n, device, dtype), pc) for n in (lo, hi)}
@@ -178,7 +171,7 @@ def measure_attention(device: str = "cpu", dtype: str = "float32", batch: int = 
     Returns:
         ``{"attn_tflops": rate or None (when the difference is not positive), "step_ms": {...}, "n": steps}``.
     """
-    from .engine import PointConfig
+    from kit.measure.engine import PointConfig
 
     m = _toy_model(layers, device, dtype)
     cfg = m.config
@@ -195,7 +188,7 @@ def measure_attention(device: str = "cpu", dtype: str = "float32", batch: int = 
 
 
 def calibrate(device: str | None = None, quick: bool = False, size_mb: float | None = None,
-              matmul_n: int | None = None, dtypes=MATMUL_DTYPES) -> dict:
+              matmul_n: int | None = None, dtypes=dtypes.MODEL_DTYPES) -> dict:
     """Measure bandwidth, matmul TFLOPS per dtype and per-step overhead on ``device`` (default: detected).
 
     Args:
@@ -229,52 +222,9 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
         "attn_tflops": at["attn_tflops"],
         "details": {"bandwidth": bw, "matmul": mm, "overhead": ov, "attention": at},
         "method": "median over repeats after warm-up; copy GB/s counts read + write; matmul 2n^3 FLOPs; overhead "
-                  "fitted on 1- and 4-layer toy Llama decode steps (kit.engine.run_point); attention from the toy's "
+                  "fitted on 1- and 4-layer toy Llama decode steps (kit.measure.engine.run_point); attention from the toy's "
                   "step at batch x context minus batch 1, context 16",
     }
-
-
-def check_out_path(path: str | Path, what: str = "--out", example: str = "calibration.json") -> Path:
-    """Validate an output file path before any work is done: it must not be a directory, and its parent must be
-    a directory or creatable (the nearest existing ancestor is a writable directory). Creates nothing.
-
-    Raises:
-        IsADirectoryError: ``path`` is a directory. NotADirectoryError: an ancestor is a file.
-        PermissionError: the nearest existing ancestor is not writable.
-    """
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise IsADirectoryError(f"{what} {path} is a directory; give a file path (e.g. {p / example})")
-    anc = p.parent
-    while not anc.exists() and anc != anc.parent:
-        anc = anc.parent
-    if not anc.is_dir():
-        raise NotADirectoryError(f"{what} {path}: {anc} is a file, not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise PermissionError(f"{what} {path}: directory {anc} is not writable")
-    return p
-
-
-def write_text_atomic(path: str | Path, text: str, what: str = "--out", example: str = "calibration.json") -> Path:
-    """Write ``text`` to ``path`` atomically: a uniquely named temporary file beside the target (same directory,
-    so the final rename does not cross file systems), then :func:`os.replace`; the temporary file is removed on
-    any failure. Validates ``path`` with :func:`check_out_path` first and creates missing parent directories."""
-    import tempfile
-
-    p = check_out_path(path, what, example)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return p
 
 
 def save_calibration(cal: dict, path: str | Path | None = None) -> Path:
@@ -282,10 +232,10 @@ def save_calibration(cal: dict, path: str | Path | None = None) -> Path:
 
     Raises:
         IsADirectoryError: ``path`` is a directory. NotADirectoryError: ``path``'s parent exists and is a file.
-        PermissionError: the parent is not writable (see :func:`check_out_path`).
+        PermissionError: the parent is not writable (see :func:`kit._io.check_out_file`).
     """
     p = Path(path) if path else cache_dir() / f"calibration-{cal.get('device_key', 'cpu')}.json"
-    return write_text_atomic(p, json.dumps(cal, indent=2, default=str))
+    return atomic_write_text(p, json.dumps(cal, indent=2, default=str), example="calibration.json")
 
 
 def load_calibration(path: str | Path | None = None, device: str | None = None) -> dict:
@@ -298,11 +248,11 @@ def load_calibration(path: str | Path | None = None, device: str | None = None) 
     """
     p = Path(path) if path else default_path(device)
     if not p.exists():
-        raise FileNotFoundError(f"no calibration at {p}; run `kit calibrate` (or pass --calibration PATH)")
+        raise InputNotFoundError(f"no calibration at {p}; run `kit calibrate` (or pass --calibration PATH)")
     cal = json.loads(p.read_text())
     for k in ("mem_bw_gb_s", "matmul_tflops"):
         if k not in cal:
-            raise ValueError(f"calibration file {p} lacks {k!r}; rerun `kit calibrate`")
+            raise UserError(f"calibration file {p} lacks {k!r}; rerun `kit calibrate`")
     cal["matmul_tflops"] = {k: v for k, v in cal["matmul_tflops"].items() if v}
     cal["path"] = str(p)
     return cal
@@ -326,10 +276,10 @@ def add_cli(sub) -> None:
 def _cli(args) -> int:
     if args.threads is not None:
         if args.threads < 1:
-            raise ValueError(f"--threads {args.threads} must be >= 1")
+            raise UserError(f"--threads {args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
     if args.out:
-        check_out_path(args.out)  # before minutes of measuring, not after
+        check_out_file(args.out, example="calibration.json")  # before minutes of measuring, not after
     cal = calibrate(args.device, quick=args.quick)
     path = save_calibration(cal, args.out)
     if args.json:

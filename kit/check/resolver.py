@@ -1,12 +1,12 @@
 """The op resolver: find a named sampling op in the installed kernel libraries, or fall back to the kit's reference.
 
 :func:`resolve_op` looks the op up in the kernel libraries serving engines use (flashinfer, sgl_kernel, aiter;
-:data:`BACKENDS`) or falls back to the kit's reference (:mod:`kit.sampling`). It returns a :class:`ResolvedOp` (a
+:data:`BACKENDS`) or falls back to the kit's reference (:mod:`kit.check.sampling`). It returns a :class:`ResolvedOp` (a
 callable plus where it came from), or raises :class:`OpNotFoundError` naming the op, the symbols and every place
 tried. It never returns ``None`` (case S1: a ROCm build lacked ``top_k_renorm_prob``; an import guard left ``None``
 behind and the sampler crashed on the first request — sglang #32569). :func:`probe_backend` reports which listed
 ops one backend exposes (``kit doctor``). The check harness that compares an op with the reference is
-:mod:`kit.checks`.
+:mod:`kit.check.harness`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import sampling as S
+from kit.errors import UserError
+from kit.check import sampling as S
 
 @dataclass(frozen=True)
 class Backend:
@@ -137,10 +138,10 @@ def resolve_op(op: str, backends: Sequence[Backend] | None = None, *, fallback: 
     """Find an implementation of ``op``: the first backend that exposes it, else the kit's reference.
 
     Args:
-        op: canonical name, one of :data:`kit.sampling.REFERENCE_OPS` (e.g. ``"top_k_renorm_prob"``).
+        op: canonical name, one of :data:`kit.check.sampling.REFERENCE_OPS` (e.g. ``"top_k_renorm_prob"``).
         backends: where to look, in order (default :data:`BACKENDS`). Pass your own :class:`Backend` to point
             at another module (a fork, a fake in tests).
-        fallback: use :mod:`kit.sampling`'s reference when no backend has the op.
+        fallback: use :mod:`kit.check.sampling`'s reference when no backend has the op.
 
     Returns:
         A :class:`ResolvedOp` (never ``None``) recording the backend and every place tried before it.
@@ -151,7 +152,7 @@ def resolve_op(op: str, backends: Sequence[Backend] | None = None, *, fallback: 
             every module tried, with the reason each was skipped.
     """
     if op not in S.REFERENCE_OPS:
-        raise ValueError(f"unknown op {op!r}; known ops: {sorted(S.REFERENCE_OPS)}")
+        raise UserError(f"unknown op {op!r}; known ops: {sorted(S.REFERENCE_OPS)}")
     tried: list[str] = []
     for b in (BACKENDS if backends is None else backends):
         if op not in b.symbols:
@@ -166,9 +167,9 @@ def resolve_op(op: str, backends: Sequence[Backend] | None = None, *, fallback: 
             return ResolvedOp(op, fn, b.name, f"{b.module}.{sym}", tuple(tried))
         tried.extend(f"{b.name}: {r}" for r in reasons)
     if fallback:
-        return ResolvedOp(op, S.REFERENCE_OPS[op], REFERENCE, f"kit.sampling.{S.REFERENCE_OPS[op].__name__}",
+        return ResolvedOp(op, S.REFERENCE_OPS[op], REFERENCE, f"kit.check.sampling.{S.REFERENCE_OPS[op].__name__}",
                           tuple(tried))
-    tried.append(f"{REFERENCE}: kit.sampling.{op}: not used (fallback=False)")
+    tried.append(f"{REFERENCE}: kit.check.sampling.{op}: not used (fallback=False)")
     raise OpNotFoundError(op, tried)
 
 

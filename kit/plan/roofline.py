@@ -1,11 +1,11 @@
 """Plan before you rent: an analytic memory-fit and roofline model of LLM inference, on the kit's results schema.
 
-Everything here is arithmetic on an architecture spec (:class:`kit.specs.ArchSpec`: reference models, configs,
-per-group dtypes and the weight / KV / state byte counts live in :mod:`kit.specs`, re-exported here) and a device
+Everything here is arithmetic on an architecture spec (:class:`kit.plan.spec.ArchSpec`: reference models, configs,
+per-group dtypes and the weight / KV / state byte counts live in :mod:`kit.plan.spec`, re-exported here) and a device
 (:class:`Device`):
 
 - **Memory fit** (:func:`memory_fit`): weights per GPU under tensor/expert/pipeline parallelism, KV-cache bytes per
-  token, constant per-sequence state (:mod:`kit.specs`), a workspace reserve; answers fits / KV tokens left / max
+  token, constant per-sequence state (:mod:`kit.plan.spec`), a workspace reserve; answers fits / KV tokens left / max
   concurrency at a context / max context at a concurrency; :func:`min_gpus` per catalog accelerator.
 - **Roofline** (:func:`predict_point`): prefill and one decode step at (batch B, context C):
   ``t = max(bytes / (BW × eff_bw), flops / (peak × eff_flops)) + t_comm + overhead``; bytes = weights touched
@@ -13,10 +13,10 @@ per-group dtypes and the weight / KV / state byte counts live in :mod:`kit.specs
   :mod:`kit.results` with ``backend="planner"`` and the assumptions in columns (``eff_bw``, ``eff_flops``, ``tp``,
   ``assumptions``, ``x_*``) so predicted and measured points plot on the same axes.
 - **Local device**: ``accelerator="local"`` (or ``"cpu"``) uses the numbers ``kit calibrate`` measured
-  (:mod:`kit.calibrate`): achievable bandwidth and matmul TFLOPS (so efficiencies are 1.0) and a measured per-step
+  (:mod:`kit.measure.calibrate`): achievable bandwidth and matmul TFLOPS (so efficiencies are 1.0) and a measured per-step
   overhead (fixed + per layer) that dominates small batches in eager PyTorch.
 
-Formulas: ``../shared/METRICS.md`` (Planner section); KV bytes/token and state: :mod:`kit.specs`. Expert coverage:
+Formulas: ``../shared/METRICS.md`` (Planner section); KV bytes/token and state: :mod:`kit.plan.spec`. Expert coverage:
 expected number of distinct experts hit by B·k uniform draws.
 """
 from __future__ import annotations
@@ -28,16 +28,16 @@ from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 
-from . import metrics
-from .specs import (DTYPE_BYTES, GROUPS, ArchSpec, _check_pos_int, _shard, canonical_dtype, dtype_bytes, get_spec,
+from kit import dtypes
+from kit.errors import UserError
+from kit import metrics
+from kit.plan.spec import (GROUPS, ArchSpec, _check_pos_int, _shard, get_spec,
                     kv_bytes_per_token, list_models, model_table, parse_weight_dtypes, spec_from_config,
                     state_bytes_per_seq, weight_bytes)
 
 
 # ---------------------------------------------------------------- devices
 #: which peak-TFLOPS figure a compute dtype uses (catalog / calibration keys)
-_PEAK_KEY = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "fp8": "fp8", "int8": "fp8",
-             "mxfp4": "fp4", "nvfp4": "fp4"}
 
 
 @dataclass
@@ -61,13 +61,13 @@ class Device:
     source: str = "catalog"
 
     def peak_tflops(self, dtype) -> float:
-        key = _PEAK_KEY[canonical_dtype(dtype)]
+        key = dtypes.peak_key(dtype)
         v = self.tflops.get(key)
         if v is None or (isinstance(v, float) and math.isnan(v)):
             if key == "fp4" and self.tflops.get("fp8"):
                 return float(self.tflops["fp8"])
             have = {k: v for k, v in self.tflops.items() if v and not (isinstance(v, float) and math.isnan(v))}
-            raise ValueError(f"{self.name} has no {key} TFLOPS figure; it has {sorted(have)} (set compute_dtype)")
+            raise UserError(f"{self.name} has no {key} TFLOPS figure; it has {sorted(have)} (set compute_dtype)")
         return float(v)
 
 
@@ -95,24 +95,24 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
         ValueError: a non-positive override, or ``eff_bw`` / ``eff_flops`` not in the interval from 0
             (excluded) to 1.
     """
-    from .catalog import load_catalog
+    from kit.catalog import load_catalog
 
     acc = str(accelerator).strip()
     cal = None
     if isinstance(calibration, dict):
         cal = calibration
     elif calibration is not None:
-        from . import calibrate as _cal
+        from kit.measure import calibrate as _cal
 
         cal = _cal.load_calibration(calibration)
     elif acc.lower() in ("local", "cpu"):
-        from . import calibrate as _cal
+        from kit.measure import calibrate as _cal
 
         try:
             cal = _cal.load_calibration(device="cpu" if acc.lower() == "cpu" else None)
         except FileNotFoundError:
             if acc.lower() == "local":
-                from .hardware import detect
+                from kit.hardware import detect
 
                 info = detect()
                 if info.backend != "cpu":
@@ -166,13 +166,13 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
         if v is None:
             continue
         if not hasattr(dev, k):
-            raise ValueError(f"unknown device field {k!r}; allowed: {sorted(asdict(dev))}")
+            raise UserError(f"unknown device field {k!r}; allowed: {sorted(asdict(dev))}")
         if k in ("eff_bw", "eff_flops"):
             v = _check_eff(k, v)
         if isinstance(v, (int, float)) and k != "overhead_ms_fixed" and k != "overhead_ms_per_layer" and v <= 0:
-            raise ValueError(f"{k}={v!r} must be > 0")
+            raise UserError(f"{k}={v!r} must be > 0")
         if k in ("overhead_ms_fixed", "overhead_ms_per_layer") and v < 0:
-            raise ValueError(f"{k}={v!r} must be >= 0")
+            raise UserError(f"{k}={v!r} must be >= 0")
         setattr(dev, k, v)
     return dev
 
@@ -199,26 +199,26 @@ def _layout(device: Device, n_gpus: int, tp: int | None, ep: int | None, pp: int
         tp = _check_pos_int("tp", tp)
         pp = n_gpus // tp
     if given_tp is not None and given_pp is None and (tp < 1 or n_gpus % tp):
-        raise ValueError(f"tp={tp} does not divide n_gpus={n_gpus}: the pipeline-parallel size is derived as "
+        raise UserError(f"tp={tp} does not divide n_gpus={n_gpus}: the pipeline-parallel size is derived as "
                          f"pp = n_gpus // tp, so n_gpus must be a multiple of tp; pass a tp that divides n_gpus "
                          f"({', '.join(str(d) for d in _divisors(n_gpus))}) or change the GPU count")
     if given_pp is not None and given_tp is None and (pp < 1 or n_gpus % pp):
-        raise ValueError(f"pp={pp} does not divide n_gpus={n_gpus}: the tensor-parallel size is derived as "
+        raise UserError(f"pp={pp} does not divide n_gpus={n_gpus}: the tensor-parallel size is derived as "
                          f"tp = n_gpus // pp, so n_gpus must be a multiple of pp; pass a pp that divides n_gpus "
                          f"({', '.join(str(d) for d in _divisors(n_gpus))}) or change the GPU count")
     tp, pp = _check_pos_int("tp", tp), _check_pos_int("pp", pp)
     if tp * pp != n_gpus:
-        raise ValueError(f"tp={tp} × pp={pp} must equal n_gpus={n_gpus}")
+        raise UserError(f"tp={tp} × pp={pp} must equal n_gpus={n_gpus}")
     _check_heads_split(spec, tp)
     if ep is not None and not spec.is_moe:
         if _check_pos_int("ep", ep) != 1:
-            raise ValueError(f"ep={ep}: expert parallelism applies only to MoE models, and {spec.name} is dense "
+            raise UserError(f"ep={ep}: expert parallelism applies only to MoE models, and {spec.name} is dense "
                              "(no routed experts); leave ep unset (or 1)")
     if ep is None:
         ep = tp if spec.is_moe else 1
     ep = _check_pos_int("ep", ep)
     if tp % ep:
-        raise ValueError(f"ep={ep} must divide tp={tp}")
+        raise UserError(f"ep={ep} must divide tp={tp}")
     return n_gpus, tp, ep, pp
 
 
@@ -231,7 +231,7 @@ def _check_context(spec: ArchSpec, context_len, name: str = "context_len") -> in
     c = _check_pos_int(name, context_len)
     mp = spec.max_position_embeddings
     if mp and c > int(mp):
-        raise ValueError(f"{name}={c:,} exceeds {spec.name}'s max_position_embeddings={int(mp):,}: the model "
+        raise UserError(f"{name}={c:,} exceeds {spec.name}'s max_position_embeddings={int(mp):,}: the model "
                          f"supports at most {int(mp):,} positions per sequence")
     return c
 
@@ -241,9 +241,9 @@ def _check_eff(name: str, v) -> float:
     try:
         f = float(v)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}={v!r} must be a number in (0, 1]") from None
+        raise UserError(f"{name}={v!r} must be a number in (0, 1]") from None
     if not 0 < f <= 1:
-        raise ValueError(f"{name}={v!r} is outside the allowed range (0, 1]: an efficiency is a fraction of the "
+        raise UserError(f"{name}={v!r} is outside the allowed range (0, 1]: an efficiency is a fraction of the "
                          "peak figure (e.g. 0.7)")
     return f
 
@@ -288,7 +288,7 @@ def workspace_gb(spec: ArchSpec, tp: int = 1, max_batched_tokens: int = DEFAULT_
     widest = max(spec.intermediate_size or 0, (spec.moe_intermediate_size or 0) * max(1, spec.experts_per_token),
                  spec.shared_expert_intermediate_size or 0)
     per_tok = 6 * spec.hidden_size + 2 * widest / tp
-    return max_batched_tokens * per_tok * dtype_bytes(act_dtype) / 1e9
+    return max_batched_tokens * per_tok * dtypes.bytes_per_element(act_dtype) / 1e9
 
 
 @dataclass
@@ -374,7 +374,7 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
     spec = get_spec(model)
     dev = device or get_device(accelerator, catalog=catalog, calibration=calibration)
     if not 0 < mem_util <= 1:
-        raise ValueError(f"mem_util={mem_util!r} must be in (0, 1]")
+        raise UserError(f"mem_util={mem_util!r} must be in (0, 1]")
     if context_len is not None:
         context_len = _check_context(spec, context_len)
     if concurrency is not None:
@@ -389,7 +389,7 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
     runtime = 0.0 if dev.device == "cpu" else DEFAULT_RUNTIME_GB
     reserve = reserve_gb if reserve_gb is not None else runtime + workspace_gb(spec, tp, max_batched_tokens)
     if reserve < 0:
-        raise ValueError(f"reserve_gb={reserve_gb!r} must be >= 0")
+        raise UserError(f"reserve_gb={reserve_gb!r} must be >= 0")
     usable = dev.mem_gb * mem_util
     budget_b = (usable - w_gpu / 1e9 - reserve) * 1e9
     kv_tok = kv_bytes_per_token(spec, kv_dtype, tp) / pp
@@ -397,7 +397,7 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
     fits_w = budget_b > 0
     tokens_free = max(0.0, budget_b) / kv_tok if kv_tok else float("inf")
     res = FitResult(model=spec.name, accelerator=dev.name, n_gpus=n_gpus, tp=tp, ep=ep, pp=pp,
-                    kv_dtype=canonical_dtype(kv_dtype), weight_dtypes=dts, mem_gb_per_gpu=dev.mem_gb,
+                    kv_dtype=dtypes.canonical(kv_dtype), weight_dtypes=dts, mem_gb_per_gpu=dev.mem_gb,
                     usable_gb_per_gpu=usable, weights_gb_total=w_total / 1e9, weights_gb_per_gpu=w_gpu / 1e9,
                     reserve_gb_per_gpu=reserve, kv_budget_gb_per_gpu=budget_b / 1e9,
                     kv_bytes_per_token=kv_bytes_per_token(spec, kv_dtype, 1), kv_bytes_per_token_per_gpu=kv_tok,
@@ -420,8 +420,8 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
         res.need_gb_per_gpu = (w_gpu + need) / 1e9 + reserve
         res.fits = fits_w and need <= budget_b
     res.assumptions = (f"mem_util={mem_util}; reserve={reserve:.2f} GB/GPU (runtime {runtime} GB + workspace for "
-                       f"{max_batched_tokens} tokens); kv {canonical_dtype(kv_dtype)}, state "
-                       f"{canonical_dtype(state_dtype)}; weights {_dt_summary(dts)}; device {dev.name} ({dev.source.split(' [')[0]})")
+                       f"{max_batched_tokens} tokens); kv {dtypes.canonical(kv_dtype)}, state "
+                       f"{dtypes.canonical(state_dtype)}; weights {_dt_summary(dts)}; device {dev.name} ({dev.source.split(' [')[0]})")
     return res
 
 
@@ -492,7 +492,7 @@ def _decode_terms(spec: ArchSpec, B: int, ctx: float, tp: int, ep: int, dts: dic
     cov = expert_coverage(spec.n_routed_experts, B, spec.experts_per_token)
     w_bytes = sum(v for g, v in wr.items() if g not in ("embed", "routed_experts"))
     w_bytes += wr["routed_experts"] * cov
-    w_bytes += B * spec.hidden_size * DTYPE_BYTES[dts["embed"]]  # embedding rows gathered
+    w_bytes += B * spec.hidden_size * dtypes.bytes_per_element(dts["embed"])  # embedding rows gathered
     if spec.tie_word_embeddings:
         w_bytes += wr["embed"]  # the tied matrix is read whole as the LM head
     kv_tok = kv_bytes_per_token(spec, kv_dtype, tp)
@@ -534,7 +534,7 @@ def _comm_ms(spec: ArchSpec, dev: Device, tokens: float, tp: int, act_dtype) -> 
     convention: time = bytes × 2(n−1)/n / busbw)."""
     if tp <= 1 or not dev.scaleup_gb_s:
         return 0.0
-    size = tokens * spec.hidden_size * dtype_bytes(act_dtype)
+    size = tokens * spec.hidden_size * dtypes.bytes_per_element(act_dtype)
     return 2 * spec.num_layers * size * metrics.busbw_factor("all_reduce", tp) / (dev.scaleup_gb_s * 1e9) * 1e3
 
 
@@ -580,12 +580,12 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
     C = _check_context(spec, context_len)
     dev = device or get_device(accelerator, catalog=catalog, calibration=calibration)
     if dtype is not None:
-        dtype = canonical_dtype(dtype)
+        dtype = dtypes.canonical(dtype)
         weight_dtypes = weight_dtypes or f"default={dtype}"
     dts = spec.dtypes(weight_dtypes)
-    kv_dtype = canonical_dtype(kv_dtype or dtype or "bfloat16")
-    act_dtype = canonical_dtype(act_dtype or dtype or "bfloat16")
-    compute_dtype = canonical_dtype(compute_dtype or dts["attn"])
+    kv_dtype = dtypes.canonical(kv_dtype or dtype or "bfloat16")
+    act_dtype = dtypes.canonical(act_dtype or dtype or "bfloat16")
+    compute_dtype = dtypes.canonical(compute_dtype or dts["attn"])
     fit = memory_fit(spec, dev.name, n_gpus, C, B, kv_dtype, state_dtype, dts, tp, ep, pp, mem_util, reserve_gb,
                      device=dev)  # also settles the parallel layout
     n_gpus, tp, ep, pp = fit.n_gpus, fit.tp, fit.ep, fit.pp
@@ -594,7 +594,7 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
     ovh = (dev.overhead_ms_fixed + dev.overhead_ms_per_layer * spec.num_layers) if overhead_ms is None \
         else float(overhead_ms)
     if ovh < 0:
-        raise ValueError(f"overhead_ms={overhead_ms!r} must be >= 0")
+        raise UserError(f"overhead_ms={overhead_ms!r} must be >= 0")
     att = _check_pos_int("attend_len", attend_len) if attend_len is not None else C
     d = _decode_terms(spec, B, att, tp, ep, dts, kv_dtype, state_dtype)
     bytes_step = d["weight_bytes"] + d["kv_bytes"]
@@ -663,7 +663,7 @@ def predict_grid(model, accelerator: str = "local", concurrencies=(1, 4, 16), co
                  n_gpus: int = 1, **kw) -> pd.DataFrame:
     """Planner rows for every (context_len, concurrency) pair, as a :mod:`kit.results` DataFrame. ``kw`` as
     :func:`predict_point`."""
-    from .results import to_frame
+    from kit.results import to_frame
 
     dev = kw.pop("device", None) or get_device(accelerator, catalog=kw.pop("catalog", None),
                                                calibration=kw.pop("calibration", None))
@@ -680,16 +680,16 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
     Raises:
         ValueError: ``measured`` has no ok rows with model, dtype, concurrency and context_len.
     """
-    from .results import to_frame
+    from kit.results import to_frame
 
     need = ["model", "dtype", "concurrency", "context_len"]
     missing = [c for c in need if c not in measured.columns]
     if missing:
-        raise ValueError(f"measured frame lacks column(s) {missing}")
+        raise UserError(f"measured frame lacks column(s) {missing}")
     ok = measured[(measured.get("status", "ok") == "ok")] if "status" in measured.columns else measured
     ok = ok.dropna(subset=need)
     if ok.empty:
-        raise ValueError("measured frame has no ok rows with model, dtype, concurrency and context_len")
+        raise UserError("measured frame has no ok rows with model, dtype, concurrency and context_len")
     dev = kw.pop("device", None) or get_device(accelerator, catalog=kw.pop("catalog", None),
                                                calibration=kw.pop("calibration", None))
     recs = []
@@ -804,9 +804,9 @@ def add_cli(sub) -> None:
 
 
 def _cli_plan(args) -> int:
-    from .catalog import load_catalog
-    from .cost import add_cost_columns
-    from .results import to_frame
+    from kit.catalog import load_catalog
+    from kit.plan.cost import add_cost_columns
+    from kit.results import to_frame
 
     spec = get_spec(args.model, args.weight_dtypes)
     cat = load_catalog(extra_prices=args.prices)
@@ -815,7 +815,7 @@ def _cli_plan(args) -> int:
     kw = dict(kv_dtype=args.kv_dtype, mem_util=args.mem_util)
     least = min_gpus(spec, dev.name, args.context, args.concurrency, device=dev, **kw)
     if args.gpus is not None and args.gpus < 1:
-        raise ValueError(f"--gpus {args.gpus} must be >= 1")
+        raise UserError(f"--gpus {args.gpus} must be >= 1")
     n = args.gpus if args.gpus is not None else (least or dev.gpus_per_node)
     fit = memory_fit(spec, dev.name, n, args.context, args.concurrency, tp=args.tp, ep=args.ep, device=dev, **kw)
     pts = [predict_point(spec, dev.name, n, b, args.context, tp=args.tp, ep=args.ep, device=dev,
@@ -868,10 +868,10 @@ def _cli_plan(args) -> int:
     return 0
 
 
-# the spec names (kit.specs) are re-exported so ``from kit.planner import get_spec`` keeps working
+# the spec names (kit.plan.spec) are re-exported so ``from kit.plan.roofline import get_spec`` keeps working
 __all__ = [
-    # kit.specs
-    "DTYPE_BYTES", "GROUPS", "ArchSpec", "canonical_dtype", "dtype_bytes", "parse_weight_dtypes", "model_table",
+    # kit.plan.spec
+    "GROUPS", "ArchSpec", "parse_weight_dtypes", "model_table",
     "list_models", "spec_from_config", "get_spec", "kv_bytes_per_token", "state_bytes_per_seq", "weight_bytes",
     # devices, memory fit, roofline, CLI
     "Device", "DEFAULT_EFF_BW", "DEFAULT_EFF_FLOPS", "UNCALIBRATED_CPU_OVERHEAD_MS", "UNCALIBRATED_CPU_ATTN_TFLOPS",

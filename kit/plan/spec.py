@@ -5,14 +5,14 @@
   ``config.json`` path (:func:`spec_from_config`); :func:`get_spec` takes either, or a kit preset. Parameter counts
   are recomputed from the shapes per *group* (embed, lm_head, attn, linear_attn, norms, dense_mlp, shared_experts,
   routed_experts, router, moe_latent) so each group can have its own dtype (e.g. routed experts in MXFP4 at 4.25
-  bits, attention in bf16; :func:`parse_weight_dtypes`, :func:`dtype_bytes`).
+  bits, attention in bf16; :func:`parse_weight_dtypes`, :func:`kit.dtypes.bytes_per_element`).
 - **Bytes**: :func:`weight_bytes` per group on one rank under tensor/expert parallelism; :func:`kv_bytes_per_token`
   (MHA/GQA split by kv heads across TP ranks; MLA latent replicated on every TP rank);
   :func:`state_bytes_per_seq`, the constant per-sequence state of sliding-window and linear-attention layers.
 
 Formulas: ``../shared/METRICS.md`` (Planner section). KV bytes/token: MHA/GQA ``2 × layers × n_kv_heads ×
 head_dim × bytes``; MLA ``layers × (kv_lora_rank + qk_rope_head_dim) × bytes`` (DeepSeek-V3 paper, §2.1.1; no factor
-2). The memory fit and roofline built on these are in :mod:`kit.planner`.
+2). The memory fit and roofline built on these are in :mod:`kit.plan.roofline`.
 """
 from __future__ import annotations
 
@@ -24,50 +24,23 @@ from importlib import resources
 from pathlib import Path
 
 import pandas as pd
-
-# ---------------------------------------------------------------- dtypes
-#: bytes per element. MXFP4 (OCP MX): 4-bit E2M1 + one 8-bit E8M0 scale per 32 elements = 4.25 bits.
-#: NVFP4: 4-bit E2M1 + one FP8 E4M3 scale per 16 elements = 4.5 bits (per-tensor fp32 scale ignored).
-DTYPE_BYTES: dict[str, float] = {
-    "float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0, "mxfp4": 4.25 / 8, "nvfp4": 4.5 / 8,
-}
-_DTYPE_ALIASES = {
-    "fp32": "float32", "float": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
-    "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8",
-    "float8_e5m2": "fp8", "e5m2": "fp8", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "int8": "int8",
-}
+from kit._io import data_path
+from kit import dtypes
+from kit.errors import InputNotFoundError, UnknownNameError, UserError
 
 GROUPS = ("embed", "lm_head", "attn", "linear_attn", "norms", "dense_mlp", "shared_experts", "routed_experts",
           "router", "moe_latent")
-
-
-def canonical_dtype(name) -> str:
-    """Canonical dtype name (float32, bfloat16, float16, fp8, int8, mxfp4, nvfp4) of a name or torch dtype.
-
-    Raises:
-        ValueError: unknown dtype (lists the allowed names).
-    """
-    s = str(name).strip().lower().removeprefix("torch.")
-    s = _DTYPE_ALIASES.get(s, s)
-    if s not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {name!r}; allowed: {sorted(DTYPE_BYTES)} (aliases: {sorted(_DTYPE_ALIASES)})")
-    return s
-
-
-def dtype_bytes(name) -> float:
-    """Bytes per element of a dtype (MXFP4 = 0.53125, NVFP4 = 0.5625). Raises ValueError for unknown dtypes."""
-    return DTYPE_BYTES[canonical_dtype(name)]
 
 
 def _dtype_items(spec) -> dict[str, str]:
     if isinstance(spec, dict):
         return {str(k): str(v) for k, v in spec.items()}
     if not isinstance(spec, str):
-        raise ValueError(f"weight dtypes must be a 'group=dtype;...' string or a dict, got {type(spec).__name__}")
+        raise UserError(f"weight dtypes must be a 'group=dtype;...' string or a dict, got {type(spec).__name__}")
     items = {}
     for part in filter(None, (p.strip() for p in spec.replace(",", ";").split(";"))):
         if "=" not in part:
-            raise ValueError(f"weight dtype entry {part!r} must look like group=dtype (e.g. routed_experts=mxfp4)")
+            raise UserError(f"weight dtype entry {part!r} must look like group=dtype (e.g. routed_experts=mxfp4)")
         k, v = (x.strip() for x in part.split("=", 1))
         items[k] = v
     return items
@@ -80,12 +53,12 @@ def parse_weight_dtypes(spec: str | dict | None, default: str = "bfloat16") -> d
         ValueError: unknown group (lists :data:`GROUPS`) or unknown dtype, or a malformed entry.
     """
     items = _dtype_items(spec) if spec is not None else {}
-    base = canonical_dtype(items.pop("default", items.pop("*", default)))
+    base = dtypes.canonical(items.pop("default", items.pop("*", default)))
     out = {g: base for g in GROUPS}
     for k, v in items.items():
         if k not in GROUPS:
-            raise ValueError(f"unknown parameter group {k!r} in weight dtypes; allowed: default, {', '.join(GROUPS)}")
-        out[k] = canonical_dtype(v)
+            raise UserError(f"unknown parameter group {k!r} in weight dtypes; allowed: default, {', '.join(GROUPS)}")
+        out[k] = dtypes.canonical(v)
     return out
 
 
@@ -141,33 +114,33 @@ class ArchSpec:
         for f in ("hidden_size", "num_layers", "vocab_size", "num_attention_heads"):
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{self.name}: {f}={v!r} must be a positive integer")
+                raise UserError(f"{self.name}: {f}={v!r} must be a positive integer")
         if self.attention not in ("gqa", "mla"):
-            raise ValueError(f"{self.name}: attention={self.attention!r}; allowed: 'gqa', 'mla'")
+            raise UserError(f"{self.name}: attention={self.attention!r}; allowed: 'gqa', 'mla'")
         if self.attention == "mla":
             for f in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
                 if not getattr(self, f):
-                    raise ValueError(f"{self.name}: MLA attention needs {f} (a positive integer)")
+                    raise UserError(f"{self.name}: MLA attention needs {f} (a positive integer)")
         if self.n_kv_layers is None:
             object.__setattr__(self, "n_kv_layers", self.num_layers - self.n_swa_layers - self.n_linear_layers)
         if self.n_kv_layers + self.n_swa_layers + self.n_linear_layers != self.num_layers or self.n_kv_layers < 0:
-            raise ValueError(f"{self.name}: layer kinds n_kv_layers={self.n_kv_layers} + n_swa_layers="
+            raise UserError(f"{self.name}: layer kinds n_kv_layers={self.n_kv_layers} + n_swa_layers="
                              f"{self.n_swa_layers} + n_linear_layers={self.n_linear_layers} must equal num_layers="
                              f"{self.num_layers}")
         if self.n_swa_layers and not self.sliding_window:
-            raise ValueError(f"{self.name}: n_swa_layers={self.n_swa_layers} needs sliding_window")
+            raise UserError(f"{self.name}: n_swa_layers={self.n_swa_layers} needs sliding_window")
         if self.n_linear_layers and not (self.linear_num_heads and self.linear_head_dim):
-            raise ValueError(f"{self.name}: linear-attention layers need linear_num_heads and linear_head_dim")
+            raise UserError(f"{self.name}: linear-attention layers need linear_num_heads and linear_head_dim")
         if self.n_routed_experts:
             if not (self.experts_per_token and self.moe_intermediate_size):
-                raise ValueError(f"{self.name}: a MoE needs experts_per_token and moe_intermediate_size")
+                raise UserError(f"{self.name}: a MoE needs experts_per_token and moe_intermediate_size")
             if not 0 < self.experts_per_token <= self.n_routed_experts:
-                raise ValueError(f"{self.name}: experts_per_token={self.experts_per_token} must be in "
+                raise UserError(f"{self.name}: experts_per_token={self.experts_per_token} must be in "
                                  f"[1, n_routed_experts={self.n_routed_experts}]")
         if self.n_dense_layers is None:
             object.__setattr__(self, "n_dense_layers", 0 if self.n_routed_experts else self.num_layers)
         if self.n_dense_layers and not self.intermediate_size:
-            raise ValueError(f"{self.name}: {self.n_dense_layers} dense MLP layer(s) need intermediate_size")
+            raise UserError(f"{self.name}: {self.n_dense_layers} dense MLP layer(s) need intermediate_size")
         if self.attention == "gqa":
             if self.num_kv_heads is None:
                 object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
@@ -282,12 +255,12 @@ class ArchSpec:
             o = _dtype_items(override)
             base = o.pop("default", o.pop("*", None))
             if base is not None:
-                d = {g: canonical_dtype(base) for g in GROUPS}
+                d = {g: dtypes.canonical(base) for g in GROUPS}
             for k, v in o.items():
                 if k not in GROUPS:
-                    raise ValueError(f"unknown parameter group {k!r} in weight dtypes; allowed: default, "
+                    raise UserError(f"unknown parameter group {k!r} in weight dtypes; allowed: default, "
                                      f"{', '.join(GROUPS)}")
-                d[k] = canonical_dtype(v)
+                d[k] = dtypes.canonical(v)
         return d
 
     def summary(self) -> dict:
@@ -304,10 +277,6 @@ class ArchSpec:
 
 
 # ---------------------------------------------------------------- loading specs
-def _models_csv() -> Path:
-    return Path(str(resources.files("kit") / "data" / "models.csv"))
-
-
 def model_table() -> pd.DataFrame:
     """The shipped reference models (``kit/data/models.csv``), one row each, with sources and flags (a copy; the file
     is read once per process)."""
@@ -316,7 +285,7 @@ def model_table() -> pd.DataFrame:
 
 @functools.lru_cache(maxsize=1)
 def _read_model_table() -> pd.DataFrame:
-    return pd.read_csv(_models_csv(), dtype=str, keep_default_na=False)
+    return pd.read_csv(data_path("models.csv"), dtype=str, keep_default_na=False)
 
 
 def list_models() -> list[str]:
@@ -362,7 +331,7 @@ def _need(cfg: dict, key: str, why: str, *aliases: str):
         if cfg.get(k) is not None:
             return cfg[k]
     names = " / ".join(repr(k) for k in (key, *aliases))
-    raise ValueError(f"config is missing {names}, which the planner needs for {why}")
+    raise UserError(f"config is missing {names}, which the planner needs for {why}")
 
 
 def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict | None = None) -> ArchSpec:
@@ -382,7 +351,7 @@ def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict 
         if p.is_dir():
             p = p / "config.json"
         if not p.exists():
-            raise FileNotFoundError(f"config file {str(p)!r} does not exist")
+            raise InputNotFoundError(f"config file {str(p)!r} does not exist")
         cfg = json.loads(p.read_text())
         name = name or p.parent.name
     elif isinstance(config, dict):
@@ -397,7 +366,7 @@ def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict 
                 cfg[k] = getattr(config, k)
         name = name or getattr(config, "name_or_path", "") or cfg.get("model_type", "config")
     else:
-        raise ValueError(f"config must be a transformers config, a dict or a config.json path, "
+        raise UserError(f"config must be a transformers config, a dict or a config.json path, "
                          f"got {type(config).__name__}")
     if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
@@ -428,7 +397,7 @@ def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict 
     if lt:
         lt = list(lt)
         if len(lt) != L:
-            raise ValueError(f"config layer_types has {len(lt)} entries but num_hidden_layers={L}")
+            raise UserError(f"config layer_types has {len(lt)} entries but num_hidden_layers={L}")
         n_lin = sum(t in ("linear_attention", "kda", "mamba", "gated_deltanet") for t in lt)
         n_swa = sum(t in ("sliding_attention", "sliding_window") for t in lt)
         kw.update(n_swa_layers=n_swa, n_linear_layers=n_lin, n_kv_layers=L - n_swa - n_lin)
@@ -473,7 +442,7 @@ def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict 
         kw["intermediate_size"] = int(_need(cfg, "intermediate_size", "the MLP width", "ffn_dim", "n_inner"))
     # dtypes
     if weight_dtypes is None:
-        base = canonical_dtype(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
+        base = dtypes.canonical(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
         q = cfg.get("quantization_config") or {}
         qm = str(q.get("quant_method", "")).lower() if isinstance(q, dict) else ""
         if qm == "mxfp4":
@@ -511,11 +480,11 @@ def _named_spec(model: str) -> ArchSpec:
             | (t["model"].str.split(" ").str[0].str.lower() == low) | (t["hf_repo"].str.lower() == low)]
     if len(hit):
         return _spec_from_row(hit.iloc[0])
-    from . import models as _models
+    from kit import models as _models
 
     if model in _models.PRESETS:
         return spec_from_config(_models.get_config(model), name=model)
-    raise KeyError(f"unknown model {model!r}; reference models: {list(t['key'])}; presets: {sorted(_models.PRESETS)}; "
+    raise UnknownNameError(f"unknown model {model!r}; reference models: {list(t['key'])}; presets: {sorted(_models.PRESETS)}; "
                    "or pass a transformers config, a dict or a config.json path")
 
 
@@ -528,9 +497,9 @@ def _dt_str(d):
 # ---------------------------------------------------------------- KV cache and state
 def _check_pos_int(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, (int,)) and not (isinstance(v, float) and v.is_integer()):
-        raise ValueError(f"{name}={v!r} must be a positive integer")
+        raise UserError(f"{name}={v!r} must be a positive integer")
     if int(v) <= 0:
-        raise ValueError(f"{name}={v!r} must be > 0")
+        raise UserError(f"{name}={v!r} must be > 0")
     return int(v)
 
 
@@ -551,7 +520,7 @@ def kv_bytes_per_token(spec: ArchSpec, kv_dtype="bfloat16", tp: int = 1) -> floa
     Raises:
         ValueError: unknown dtype, tp < 1.
     """
-    b = dtype_bytes(kv_dtype)
+    b = dtypes.bytes_per_element(kv_dtype)
     tp = _check_pos_int("tp", tp)
     if spec.attention == "mla":
         return spec.n_kv_layers * (spec.kv_lora_rank + spec.qk_rope_head_dim) * b
@@ -568,7 +537,7 @@ def state_bytes_per_seq(spec: ArchSpec, context_len: int, kv_dtype="bfloat16", s
     B/seq; fp32 state → 449,372,160 (../shared/reference/models.csv).
     """
     tp = _check_pos_int("tp", tp)
-    b = dtype_bytes(kv_dtype)
+    b = dtypes.bytes_per_element(kv_dtype)
     out = 0.0
     if spec.n_swa_layers:
         out += spec.n_swa_layers * min(spec.sliding_window, context_len) * 2 * _kv_heads_per_rank(spec, tp) \
@@ -576,7 +545,7 @@ def state_bytes_per_seq(spec: ArchSpec, context_len: int, kv_dtype="bfloat16", s
     if spec.n_linear_layers:
         heads = math.ceil(spec.linear_num_heads / tp)
         hd = spec.linear_head_dim
-        out += spec.n_linear_layers * (heads * hd * hd * dtype_bytes(state_dtype)
+        out += spec.n_linear_layers * (heads * hd * hd * dtypes.bytes_per_element(state_dtype)
                                        + 3 * heads * hd * (spec.linear_conv_kernel - 1) * b)
     return out
 
@@ -607,9 +576,9 @@ def weight_bytes(spec: ArchSpec, weight_dtypes: str | dict | None = None, tp: in
     """
     tp, ep = _check_pos_int("tp", tp), _check_pos_int("ep", ep)
     if tp % ep:
-        raise ValueError(f"ep={ep} must divide tp={tp} (experts are split over ep ranks, TP within an expert)")
+        raise UserError(f"ep={ep} must divide tp={tp} (experts are split over ep ranks, TP within an expert)")
     dt = spec.dtypes(weight_dtypes)
     out = {g: 0.0 for g in GROUPS}
     for g, kind, n in spec.param_items():
-        out[g] += n * DTYPE_BYTES[dt[g]] * _shard(kind, spec, tp, ep)
+        out[g] += n * dtypes.DTYPES[dt[g]].bytes * _shard(kind, spec, tp, ep)
     return out

@@ -11,6 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from kit.errors import UserError
 
 _LABELS = {
     "decode_tok_s": "decode throughput (tok/s, all streams)",
@@ -41,7 +42,7 @@ def label_of(col: str) -> str:
 def _check(df: pd.DataFrame, cols) -> None:
     missing = [c for c in cols if c and c not in df.columns]
     if missing:
-        raise ValueError(f"column(s) {missing} not in the results; available: {list(df.columns)}")
+        raise UserError(f"column(s) {missing} not in the results; available: {list(df.columns)}")
 
 
 def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, label: str | None = None, ax=None,
@@ -116,7 +117,7 @@ def heatmap(df: pd.DataFrame, value: str = "decode_tok_s", x: str = "concurrency
     """
     _check(df, [value, x, y])
     if df.duplicated([x, y]).any():
-        raise ValueError(f"several rows per ({y}, {x}); filter to one model/dtype/run before a heatmap")
+        raise UserError(f"several rows per ({y}, {x}); filter to one model/dtype/run before a heatmap")
     xs, ys = sorted(df[x].unique()), sorted(df[y].unique())
     grid = np.full((len(ys), len(xs)), np.nan)
     status = {}
@@ -176,7 +177,7 @@ def save_standard_plots(df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-# ---------------------------------------------------------------- served sweeps (rows of kit.loadgen)
+# ---------------------------------------------------------------- served sweeps (rows of kit.serve.load)
 def _throughput_col(df):
     """Served rows: output_tok_s; in-process rows: decode_tok_s (both output tokens per second)."""
     return df["output_tok_s"].where(df["backend"] == "openai", df["decode_tok_s"]).astype("float64")
@@ -193,8 +194,8 @@ def plot_served(df, title: str | None = None):
     """
     from matplotlib.ticker import NullFormatter
 
-    from . import metrics as M
-    from . import results as R
+    from kit import metrics as M
+    from kit import results as R
 
     df = R.coerce(df)
     df = df[df["status"] == "ok"].copy()

@@ -1,8 +1,8 @@
 """Reference sampling ops in pure torch (any device, eager or ``torch.compile``), with their semantics written down.
 
 These are the slow-but-obvious versions of the fused sampling kernels that serving engines import from
-flashinfer, sgl_kernel or aiter. They exist so that a kernel can be checked against them (:mod:`kit.checks`) and so
-that a missing kernel has a correct fallback (:func:`kit.resolver.resolve_op`).
+flashinfer, sgl_kernel or aiter. They exist so that a kernel can be checked against them (:mod:`kit.check.harness`) and so
+that a missing kernel has a correct fallback (:func:`kit.check.resolver.resolve_op`).
 
 Shapes: ``probs`` / ``logits`` are ``(batch, vocab)``; per-row parameters (``top_k``, ``top_p``, ``min_p``,
 ``temperature``, ``uniform``) are a Python scalar (same for every row), a 0-d tensor, or a tensor of shape
@@ -36,6 +36,7 @@ from __future__ import annotations
 import numbers
 
 import torch
+from kit.errors import UserError
 
 __all__ = [
     "top_k_renorm_prob", "top_p_renorm_prob", "min_p_renorm_prob", "top_k_mask_logits", "apply_temperature",
@@ -51,39 +52,39 @@ def _compiling() -> bool:
 
 def _check_matrix(x, name: str, what: str = "probabilities") -> None:
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of {what} with shape (batch, vocab); got {type(x).__name__}")
+        raise UserError(f"{name} must be a torch.Tensor of {what} with shape (batch, vocab); got {type(x).__name__}")
     if x.dim() != 2:
-        raise ValueError(f"{name} must have shape (batch, vocab); got shape {tuple(x.shape)}")
+        raise UserError(f"{name} must have shape (batch, vocab); got shape {tuple(x.shape)}")
     if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating tensor (float32, float16, bfloat16 or float64); got {x.dtype}")
+        raise UserError(f"{name} must be a floating tensor (float32, float16, bfloat16 or float64); got {x.dtype}")
     if x.shape[1] < 1:
-        raise ValueError(f"{name} must have vocab ≥ 1; got shape {tuple(x.shape)}")
+        raise UserError(f"{name} must have vocab ≥ 1; got shape {tuple(x.shape)}")
 
 
 def _per_row(v, name: str, batch: int, device, *, integer: bool, allowed: str) -> torch.Tensor:
     """A scalar / 0-d / (batch,) parameter as a (batch,) tensor (int64 if ``integer`` else float32)."""
     if isinstance(v, bool) or v is None:
-        raise ValueError(f"{name} must be {allowed}: a number or a tensor of shape ({batch},); got {v!r}")
+        raise UserError(f"{name} must be {allowed}: a number or a tensor of shape ({batch},); got {v!r}")
     if isinstance(v, torch.Tensor):
         if v.dim() == 0:
             v = v.reshape(1).expand(batch)
         elif tuple(v.shape) != (batch,):
-            raise ValueError(f"{name} must be a scalar or a tensor of shape (batch,) = ({batch},); "
+            raise UserError(f"{name} must be a scalar or a tensor of shape (batch,) = ({batch},); "
                              f"got shape {tuple(v.shape)}")
         if integer and (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool):
-            raise ValueError(f"{name} must be an integer tensor (int32/int64); got {v.dtype}")
+            raise UserError(f"{name} must be an integer tensor (int32/int64); got {v.dtype}")
         if not integer and not v.is_floating_point():
-            raise ValueError(f"{name} must be a floating tensor; got {v.dtype}")
+            raise UserError(f"{name} must be a floating tensor; got {v.dtype}")
         if v.device != device:
-            raise ValueError(f"{name} is on {v.device} but the input is on {device}; put both on one device")
+            raise UserError(f"{name} is on {v.device} but the input is on {device}; put both on one device")
         return v.to(device=device, dtype=torch.int64 if integer else torch.float32)
     if integer:
         if not isinstance(v, numbers.Integral):
-            raise ValueError(f"{name} must be {allowed}: an int or an integer tensor of shape ({batch},); "
+            raise UserError(f"{name} must be {allowed}: an int or an integer tensor of shape ({batch},); "
                              f"got {type(v).__name__} {v!r}")
         return torch.full((batch,), int(v), dtype=torch.int64, device=device)
     if not isinstance(v, numbers.Real):
-        raise ValueError(f"{name} must be {allowed}: a float or a float tensor of shape ({batch},); "
+        raise UserError(f"{name} must be {allowed}: a float or a float tensor of shape ({batch},); "
                          f"got {type(v).__name__} {v!r}")
     return torch.full((batch,), float(v), dtype=torch.float32, device=device)
 
@@ -102,14 +103,14 @@ def _check_range(t: torch.Tensor, name: str, raw, allowed: str, lo, hi, lo_open=
     ``torch.compile``); tensors only in eager mode (a value check on a tensor needs a device-to-host sync)."""
     if not isinstance(raw, torch.Tensor):
         if not _in_range(raw, lo, hi, lo_open, hi_open):
-            raise ValueError(f"{name}={raw!r} is out of range; allowed: {allowed}")
+            raise UserError(f"{name}={raw!r} is out of range; allowed: {allowed}")
         return
     if _compiling():
         return
     bad = (~_in_range(t, lo, hi, lo_open, hi_open)).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
-        raise ValueError(f"{name}[{i}]={t[i].item()!r} is out of range ({bad.numel()} bad value(s)); "
+        raise UserError(f"{name}[{i}]={t[i].item()!r} is out of range ({bad.numel()} bad value(s)); "
                          f"allowed: {allowed}")
 
 
@@ -308,10 +309,10 @@ def _uniform(uniform, generator, batch, device) -> torch.Tensor:
     if uniform is None:
         return torch.rand(batch, generator=generator, device=device, dtype=torch.float32)
     if generator is not None:
-        raise ValueError("pass either uniform (explicit noise) or generator, not both")
+        raise UserError("pass either uniform (explicit noise) or generator, not both")
     if not isinstance(uniform, torch.Tensor) or tuple(uniform.shape) != (batch,) or not uniform.is_floating_point():
         shape = tuple(uniform.shape) if isinstance(uniform, torch.Tensor) else type(uniform).__name__
-        raise ValueError(f"uniform must be a floating tensor of shape (batch,) = ({batch},) with values in [0, 1); "
+        raise UserError(f"uniform must be a floating tensor of shape (batch,) = ({batch},) with values in [0, 1); "
                          f"got {shape}")
     u = uniform.to(device=device, dtype=torch.float32)
     _check_range(u, "uniform", uniform, "floats in [0, 1)", 0.0, 1.0, hi_open=True)
@@ -374,7 +375,7 @@ def sampling_from_probs(probs: torch.Tensor, *, uniform: torch.Tensor | None = N
     return top_k_top_p_sampling_from_probs(probs, 0, 1.0, uniform=uniform, generator=generator)
 
 
-#: canonical op name → the kit's reference implementation (what :func:`kit.resolver.resolve_op` falls back to)
+#: canonical op name → the kit's reference implementation (what :func:`kit.check.resolver.resolve_op` falls back to)
 REFERENCE_OPS = {
     "top_k_renorm_prob": top_k_renorm_prob,
     "top_p_renorm_prob": top_p_renorm_prob,

@@ -8,6 +8,7 @@ fails with ``NoSuchKernel`` (papermill #638, #251).
 from __future__ import annotations
 
 from pathlib import Path
+from kit.errors import UserError
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL = "python3"
@@ -29,7 +30,7 @@ def declared_parameters(path: str | Path) -> dict:
 
     params = pm.inspect_notebook(str(path))
     if not params:
-        raise ValueError(f"{path} has no cell tagged 'parameters'")
+        raise UserError(f"{path} has no cell tagged 'parameters'")
     return params
 
 
@@ -54,7 +55,7 @@ def run_notebook(path: str | Path, output_path: str | Path, parameters: dict | N
     declared = declared_parameters(path)
     unknown = sorted(set(parameters) - set(declared))
     if unknown:
-        raise ValueError(f"parameter(s) {unknown} are not declared in {Path(path).name}; "
+        raise UserError(f"parameter(s) {unknown} are not declared in {Path(path).name}; "
                          f"declared: {sorted(declared)}")
     Path(output_path).parent.mkdir(parents=True, exist_ok=True)
     return pm.execute_notebook(str(path), str(output_path), parameters=parameters, kernel_name=kernel_name,

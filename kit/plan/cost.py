@@ -19,8 +19,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import metrics
-from .catalog import DEFAULT_BASIS, Catalog, Price, load_catalog
+from kit._io import data_path
+from kit.errors import UserError
+from kit import metrics
+from kit.catalog import DEFAULT_BASIS, Catalog, Price, load_catalog
 
 TOK_S_COLUMNS = ("decode_tok_s", "output_tok_s", "total_tok_s")
 
@@ -37,7 +39,7 @@ def get_price(accelerator: str, basis: str | None = DEFAULT_BASIS, usd_per_gpu_h
     cat = catalog or load_catalog()
     if usd_per_gpu_hr is not None:
         if not float(usd_per_gpu_hr) > 0:
-            raise ValueError(f"usd_per_gpu_hr={usd_per_gpu_hr!r} must be > 0")
+            raise UserError(f"usd_per_gpu_hr={usd_per_gpu_hr!r} must be > 0")
         try:
             name = cat.resolve(accelerator) if accelerator else "?"
         except KeyError:  # a user price needs no catalog entry (e.g. a local CPU or an unlisted GPU)
@@ -68,9 +70,9 @@ def add_cost_columns(df: pd.DataFrame, basis: str | None = DEFAULT_BASIS, usd_pe
         KeyError: no price for a row's accelerator on ``basis`` (the message lists the bases it has).
     """
     if tok_s_col not in TOK_S_COLUMNS:
-        raise ValueError(f"tok_s_col={tok_s_col!r}; allowed: {TOK_S_COLUMNS}")
+        raise UserError(f"tok_s_col={tok_s_col!r}; allowed: {TOK_S_COLUMNS}")
     if missing_price not in ("raise", "nan"):
-        raise ValueError(f"missing_price={missing_price!r}; allowed: 'raise', 'nan'")
+        raise UserError(f"missing_price={missing_price!r}; allowed: 'raise', 'nan'")
     cat = catalog or load_catalog()
     out = df.copy()
     if tok_s_col not in out.columns:
@@ -80,7 +82,7 @@ def add_cost_columns(df: pd.DataFrame, basis: str | None = DEFAULT_BASIS, usd_pe
         acc = accelerator or (r.get("accelerator") if pd.notna(r.get("accelerator")) else None)
         if acc is None and usd_per_gpu_hr is None:
             if missing_price == "raise":
-                raise ValueError("a row has no accelerator: pass accelerator=... or usd_per_gpu_hr=...")
+                raise UserError("a row has no accelerator: pass accelerator=... or usd_per_gpu_hr=...")
             p = Price("?", float("nan"), None)
         elif acc is None:
             p = Price("?", float(usd_per_gpu_hr), "user")
@@ -116,7 +118,7 @@ def pareto_front(df: pd.DataFrame, x: str = "tok_s_per_stream", y: str = "tok_s_
     """
     for c in (x, y):
         if c not in df.columns:
-            raise ValueError(f"column {c!r} not in the frame; have {list(df.columns)[:12]}...")
+            raise UserError(f"column {c!r} not in the frame; have {list(df.columns)[:12]}...")
     d = df.dropna(subset=[x, y])
     if "status" in d.columns:
         d = d[d["status"] == "ok"]
@@ -176,7 +178,7 @@ def compare_at_interactivity(systems: dict[str, pd.DataFrame], targets, x: str =
 def published_kimi_k3() -> pd.DataFrame:
     """The published Kimi K3 serving figures on 8×MI355X, 8×B300 and 2×8 B200 (Wafer blog, 2026-08-02; shipped as
     ``kit/data/published_kimi_k3.csv`` with the source), one row per system."""
-    p = Path(str(resources.files("kit") / "data" / "published_kimi_k3.csv"))
+    p = data_path("published_kimi_k3.csv")
     return pd.read_csv(p)
 
 
@@ -208,7 +210,7 @@ def published_as_results(basis: str = "assumed-rental", catalog: Catalog | None 
     """The published figures as two result rows per system (single stream at concurrency 1, peak at its published
     concurrency) in the :mod:`kit.results` schema with cost columns — a two-point front per system for
     :func:`compare_at_interactivity`. Systems without a price on ``basis`` are left out."""
-    from .results import to_frame
+    from kit.results import to_frame
 
     cat = catalog or load_catalog()
     recs = []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from kit.errors import UserError
 
 #: x_ columns holding per-step lists; dropped from flat exports (CSV, Markdown)
 LIST_COLUMNS = ("x_step_ms", "x_prefill_ms")
@@ -25,7 +26,7 @@ def scaling_exponents(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concu
     """
     for c in (y, x, "context_len", "status"):
         if c not in df.columns:
-            raise ValueError(f"column {c!r} missing; need {y}, {x}, context_len and status")
+            raise UserError(f"column {c!r} missing; need {y}, {x}, context_len and status")
     ok = df[(df["status"] == "ok") & df[y].notna()]
     rows = []
     for ctx, g in ok.groupby("context_len", sort=True):
@@ -51,7 +52,7 @@ def concurrency_knee(df: pd.DataFrame, y: str = "decode_tok_s", min_exponent: fl
     Raises: ValueError for ``min_exponent`` outside (0, 1] or a missing column.
     """
     if not 0 < min_exponent <= 1:
-        raise ValueError(f"min_exponent={min_exponent!r} must be in (0, 1]")
+        raise UserError(f"min_exponent={min_exponent!r} must be in (0, 1]")
     steps = scaling_exponents(df, y)
     ok = df[(df["status"] == "ok") & df[y].notna()]
     rows = []
@@ -88,7 +89,7 @@ def dtype_comparison(df: pd.DataFrame, baseline: str = "float32") -> pd.DataFram
     need = ["dtype", "context_len", "concurrency", "status", "decode_tok_s", "tpot_ms_p50"]
     missing = [c for c in need if c not in df.columns]
     if missing:
-        raise ValueError(f"column(s) {missing} missing from the results")
+        raise UserError(f"column(s) {missing} missing from the results")
     d = df.copy()
     fin = d["x_logits_finite"] if "x_logits_finite" in d else pd.Series(True, index=d.index)
     d["logits_finite"] = fin.map(lambda v: bool(v) if v is not None and not pd.isna(v) else None)
@@ -139,7 +140,7 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
 
     Returns: name → path.
     """
-    from .results import save_results
+    from kit.results import save_results
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,8 +25,10 @@ import time
 
 import torch
 
-from . import checks as C
-from .hardware import check_dtype_supported, detect
+from kit import dtypes
+from kit.errors import UserError
+from kit.check import harness as C
+from kit.hardware import check_dtype_supported, detect
 
 SCHEMA_VERSION = 1
 #: Python packages whose version is reported (installed or not)
@@ -140,7 +142,7 @@ def _time_matmul(dtype: torch.dtype, device: str, n: int, reps: int = 5,
     """Median ms of an n×n matmul (after ≥ 3 warm-up runs and ≥ ``warmup_s`` seconds of them — CPU BLAS libraries
     JIT their kernels over the first calls — synchronised), the TFLOP/s it implies (2n³ flop) and the spread of the
     repeats (slowest / fastest; near 1 on a quiet machine)."""
-    from .calibrate import _timed
+    from kit.measure.calibrate import _timed
 
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -154,7 +156,8 @@ def probe_dtypes(device: str, timing: bool = True) -> list[dict]:
     (256² on CPU, 2048² on a GPU; median of 5 after warm-up)."""
     n = 256 if torch.device(device).type == "cpu" else 2048
     rows = []
-    for name, dt in C.DTYPES.items():
+    for name in dtypes.MODEL_DTYPES:
+        dt = dtypes.to_torch(name)
         row = {"dtype": name, "works": True, "error": None, "matmul_n": n, "matmul_ms_p50": None, "tflops": None,
                "n": 0, "vs_float32": None, "spread": None}
         try:
@@ -226,7 +229,7 @@ def probe_fp8(device: str, backend: str, gfx_arch: str | None) -> dict:
 def _devices() -> list[dict]:
     out = []
     if torch.cuda.is_available():
-        from .hardware import gfx_arch
+        from kit.hardware import gfx_arch
 
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
@@ -259,7 +262,7 @@ def _backends_from(overrides: list[str] | None) -> tuple[C.Backend, ...]:
     for item in overrides or []:
         name, sep, module = item.partition("=")
         if not sep or not module or name not in backends:
-            raise ValueError(f"--backend {item!r}: use NAME=MODULE with NAME one of {sorted(backends)}")
+            raise UserError(f"--backend {item!r}: use NAME=MODULE with NAME one of {sorted(backends)}")
         b = backends[name]
         backends[name] = dataclasses.replace(b, module=module)
     return tuple(backends.values())
@@ -288,7 +291,7 @@ def run_doctor(device: str | None = None, *, backend_overrides: list[str] | None
     known = {b.name for b in backends}
     for r in require or []:
         if r not in known:
-            raise ValueError(f"--require {r!r}: unknown library; known: {sorted(known)}")
+            raise UserError(f"--require {r!r}: unknown library; known: {sorted(known)}")
     problems, warnings = [], []
     dtypes = probe_dtypes(info.device, timing)  # timed before the compile check starts competing for the CPU
     proc = _start_compile_check(info.device, compile_backend) if compile_check else None
@@ -306,7 +309,7 @@ def run_doctor(device: str | None = None, *, backend_overrides: list[str] | None
             problems.append(f"native fp8 format {f['format']} does not cast on {info.name}: {f['error']}")
         if f["raw_overflow"] == "nan":
             warnings.append(f"casting an out-of-range value to float8_{f['format']} gives NaN here: clamp to ±"
-                            f"{f['max']:g} first (kit.checks.to_fp8)")
+                            f"{f['max']:g} first (kit.check.harness.to_fp8)")
     probes = [C.probe_backend(b) for b in backends]
     for p in probes:
         problems.extend(p["problems"])
@@ -412,18 +415,18 @@ def _cli(args) -> int:
         print(json.dumps(SCHEMA, indent=2))
         return 0
     if args.compile_timeout <= 0:
-        raise ValueError(f"--compile-timeout must be > 0 seconds; got {args.compile_timeout}")
+        raise UserError(f"--compile-timeout must be > 0 seconds; got {args.compile_timeout}")
     if args.out:
-        from .calibrate import check_out_path
+        from kit._io import check_out_file
 
-        check_out_path(args.out, example="doctor.json")  # before the probes run, not after
+        check_out_file(args.out, example="doctor.json")  # before the probes run, not after
     report = run_doctor(args.device, backend_overrides=args.backend, require=args.require,
                         compile_check=not (args.no_compile or args.quick), compile_timeout_s=args.compile_timeout,
                         timing=not args.quick)
     if args.out:
-        from .calibrate import write_text_atomic
+        from kit._io import atomic_write_text
 
-        write_text_atomic(args.out, json.dumps(report, indent=2), example="doctor.json")
+        atomic_write_text(args.out, json.dumps(report, indent=2), example="doctor.json")
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     if args.strict and report["problems"]:
         print(f"kit doctor --strict: {len(report['problems'])} problem(s):", file=sys.stderr)

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import hardware, metrics
-from .models import max_positions, weight_bytes
+from kit.errors import UserError
+from kit import hardware, metrics
+from kit.models import max_positions, weight_bytes
 
 KV_FILLS = ("prefill", "synthetic")
 
@@ -47,15 +48,15 @@ class PointConfig:
         for name in ("concurrency", "context_len", "decode_steps", "repeats"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an integer >= 1")
+                raise UserError(f"{name}={v!r} must be an integer >= 1")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps={self.warmup_steps!r} must be an integer >= 0")
+            raise UserError(f"warmup_steps={self.warmup_steps!r} must be an integer >= 0")
         if self.kv_fill not in KV_FILLS:
-            raise ValueError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
+            raise UserError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
         if max_positions:
             need = self.cache_len
             if need > max_positions:
-                raise ValueError(f"context_len={self.context_len} needs a cache of {need} tokens (context + "
+                raise UserError(f"context_len={self.context_len} needs a cache of {need} tokens (context + "
                                  f"max(warmup, decode steps)) but the model supports at most {max_positions} "
                                  f"positions; use context_len <= {max_positions - max(self.warmup_steps, self.decode_steps)}")
         return self

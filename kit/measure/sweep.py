@@ -25,11 +25,12 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from . import hardware, models
-from .engine import KV_FILLS, PointConfig, run_point
-from .interrupts import InterruptGuard
-from .cli import int_list_arg
-from .results import ResultStore, run_metadata
+from kit.errors import OutputPathError, UserError
+from kit import dtypes, hardware, models
+from kit.measure.engine import KV_FILLS, PointConfig, run_point
+from kit.measure.interrupts import InterruptGuard
+from kit.cli import int_list_arg
+from kit.results import ResultStore, run_metadata
 
 #: torch.OutOfMemoryError (torch >= 2.5) is torch.cuda.OutOfMemoryError on older builds; a RuntimeError subclass
 OOM_ERROR = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -68,31 +69,31 @@ class SweepConfig:
         for name in ("dtypes", "kv_lens", "concurrencies"):
             v = getattr(self, name)
             if isinstance(v, (str, int)) or not list(v):
-                raise ValueError(f"{name}={v!r} (--{_FLAGS[name]}) must be a non-empty list")
+                raise UserError(f"{name}={v!r} (--{_FLAGS[name]}) must be a non-empty list")
         for dt in self.dtypes:
-            hardware.parse_dtype(dt)
+            dtypes.to_torch(dt)
         for name, vals in (("kv_lens", self.kv_lens), ("concurrencies", self.concurrencies)):
             for v in vals:
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                     what = "KV length" if name == "kv_lens" else "concurrency"
-                    raise ValueError(f"{what} {v!r} in {name} (--{_FLAGS[name]}) must be an integer >= 1")
+                    raise UserError(f"{what} {v!r} in {name} (--{_FLAGS[name]}) must be an integer >= 1")
         if self.kv_fill not in KV_FILLS:
-            raise ValueError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
+            raise UserError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ValueError(f"threads={self.threads!r} (--threads) must be an integer >= 1 or None")
+            raise UserError(f"threads={self.threads!r} (--threads) must be an integer >= 1 or None")
         if self.accelerator is not None:
-            from .catalog import load_catalog
+            from kit.catalog import load_catalog
 
             try:
                 self.accelerator = load_catalog().resolve(self.accelerator)
             except KeyError as e:
-                raise ValueError(f"accelerator (--accelerator): {e.args[0]}") from None
+                raise UserError(f"accelerator (--accelerator): {e.args[0]}") from None
         maxpos = models.max_positions(cfg)
         for _, p in self.points():
             p.validate(maxpos)
         info = hardware.detect(self.device)
         for dt in self.dtypes:
-            hardware.check_dtype_supported(hardware.parse_dtype(dt), info.device)
+            hardware.check_dtype_supported(dtypes.to_torch(dt), info.device)
         return self
 
 
@@ -101,7 +102,7 @@ _FLAGS = {"dtypes": "dtype", "kv_lens": "kv", "concurrencies": "concurrency"}
 
 def point_id(model: str, dtype: str, device: str, p: PointConfig) -> str:
     """Stable key of a point's configuration (resume skips ids already recorded)."""
-    key = json.dumps([model, hardware.dtype_name(hardware.parse_dtype(dtype)), device, asdict(p)], sort_keys=True)
+    key = json.dumps([model, dtypes.name_of(dtype), device, asdict(p)], sort_keys=True)
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
@@ -110,7 +111,7 @@ _MODEL_CACHE: dict = {}
 
 def get_model(model: str, dtype: str, device: str, seed: int = 0):
     """Build (or reuse the last built) model; one model is kept so notebooks and the panel re-run quickly."""
-    key = (model, hardware.dtype_name(hardware.parse_dtype(dtype)), device, seed)
+    key = (model, dtypes.name_of(dtype), device, seed)
     if key not in _MODEL_CACHE:
         _MODEL_CACHE.clear()
         hardware.free_memory(device)
@@ -131,7 +132,7 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
         progress: show a tqdm progress bar.
         on_point: called after each point with (record, frame of all rows so far): live plots, widgets.
         should_stop: polled between points; when it returns True the sweep ends after the current point.
-        runner: ``runner(model, point, device, seed) -> record``; defaults to :func:`kit.engine.run_point`
+        runner: ``runner(model, point, device, seed) -> record``; defaults to :func:`kit.measure.engine.run_point`
             (tests inject failures here).
 
     Returns:
@@ -145,10 +146,10 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
 
     config.validate()
     if not str(out_dir).strip():
-        raise ValueError("out_dir is empty; give a directory for the results (e.g. results/my-sweep)")
+        raise UserError("out_dir is empty; give a directory for the results (e.g. results/my-sweep)")
     store_dir = Path(out_dir)
     if store_dir.exists() and not store_dir.is_dir():
-        raise NotADirectoryError(f"output directory {str(store_dir)!r} exists and is a file; give a directory")
+        raise OutputPathError(f"output directory {str(store_dir)!r} exists and is a file; give a directory")
     info = hardware.detect(config.device)
     dev = info.device
     if not resume:
@@ -176,8 +177,7 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
                 if should_stop is not None and should_stop():
                     break
                 pid = point_id(config.model, dt, info.backend, p)
-                base = {"run_id": run_id, "point_id": pid, "model": config.model, "dtype": hardware.dtype_name(
-                    hardware.parse_dtype(dt)), "device": info.backend, "device_name": info.name, "accelerator": accel,
+                base = {"run_id": run_id, "point_id": pid, "model": config.model, "dtype": dtypes.name_of(dt), "device": info.backend, "device_name": info.name, "accelerator": accel,
                     "n_gpus": 1, "concurrency": p.concurrency, "context_len": p.context_len,
                     "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats, "backend": "engine"}
                 bar.set_postfix_str(f"{base['dtype']} kv={p.context_len} B={p.concurrency}")
@@ -301,19 +301,19 @@ def noise_warning(df: pd.DataFrame, ratio: float = 2.0) -> str | None:
 
 def _cli_sweep(args) -> int:
     if not str(args.out).strip():
-        raise ValueError("--out '' is empty; give a directory for the results (e.g. results/my-sweep)")
+        raise UserError("--out '' is empty; give a directory for the results (e.g. results/my-sweep)")
     cfg = SweepConfig(model=args.model, dtypes=args.dtype, device=args.device, kv_lens=args.kv,
                       concurrencies=args.concurrency, decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
                       repeats=args.repeats, kv_fill=args.kv_fill, seed=args.seed, accelerator=args.accelerator,
                       threads=args.threads)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {str(out)!r} exists and is a file; give a directory")
+        raise OutputPathError(f"--out {str(out)!r} exists and is a file; give a directory")
     t0 = time.perf_counter()
     try:
         df = run_sweep(cfg, out, resume=not args.no_resume)
     except KeyboardInterrupt:
-        from .results import load_results
+        from kit.results import load_results
 
         try:
             n = len(current_rows(load_results(out), cfg))
@@ -327,7 +327,7 @@ def _cli_sweep(args) -> int:
     others = df["point_id"].nunique() - cur["point_id"].nunique()
     print(summary_table(cur))
     if not args.no_plots:
-        from .plots import save_standard_plots
+        from kit.view.plots import save_standard_plots
 
         for path in save_standard_plots(cur, out):
             print(f"plot: {path}")

@@ -9,9 +9,9 @@ Tools usable from a user's own test suite:
   (case S5, pytorch #118735), and :func:`frequency_check` tests sampled frequencies with Pearson's χ² test.
 * pytest helpers — :func:`device_dtype_params`, :func:`mode_params`, :func:`assert_matches_reference`.
 
-The implementation checked defaults to :func:`kit.resolver.resolve_op`'s pick (the op resolver lives in
-:mod:`kit.resolver`); the fp8 helpers live in :mod:`kit.fp8`. Both modules' public names are re-exported here, so
-``from kit.checks import resolve_op, to_fp8`` keeps working.
+The implementation checked defaults to :func:`kit.check.resolver.resolve_op`'s pick (the op resolver lives in
+:mod:`kit.check.resolver`); the fp8 helpers live in :mod:`kit.check.fp8`. Both modules' public names are re-exported here, so
+``from kit.check.harness import resolve_op, to_fp8`` keeps working.
 
 Tolerances (:data:`DEFAULT_TOL`) are ``torch.testing.assert_close``'s defaults per dtype (PyTorch docs,
 "torch.testing"): the reference runs on the *same* rounded inputs upcast to float64, so the error measured is the
@@ -24,11 +24,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import sampling as S
+from kit.dtypes import MODEL_DTYPES, to_torch
+from kit.errors import UserError
+from kit.check import sampling as S
 from .fp8 import FP8_FORMATS, e4m3fn_to_e4m3fnuz, fp8_dtype, fp8_format_for, to_fp8
-from .resolver import BACKENDS, REFERENCE, Backend, OpNotFoundError, ResolvedOp, probe_backend, resolve_op
+from kit.check.resolver import BACKENDS, REFERENCE, Backend, OpNotFoundError, ResolvedOp, probe_backend, resolve_op
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MODES = ("eager", "compile")
 #: dtype name → (atol, rtol); torch.testing.assert_close defaults (float64 tightened for the reference itself)
 DEFAULT_TOL: dict[str, tuple[float, float]] = {
@@ -269,8 +270,8 @@ def _dtype(d) -> str:
         d = str(d).removeprefix("torch.")
     aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
     d = aliases.get(str(d).lower(), str(d).lower())
-    if d not in DTYPES and d != "float64":
-        raise ValueError(f"dtype {d!r} is not checked; allowed: {sorted(DTYPES) + ['float64']}")
+    if d not in MODEL_DTYPES and d != "float64":
+        raise UserError(f"dtype {d!r} is not checked; allowed: {sorted(MODEL_DTYPES) + ['float64']}")
     return d
 
 
@@ -377,10 +378,10 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
     import pandas as pd
 
     if op not in SPECS:
-        raise ValueError(f"unknown op {op!r}; checkable ops: {sorted(SPECS)}")
+        raise UserError(f"unknown op {op!r}; checkable ops: {sorted(SPECS)}")
     bad_modes = [m for m in modes if m not in MODES]
     if bad_modes or not modes:
-        raise ValueError(f"modes {list(modes)!r} not allowed; use a non-empty subset of {MODES}")
+        raise UserError(f"modes {list(modes)!r} not allowed; use a non-empty subset of {MODES}")
     spec = SPECS[op]
     names = [_dtype(d) for d in dtypes]
     if impl is None:
@@ -390,11 +391,11 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
     tols = {**DEFAULT_TOL, **(tol or {})}
     rows = []
     for dname in names:
-        dtype = torch.float64 if dname == "float64" else DTYPES[dname]
+        dtype = torch.float64 if dname == "float64" else to_torch(dname)
         atol, rtol = tols[dname]
         base = {"op": op, "impl": impl_name, "device": str(device), "dtype": dname, "atol": atol, "rtol": rtol}
         try:
-            from .hardware import check_dtype_supported
+            from kit.hardware import check_dtype_supported
             check_dtype_supported(dtype, device)
         except ValueError as e:
             rows += [{**base, "mode": m, "input": "*", "status": "skipped", "passed": True, "error": str(e)}
@@ -426,7 +427,7 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
                     else:
                         out = fn(*c.args, **c.kwargs)
                     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
-                        raise ValueError(f"output {type(out).__name__} of shape "
+                        raise UserError(f"output {type(out).__name__} of shape "
                                          f"{tuple(getattr(out, 'shape', ()))}; expected shape {tuple(ref.shape)}")
                 except Exception as e:  # the impl failing is a result, not a harness error
                     rows.append({**row, "status": "error", "passed": False,
@@ -497,15 +498,15 @@ def frequency_check(sampler: Callable[[torch.Tensor], torch.Tensor], probs, n_dr
     """
     p = torch.as_tensor(probs, dtype=torch.float64) if not isinstance(probs, torch.Tensor) else probs
     if p.dim() != 1 or not p.is_floating_point() or not bool((p >= 0).all()) or float(p.sum()) <= 0:
-        raise ValueError(f"probs must be a 1-d floating tensor of non-negative values with a positive sum; got "
+        raise UserError(f"probs must be a 1-d floating tensor of non-negative values with a positive sum; got "
                          f"{tuple(p.shape)} {p.dtype}")
     if not isinstance(n_draws, int) or n_draws < 1:
-        raise ValueError(f"n_draws must be an int ≥ 1; got {n_draws!r}")
+        raise UserError(f"n_draws must be an int ≥ 1; got {n_draws!r}")
     if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1); got {alpha!r}")
+        raise UserError(f"alpha must be in (0, 1); got {alpha!r}")
     ids = sampler(p.unsqueeze(0).expand(n_draws, -1).contiguous())
     if not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (n_draws,):
-        raise ValueError(f"sampler must return ids of shape ({n_draws},); got {tuple(getattr(ids, 'shape', ()))}")
+        raise UserError(f"sampler must return ids of shape ({n_draws},); got {tuple(getattr(ids, 'shape', ()))}")
     ids = ids.cpu().long()
     v = p.numel()
     expected = (p.double().cpu() / p.double().sum()) * n_draws
@@ -528,22 +529,22 @@ def available_devices() -> list[str]:
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def supported_dtypes(device: str = "cpu", dtypes: Sequence = tuple(DTYPES)) -> list[str]:
+def supported_dtypes(device: str = "cpu", dtypes: Sequence = MODEL_DTYPES) -> list[str]:
     """The dtype names among ``dtypes`` that run a tiny matmul on ``device``."""
-    from .hardware import check_dtype_supported
+    from kit.hardware import check_dtype_supported
 
     ok = []
     for d in dtypes:
         name = _dtype(d)
         try:
-            check_dtype_supported(DTYPES.get(name, torch.float64), device)
+            check_dtype_supported(torch.float64 if name == "float64" else to_torch(name), device)
             ok.append(name)
         except ValueError:
             pass
     return ok
 
 
-def device_dtype_params(dtypes: Sequence = tuple(DTYPES), devices: Sequence[str] | None = None) -> list:
+def device_dtype_params(dtypes: Sequence = MODEL_DTYPES, devices: Sequence[str] | None = None) -> list:
     """``pytest.param(device, dtype)`` for every device × dtype; unsupported pairs are marked skip with the reason.
 
     Use: ``@pytest.mark.parametrize("device,dtype", device_dtype_params())``. Ids read ``cpu-bfloat16``.
@@ -567,7 +568,7 @@ def mode_params(modes: Sequence[str] = MODES, compile_marks: Sequence = ()) -> l
 
     bad = [m for m in modes if m not in MODES]
     if bad:
-        raise ValueError(f"modes {bad!r} not allowed; use {MODES}")
+        raise UserError(f"modes {bad!r} not allowed; use {MODES}")
     return [pytest.param(m, id=m, marks=tuple(compile_marks) if m == "compile" else ()) for m in modes]
 
 
@@ -587,7 +588,7 @@ def top_p_renorm_prob_drops_crossing_token(probs: torch.Tensor, top_p) -> torch.
     """A deliberately WRONG top-p: keeps tokens whose *inclusive* cumulative mass is ≤ p, so the token that
     crosses the threshold is dropped (and a row whose top token alone exceeds p comes back all zero). Used by
     the how-to notebook and tests to show what a failing check looks like. Same signature as
-    :func:`kit.sampling.top_p_renorm_prob`."""
+    :func:`kit.check.sampling.top_p_renorm_prob`."""
     x = probs.float()
     p = top_p if isinstance(top_p, torch.Tensor) else torch.full((x.shape[0],), float(top_p))
     s, idx = torch.sort(x, -1, descending=True)
@@ -599,10 +600,10 @@ def top_p_renorm_prob_drops_crossing_token(probs: torch.Tensor, top_p) -> torch.
 
 
 __all__ = [
-    "DTYPES", "MODES", "DEFAULT_TOL", "Case", "OpSpec", "SPECS", "compiled", "compiled_call", "CheckReport", "check_op",
+    "MODES", "DEFAULT_TOL", "Case", "OpSpec", "SPECS", "compiled", "compiled_call", "CheckReport", "check_op",
     "FrequencyResult", "frequency_check", "available_devices", "supported_dtypes", "device_dtype_params",
     "mode_params", "assert_matches_reference", "top_p_renorm_prob_drops_crossing_token",
-    # re-exported from kit.resolver and kit.fp8
+    # re-exported from kit.check.resolver and kit.check.fp8
     "Backend", "BACKENDS", "REFERENCE", "OpNotFoundError", "ResolvedOp", "resolve_op", "probe_backend",
     "FP8_FORMATS", "fp8_dtype", "fp8_format_for", "to_fp8", "e4m3fn_to_e4m3fnuz",
 ]

@@ -7,6 +7,7 @@ casting: on PyTorch CPU, 500 → e4m3fn saturates to 448 but 250 → e4m3fnuz is
 from __future__ import annotations
 
 import torch
+from kit.errors import UserError
 
 #: format → (torch dtype attribute, largest finite value, who uses it). Sources: OCP 8-bit floating point spec
 #: (e4m3fn max 448, e5m2 max 57344); AMD MI300 ISA / ROCm docs (fnuz variants: no negative zero, NaN = 0x80,
@@ -22,10 +23,10 @@ FP8_FORMATS: dict[str, tuple[str, float, str]] = {
 def fp8_dtype(fmt: str) -> torch.dtype:
     """torch dtype of an fp8 format name. Raises ValueError (unknown name, or this torch lacks it)."""
     if fmt not in FP8_FORMATS:
-        raise ValueError(f"unknown fp8 format {fmt!r}; allowed: {sorted(FP8_FORMATS)}")
+        raise UserError(f"unknown fp8 format {fmt!r}; allowed: {sorted(FP8_FORMATS)}")
     dt = getattr(torch, FP8_FORMATS[fmt][0], None)
     if dt is None:
-        raise ValueError(f"torch {torch.__version__} has no torch.{FP8_FORMATS[fmt][0]}")
+        raise UserError(f"torch {torch.__version__} has no torch.{FP8_FORMATS[fmt][0]}")
     return dt
 
 
@@ -50,7 +51,7 @@ def to_fp8(x: torch.Tensor, fmt: str = "e4m3fn", scale: float | torch.Tensor = 1
     """
     dt = fp8_dtype(fmt)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise ValueError(f"x must be a floating tensor; got {getattr(x, 'dtype', type(x).__name__)}")
+        raise UserError(f"x must be a floating tensor; got {getattr(x, 'dtype', type(x).__name__)}")
     m = torch.finfo(dt).max
     return (x.float() / scale).clamp(-m, m).to(dt)
 
@@ -70,7 +71,7 @@ def e4m3fn_to_e4m3fnuz(q: torch.Tensor, scale: float | torch.Tensor = 1.0) -> tu
     Returns: ``(q_fnuz, scale * 2)``. Raises: ValueError if ``q`` is not float8_e4m3fn.
     """
     if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"q must be a torch.float8_e4m3fn tensor; got {getattr(q, 'dtype', type(q).__name__)}")
+        raise UserError(f"q must be a torch.float8_e4m3fn tensor; got {getattr(q, 'dtype', type(q).__name__)}")
     bits = q.view(torch.uint8)
     nan = (bits & 0x7F) == 0x7F
     bits = torch.where(bits == 0x80, torch.zeros_like(bits), bits)

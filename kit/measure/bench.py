@@ -1,6 +1,6 @@
 """``kit bench``: benchmarks of the kit itself, printed as figures (not timed unit tests).
 
-(a) harness overhead: the kit's median decode step (:func:`kit.engine.run_point`, per-step clock + device sync)
+(a) harness overhead: the kit's median decode step (:func:`kit.measure.engine.run_point`, per-step clock + device sync)
     beside a bare loop of the same forward calls on the same static cache, timed as a whole. Goal: ratio <= 1.05.
 (b) against what users would do instead: the kit's decode tok/s beside ``model.generate()`` (transformers'
     default dynamic cache, greedy) on the same model, batch and context. generate's
@@ -19,9 +19,10 @@ import time
 import numpy as np
 import torch
 
-from . import hardware, metrics
-from .engine import PointConfig, bare_decode_loop_ms, run_point
-from .sweep import get_model
+from kit.errors import UserError
+from kit import hardware, metrics
+from kit.measure.engine import PointConfig, bare_decode_loop_ms, run_point
+from kit.measure.sweep import get_model
 
 
 def harness_overhead(model, batch: int, context_len: int, steps: int, rounds: int, device: str) -> dict:
@@ -104,7 +105,7 @@ def add_cli(sub) -> None:
 def _cli(args) -> int:
     for name in ("batch", "context", "steps", "rounds"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name}={getattr(args, name)} must be >= 1")
+            raise UserError(f"--{name}={getattr(args, name)} must be >= 1")
     info = hardware.detect(args.device)
     model = get_model(args.model, args.dtype, info.device)
     out = {"model": args.model, "dtype": args.dtype, "device": info.name, "batch": args.batch,

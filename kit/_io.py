@@ -1,0 +1,141 @@
+"""Files and places: atomic writes, output-path checks, the shipped data files, the cache directory, a free port.
+
+Every file the kit writes as a whole (Parquet, JSON sidecars, calibrations, doctor reports, exports) goes through
+:func:`atomic_write_bytes` / :func:`atomic_write_text`: a uniquely named temporary file beside the target (same
+directory, so the rename never crosses file systems), flushed and fsync'd, then :func:`os.replace`; a reader sees
+the old file or the new one, never half of one, and the temporary file is removed on any failure. Append logs
+(``points.jsonl``) are written by :class:`kit.results.ResultStore`, a line at a time with fsync.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from kit.errors import OutputPathError
+
+#: environment variable that overrides :func:`cache_dir`
+CACHE_DIR_ENV = "KIT_CACHE_DIR"
+
+
+def check_out_file(path: str | Path, what: str = "--out", example: str = "out.json") -> Path:
+    """Validate an output *file* path before any work: not a directory, and its parent is a directory or can be
+    created (the nearest existing ancestor is a writable directory). Creates nothing.
+
+    Args:
+        what: how the path is named in messages (an option such as ``--out``).
+        example: a file name shown in the message when ``path`` is a directory.
+
+    Raises:
+        OutputPathError: ``path`` is a directory, an ancestor is a file, or the nearest existing ancestor is not
+            writable.
+    """
+    if not str(path).strip():
+        raise OutputPathError(f"{what} is empty; give a file path (e.g. {example})")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise OutputPathError(f"{what} {path} is a directory; give a file path (e.g. {p / example})")
+    anc = p.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise OutputPathError(f"{what} {path}: {anc} is a file, not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{what} {path}: directory {anc} is not writable")
+    return p
+
+
+def check_out_dir(path: str | Path, what: str = "output directory", example: str = "results/my-run") -> Path:
+    """Validate an output *directory* before any work: not empty, not a file, and no ancestor is a file.
+    Creates nothing.
+
+    Raises:
+        OutputPathError: the path is empty, or it (or a parent) exists and is not a directory.
+    """
+    if not str(path).strip():
+        raise OutputPathError(f"{what} is empty; give a directory for the results (e.g. {example})")
+    d = Path(path).expanduser()
+    for q in (d, *d.parents):
+        if q.exists():
+            if not q.is_dir():
+                where = "" if q == d else f" (its parent {str(q)!r})"
+                raise OutputPathError(f"{what} {str(d)!r}{where} exists and is a file; give a directory path "
+                                      "(it is created if missing)")
+            break
+    return d
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, :func:`os.replace`); creates the
+    parent directory. Returns the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return p
+
+
+def atomic_write_text(path: str | Path, text: str, what: str = "--out", example: str = "out.json") -> Path:
+    """Check ``path`` with :func:`check_out_file`, then write ``text`` (UTF-8) atomically. Returns the path.
+
+    Raises:
+        OutputPathError: see :func:`check_out_file`.
+    """
+    return atomic_write_bytes(check_out_file(path, what, example), text.encode("utf-8"))
+
+
+def atomic_write_with(path: str | Path, write) -> Path:
+    """Atomically create ``path`` with ``write(tmp_path)`` (for writers that want a file name, e.g.
+    ``DataFrame.to_parquet``): the temporary file is fsync'd, then replaces ``path``."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return p
+
+
+def data_path(name: str) -> Path:
+    """Path of a file shipped in ``kit/data/`` (``accelerators.csv``, ``prices.csv``, ``models.csv``, ...)."""
+    return Path(str(resources.files("kit") / "data" / name))
+
+
+def cache_dir() -> Path:
+    """The kit's cache directory (calibrations): ``$KIT_CACHE_DIR`` if set, else the platform's user cache
+    directory for ``kit`` (``platformdirs.user_cache_dir``; ``~/.cache/kit`` or ``$XDG_CACHE_HOME/kit`` on Linux).
+    Not created here."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("kit", appauthor=False))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, read it back, close)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
