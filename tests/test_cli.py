@@ -63,7 +63,7 @@ def test_output_dir_is_a_file(tmp_path, capsys):
     (["--kv", "12k"], "'12k' is not an integer"),
     (["--kv", "128,,512"], "'128,,512' has an empty item"),
     (["--concurrency", ","], "',' has an empty item"),
-    (["--out", ""], "--out '' is empty"),
+    (["--out", ""], "--out is empty"),
 ])
 def test_malformed_arguments_rejected(args, match):
     r = _kit("sweep", *args)

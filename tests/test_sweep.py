@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kit.errors import OutputPathError
+from kit.measure.grid import oom_error_type
 from kit import results
 from kit.measure import sweep
 from kit.measure.engine import run_point
@@ -68,7 +69,7 @@ def test_oom_recorded_memory_freed_and_sweep_continues(tmp_path):
             big = _Holder()
             big.t = torch.empty(1_000_000)
             refs.append(weakref.ref(big))
-            raise sweep.OOM_ERROR("CUDA out of memory. Tried to allocate 20.00 GiB")  # message text irrelevant
+            raise oom_error_type()("CUDA out of memory. Tried to allocate 20.00 GiB")  # message text irrelevant
         if refs:  # the next point starts only after the failed point's tensors are gone
             gc.collect()
             assert refs[0]() is None, "the OOM point's tensors are still alive"
@@ -78,7 +79,7 @@ def test_oom_recorded_memory_freed_and_sweep_continues(tmp_path):
     df = sweep.run_sweep(cfg, tmp_path, progress=False, runner=runner)
     assert dict(zip(df.concurrency, df.status)) == {8: "ok", 64: "oom", 16: "ok"}
     assert "OutOfMemoryError" in df.set_index("concurrency").loc[64, "error"]
-    assert issubclass(sweep.OOM_ERROR, RuntimeError)
+    assert issubclass(oom_error_type(), RuntimeError)
 
 
 def test_other_errors_recorded_and_retried_on_resume(tmp_path):

@@ -14,6 +14,7 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -25,16 +26,13 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from kit.errors import OutputPathError, UserError
+from kit._io import check_out_dir
+from kit.errors import UserError
 from kit import dtypes, hardware, models
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
-from kit.measure.interrupts import InterruptGuard
+from kit.measure.grid import GridPoint, run_grid
 from kit.cli import int_list_arg
-from kit.results import ResultStore, run_metadata
-
-#: torch.OutOfMemoryError (torch >= 2.5) is torch.cuda.OutOfMemoryError on older builds; a RuntimeError subclass
-OOM_ERROR = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-
+from kit.results import run_metadata
 
 def _h(text: str, **kw):
     return field(metadata={"help": text}, **kw)
@@ -119,11 +117,74 @@ def get_model(model: str, dtype: str, device: str, seed: int = 0):
     return _MODEL_CACHE[key]
 
 
+class EngineBackend:
+    """The in-process backend of :func:`kit.measure.grid.run_grid`: one :func:`kit.measure.engine.run_point` per
+    (dtype, KV length, concurrency) of a validated :class:`SweepConfig`.
+
+    Args:
+        config: the sweep (validated here).
+        runner: ``runner(model, point, device, seed) -> record``; default :func:`kit.measure.engine.run_point`
+            (tests inject failures here).
+    """
+
+    kind = "engine"
+
+    def __init__(self, config: SweepConfig, runner: Callable | None = None):
+        self.config = config.validate()
+        self.info = hardware.detect(config.device)
+        self.runner = runner or run_point
+        self.description = f"sweep {config.model}"
+        self._baseline_gb = None
+        self._baseline_model = None
+
+    def points(self) -> list[GridPoint]:
+        cfg, info = self.config, self.info
+        accel = cfg.accelerator or info.catalog_name
+        out = []
+        for dt, p in cfg.points():
+            name = dtypes.name_of(dt)
+            cols = {"model": cfg.model, "dtype": name, "device": info.backend, "device_name": info.name,
+                    "accelerator": accel, "n_gpus": 1, "concurrency": p.concurrency, "context_len": p.context_len,
+                    "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats}
+            out.append(GridPoint(point_id(cfg.model, dt, info.backend, p), cols,
+                                 f"{name} kv={p.context_len} B={p.concurrency}", (dt, p)))
+        return out
+
+    def metadata(self) -> dict:
+        return run_metadata(device=self.info.as_dict(), model=self.config.model, config=asdict(self.config))
+
+    @contextlib.contextmanager
+    def session(self):
+        threads_before = torch.get_num_threads()
+        if self.config.threads and self.info.device == "cpu":
+            torch.set_num_threads(self.config.threads)
+        try:
+            yield self
+        finally:
+            torch.set_num_threads(threads_before)
+
+    def measure(self, point: GridPoint) -> dict:
+        dt, p = point.config
+        dev = self.info.device
+        model = get_model(self.config.model, dt, dev, self.config.seed)
+        if model is not self._baseline_model:  # a new dtype builds a new model: a new baseline
+            self._baseline_gb, self._baseline_model = hardware.allocated_gb(dev), model
+        return self.runner(model, p, dev, self.config.seed)
+
+    def after_failure(self) -> dict:
+        dev = self.info.device
+        hardware.free_memory(dev)
+        if dev != "cpu" and self._baseline_gb is not None:
+            return {"x_mem_above_baseline_gb": round(hardware.allocated_gb(dev) - self._baseline_gb, 4)}
+        return {}
+
+
 def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, progress: bool = True,
               on_point: Callable[[dict, pd.DataFrame], None] | None = None,
               should_stop: Callable[[], bool] | None = None,
               runner: Callable | None = None) -> pd.DataFrame:
-    """Run every point of ``config``, appending each finished point to ``out_dir``; return all rows.
+    """Run every point of ``config`` in-process through the grid runner (:func:`kit.measure.grid.run_grid`:
+    append-on-finish, resume, OOM and Ctrl-C handling); return every row in ``out_dir``.
 
     Args:
         out_dir: run directory (created); must not be a file.
@@ -132,96 +193,18 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
         progress: show a tqdm progress bar.
         on_point: called after each point with (record, frame of all rows so far): live plots, widgets.
         should_stop: polled between points; when it returns True the sweep ends after the current point.
-        runner: ``runner(model, point, device, seed) -> record``; defaults to :func:`kit.measure.engine.run_point`
-            (tests inject failures here).
+        runner: ``runner(model, point, device, seed) -> record``; defaults to :func:`kit.measure.engine.run_point`.
 
     Returns:
         DataFrame in the :mod:`kit.results` schema (also in ``out_dir/results.parquet``).
 
     Raises:
-        ValueError / NotADirectoryError before any work for bad settings. KeyboardInterrupt is re-raised after
+        UserError / OutputPathError before any work for bad settings. KeyboardInterrupt is re-raised after
         the finished points are saved.
     """
-    from tqdm.auto import tqdm
-
-    config.validate()
-    if not str(out_dir).strip():
-        raise UserError("out_dir is empty; give a directory for the results (e.g. results/my-sweep)")
-    store_dir = Path(out_dir)
-    if store_dir.exists() and not store_dir.is_dir():
-        raise OutputPathError(f"output directory {str(store_dir)!r} exists and is a file; give a directory")
-    info = hardware.detect(config.device)
-    dev = info.device
-    if not resume:
-        _archive_previous(store_dir)
-    meta = run_metadata(device=info.as_dict(), model=config.model, config=asdict(config))
-    store = ResultStore(store_dir, meta)
-    done = store.finished_ids() if resume else set()
-    runner = runner or run_point
-    run_id = meta["created_utc"]
-    todo = [(dt, p) for dt, p in config.points() if point_id(config.model, dt, info.backend, p) not in done]
-    n_all = len(config.points())
-    if progress and len(todo) < n_all:
-        tqdm.write(f"resuming: {n_all - len(todo)} of {n_all} points already recorded in {store_dir}; "
-                   f"measuring the other {len(todo)} (--no-resume to measure all again)")
-    accel = config.accelerator or info.catalog_name
-    bar = tqdm(total=len(todo), desc=f"sweep {config.model}", disable=not progress, unit="pt")
-    baseline_gb, baseline_model = None, None
-    threads_before = torch.get_num_threads()
-    if config.threads and dev == "cpu":
-        torch.set_num_threads(config.threads)
-    with InterruptGuard() as guard:
-        try:
-            for dt, p in todo:
-                guard.check()  # a Ctrl-C swallowed by a finaliser during the last point still stops the sweep here
-                if should_stop is not None and should_stop():
-                    break
-                pid = point_id(config.model, dt, info.backend, p)
-                base = {"run_id": run_id, "point_id": pid, "model": config.model, "dtype": dtypes.name_of(dt), "device": info.backend, "device_name": info.name, "accelerator": accel,
-                    "n_gpus": 1, "concurrency": p.concurrency, "context_len": p.context_len,
-                    "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats, "backend": "engine"}
-                bar.set_postfix_str(f"{base['dtype']} kv={p.context_len} B={p.concurrency}")
-                rec, failure = None, None
-                try:
-                    model = get_model(config.model, dt, dev, config.seed)
-                    if model is not baseline_model:  # a new dtype builds a new model: a new baseline
-                        baseline_gb, baseline_model = hardware.allocated_gb(dev), model
-                    rec = runner(model, p, dev, config.seed)
-                except OOM_ERROR as e:
-                    first = str(e).splitlines()[0][:300] if str(e) else "out of memory"
-                    failure = ("oom", f"{type(e).__name__}: {first}")
-                except KeyboardInterrupt:
-                    raise
-                except Exception as e:  # recorded, the sweep continues
-                    failure = ("error", f"{type(e).__name__}: {e}"[:1000])
-                if failure is not None:
-                    # outside the except block: the exception and its frames are gone, so their tensors can be freed
-                    hardware.free_memory(dev)
-                    rec = {"status": failure[0], "error": failure[1]}
-                    after = hardware.allocated_gb(dev)
-                    if dev != "cpu" and baseline_gb is not None:
-                        rec["x_mem_above_baseline_gb"] = round(after - baseline_gb, 4)
-                full = {**base, **rec}
-                full["backend"] = "engine"
-                frame = store.append(full)
-                bar.update(1)
-                if on_point is not None:
-                    on_point(full, frame)
-        finally:
-            bar.close()
-            torch.set_num_threads(threads_before)
-    return store.frame()
-
-
-def _archive_previous(out_dir: Path) -> None:
-    """Move an earlier run's files to ``out_dir/previous/<time>/`` so a non-resumed sweep starts clean."""
-    old = [out_dir / n for n in ("points.jsonl", "results.parquet", "results.json") if (out_dir / n).exists()]
-    if not old:
-        return
-    dest = out_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in old:
-        f.rename(dest / f.name)
+    check_out_dir(out_dir)
+    backend = EngineBackend(config, runner)
+    return run_grid(backend, out_dir, resume=resume, progress=progress, on_point=on_point, should_stop=should_stop)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -300,15 +283,11 @@ def noise_warning(df: pd.DataFrame, ratio: float = 2.0) -> str | None:
 
 
 def _cli_sweep(args) -> int:
-    if not str(args.out).strip():
-        raise UserError("--out '' is empty; give a directory for the results (e.g. results/my-sweep)")
+    out = check_out_dir(args.out, "--out", "results/my-sweep")
     cfg = SweepConfig(model=args.model, dtypes=args.dtype, device=args.device, kv_lens=args.kv,
                       concurrencies=args.concurrency, decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
                       repeats=args.repeats, kv_fill=args.kv_fill, seed=args.seed, accelerator=args.accelerator,
                       threads=args.threads)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise OutputPathError(f"--out {str(out)!r} exists and is a file; give a directory")
     t0 = time.perf_counter()
     try:
         df = run_sweep(cfg, out, resume=not args.no_resume)

@@ -1,0 +1,185 @@
+"""The one grid runner: every sweep of the kit — in-process, served, planner predictions — runs through
+:func:`run_grid`.
+
+A *backend* knows how to turn one point of a grid into one results record (:mod:`kit.results` schema). The runner
+owns everything around that, the same for every backend:
+
+- **Persistence**: each finished point is appended to ``out_dir/points.jsonl`` (flushed and fsync'd) and
+  ``results.parquet`` / ``results.json`` are rewritten before the next point starts, so an OOM, an exception, a
+  dead server, Ctrl-C or ``kill -9`` never loses a finished point.
+- **Resume**: points already recorded as ``ok`` or ``oom`` under the same ``point_id`` are skipped on a re-run
+  (``error`` points are retried); ``resume=False`` moves the earlier files to ``out_dir/previous/<time>/``.
+- **Failures**: ``torch.OutOfMemoryError`` (matched by type, never by message) is recorded as ``oom``; any other
+  exception as ``error`` with its text (the traceback goes to the ``kit`` logger at DEBUG level); the grid goes
+  on. The backend's :meth:`GridBackend.after_failure` runs *outside* the ``except`` block, when the exception's
+  frames (and the tensors they hold; pytorch #27600) are gone.
+- **Ctrl-C**: a :class:`kit.measure.interrupts.InterruptGuard` records every SIGINT, so one swallowed by a
+  finaliser still stops the grid at the next point boundary; ``KeyboardInterrupt`` is re-raised after the
+  finished points are saved. ``should_stop()`` (a panel's Stop button) ends the grid after the current point.
+- **Progress**: a tqdm bar per grid; ``on_point(record, frame)`` after each point (live plots, widgets).
+
+Adding a backend: implement :class:`GridBackend` (``kind``, ``points()``, ``metadata()``, ``session()``,
+``measure(point)``, ``after_failure()``), then call ``run_grid(backend, out_dir)``. See
+``docs/architecture.md``.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Protocol
+
+import pandas as pd
+
+from kit._io import check_out_dir
+from kit.measure.interrupts import InterruptGuard
+from kit.results import ResultStore
+
+log = logging.getLogger("kit")
+
+#: statuses a resumed grid does not measure again (errors are retried)
+FINISHED_STATUSES = ("ok", "oom")
+
+
+def oom_error_type() -> type[BaseException]:
+    """``torch.OutOfMemoryError`` (torch >= 2.5; ``torch.cuda.OutOfMemoryError`` before), a ``RuntimeError``
+    subclass raised by CUDA and HIP allocators alike. torch is imported only when a grid runs."""
+    import torch
+
+    return getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One point of a grid.
+
+    Attributes:
+        point_id: stable key of the point's configuration (resume skips ids already finished).
+        columns: results columns known before measuring (model, dtype, concurrency, context_len, ...): they are
+            in the row whatever happens, also for an ``oom`` or ``error`` point.
+        label: short text for the progress bar (e.g. ``"bfloat16 kv=2048 B=16"``).
+        config: the backend's own description of the point (a ``PointConfig``, a ``LoadConfig``, ...).
+    """
+
+    point_id: str
+    columns: dict = field(default_factory=dict)
+    label: str = ""
+    config: Any = None
+
+
+class GridBackend(Protocol):
+    """What :func:`run_grid` needs of a backend: a grid of points and one record per point."""
+
+    #: the ``backend`` column of its rows: ``engine`` | ``openai`` | ``planner`` (:data:`kit.results.BACKENDS`)
+    kind: str
+    #: what the progress bar calls the grid (e.g. ``"sweep tiny-llama"``)
+    description: str
+
+    def points(self) -> list[GridPoint]:
+        """Every point of the grid, in the order they are run."""
+
+    def metadata(self) -> dict:
+        """The run's metadata for the JSON sidecar (:func:`kit.results.run_metadata` plus the config)."""
+
+    def session(self) -> ContextManager:
+        """A context held while the points run (set threads, start a client...); restored on any exit."""
+
+    def measure(self, point: GridPoint) -> dict:
+        """The record of one point (results columns + ``x_`` extras). May raise; the runner records it."""
+
+    def after_failure(self) -> dict:
+        """Called after a point raised, outside the ``except`` block: free memory; extra columns for the row."""
+
+
+def archive_previous(out_dir: Path) -> Path | None:
+    """Move an earlier run's files (``points.jsonl``, ``results.parquet``, ``results.json``) to
+    ``out_dir/previous/<YYYYmmdd-HHMMSS>/`` so a non-resumed grid starts clean; returns that folder or None."""
+    old = [out_dir / n for n in ("points.jsonl", "results.parquet", "results.json") if (out_dir / n).exists()]
+    if not old:
+        return None
+    dest = out_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    n = 1
+    while dest.exists():
+        dest = dest.with_name(f"{dest.name.split('.')[0]}.{n}")
+        n += 1
+    dest.mkdir(parents=True)
+    for f in old:
+        f.rename(dest / f.name)
+    return dest
+
+
+def failure_text(e: BaseException, limit: int = 1000) -> str:
+    """``"TypeName: message"`` of a failed point, cut to ``limit`` characters (first line only for OOMs)."""
+    return f"{type(e).__name__}: {e}"[:limit]
+
+
+def run_grid(backend: GridBackend, out_dir: str | Path, *, resume: bool = True, progress: bool = True,
+             on_point: Callable[[dict, pd.DataFrame], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> pd.DataFrame:
+    """Run every point of ``backend`` not already finished in ``out_dir``; return every row stored there.
+
+    Args:
+        backend: a :class:`GridBackend`.
+        out_dir: run directory (created); checked before any work.
+        resume: skip points recorded as ok/oom; False archives earlier files and measures every point again.
+        progress: show a tqdm progress bar (and the resume notice).
+        on_point: called after each finished point with (record, frame of every row so far).
+        should_stop: polled before each point; True ends the grid (finished points kept).
+
+    Returns:
+        DataFrame of every row in ``out_dir`` (this grid's and earlier runs' of other settings); each row's
+        ``backend`` column is ``backend.kind``.
+
+    Raises:
+        OutputPathError: ``out_dir`` cannot be a directory (before any work).
+        KeyboardInterrupt: Ctrl-C, re-raised after the finished points are saved.
+    """
+    from tqdm.auto import tqdm
+
+    store_dir = check_out_dir(out_dir)
+    points = backend.points()
+    if not resume:
+        archive_previous(store_dir)
+    meta = backend.metadata()
+    store = ResultStore(store_dir, meta)
+    done = store.finished_ids(FINISHED_STATUSES) if resume else set()
+    todo = [p for p in points if p.point_id not in done]
+    if len(todo) < len(points):
+        msg = (f"resuming: {len(points) - len(todo)} of {len(points)} points already recorded in {store_dir}; "
+               f"measuring the other {len(todo)} (--no-resume to measure all again)")
+        if progress:
+            tqdm.write(msg)
+        log.info(msg)
+    run_id = meta.get("created_utc")
+    oom_type = oom_error_type()
+    bar = tqdm(total=len(todo), desc=backend.description, disable=not progress, unit="pt")
+    with InterruptGuard() as guard, contextlib.ExitStack() as stack:
+        stack.callback(bar.close)
+        stack.enter_context(backend.session())
+        for point in todo:
+            guard.check()  # a Ctrl-C swallowed by a finaliser during the last point still stops the grid here
+            if should_stop is not None and should_stop():
+                break
+            bar.set_postfix_str(point.label)
+            rec, failure = None, None
+            try:
+                rec = backend.measure(point)
+            except oom_type as e:
+                first = str(e).splitlines()[0][:300] if str(e) else "out of memory"
+                failure = ("oom", f"{type(e).__name__}: {first}")
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # recorded, the grid continues
+                log.debug("point %s (%s) failed", point.point_id, point.label, exc_info=True)
+                failure = ("error", failure_text(e))
+            if failure is not None:
+                # outside the except block: the exception and its frames are gone, so their tensors can be freed
+                rec = {"status": failure[0], "error": failure[1], **(backend.after_failure() or {})}
+            full = {"run_id": run_id, **point.columns, **rec, "point_id": point.point_id, "backend": backend.kind}
+            frame = store.append(full)
+            bar.update(1)
+            if on_point is not None:
+                on_point(full, frame)
+    return store.frame()
