@@ -8,6 +8,7 @@ the exit code). A module is imported only when its subcommand is named (``kit sw
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
 import os
@@ -77,6 +78,73 @@ def int_list_arg(minimum: int | None = 1, example: str = "128,512"):
             raise argparse.ArgumentTypeError(str(e)) from None
 
     return parse
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: …)" to an option's help unless its help already names a default, or the default is
+    None / False (nothing to show)."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        d = action.default
+        if (not action.option_strings or d is None or d is False or d is argparse.SUPPRESS
+                or "default" in h.lower()):
+            return action.help
+        return (h + " " if h else "") + "(default: %(default)s)"
+
+
+def config_field(default=dataclasses.MISSING, *, help: str, flag: str | None = None, parse=None, choices=None,
+                 cli: bool = True, default_factory=dataclasses.MISSING):
+    """A dataclass field of a config (``SweepConfig``, ``LoadConfig``, ...) that also defines its CLI option.
+
+    Args:
+        help: the one help text: the dataclass's documentation, ``--help`` and the panel's tooltips.
+        flag: the option (default ``--field-name``).
+        parse: argparse ``type=`` (default from the annotation: int, float, str); required for lists.
+        choices: allowed values (argparse ``choices=``).
+        cli: False for fields that have no option (e.g. set only from Python).
+    """
+    meta = {"help": help, "flag": flag, "parse": parse, "choices": choices, "cli": cli}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _scalar_type(annotation: str):
+    """int / float / str / bool of a field annotation string such as ``"int | None"``."""
+    names = {a.strip() for a in str(annotation).split("|")} - {"None"}
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if names == {name}:
+            return typ
+    return None
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+    """Add one option per :func:`config_field` of dataclass ``cls``, with the field's default and help, so flags,
+    defaults and help text have one source (the dataclass). Booleans get ``--flag`` / ``--no-flag``."""
+    d = cls()
+    for f in dataclasses.fields(cls):
+        m = f.metadata
+        if not m.get("cli", False) or f.name in skip:
+            continue
+        flag = m.get("flag") or "--" + f.name.replace("_", "-")
+        default = getattr(d, f.name)
+        typ = m.get("parse") or _scalar_type(f.type)
+        if typ is bool:
+            parser.add_argument(flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction,
+                                help=m["help"])
+            continue
+        if typ is None:
+            raise TypeError(f"{cls.__name__}.{f.name}: give parse= for a field of type {f.type}")
+        parser.add_argument(flag, dest=f.name, default=default, type=typ, choices=m.get("choices"),
+                            help=m["help"])
+
+
+def config_from_args(cls, args: argparse.Namespace, **overrides):
+    """An instance of ``cls`` from the options :func:`add_config_args` added (plus ``overrides``)."""
+    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    kw.update(overrides)
+    return cls(**kw)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Local device detection, synchronisation and memory statistics for cpu, cuda and rocm.
 
-ROCm builds of PyTorch set ``torch.version.hip`` and reuse the ``torch.cuda`` API; they are reported as backend
+ROCm builds of PyTorch set ``torch.version.hip`` and reuse the ``torch.cuda`` API; they are reported as platform
 ``"rocm"``. On ROCm the marketing name can be empty or generic, so the gfx architecture (the part of
 ``gcnArchName`` before the first ``':'``) is mapped to a product family.
 
@@ -21,7 +21,8 @@ import torch
 from kit import dtypes
 from kit.errors import UserError
 
-BACKENDS = ("cpu", "cuda", "rocm")
+#: what a torch build runs on: the CPU, CUDA (NVIDIA) or ROCm/HIP (AMD; still addressed as torch device "cuda")
+PLATFORMS = ("cpu", "cuda", "rocm")
 
 #: gfx architecture → (family, catalog names it covers). Source: ROCm "GPU hardware specifications" table
 #: (rocm.docs.amd.com, reference/gpu-arch-specs): gfx942 = MI300A/MI300X/MI325X, gfx950 = MI350X/MI355X.
@@ -37,7 +38,7 @@ GFX_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
 class DeviceInfo:
     """What :func:`detect` found. ``memory_gb`` is total device memory in GB (1e9 bytes) of device 0."""
 
-    backend: str
+    platform: str  # one of PLATFORMS
     device: str  # torch device string: "cpu" or "cuda" (rocm uses "cuda" too)
     name: str
     count: int
@@ -53,7 +54,7 @@ class DeviceInfo:
         return asdict(self)
 
 
-def backend_of_build() -> str:
+def platform_of_build() -> str:
     """Backend this torch build targets with a usable device: ``"rocm"``, ``"cuda"`` or ``"cpu"``."""
     if torch.cuda.is_available():
         return "rocm" if getattr(torch.version, "hip", None) else "cuda"
@@ -100,7 +101,7 @@ def detect(device: str | None = None) -> DeviceInfo:
         A :class:`DeviceInfo`.
 
     Raises:
-        ValueError: ``device`` is not one of the allowed names, or names a backend this torch build lacks.
+        ValueError: ``device`` is not one of the allowed names, or names a platform this torch build lacks.
     """
     allowed = ("auto", "cpu", "cuda", "rocm")
     want = (device or "auto").lower()
@@ -108,7 +109,7 @@ def detect(device: str | None = None) -> DeviceInfo:
         want = "cuda"
     if want not in allowed:
         raise UserError(f"device={device!r} is not allowed; use one of {allowed}")
-    have = backend_of_build()
+    have = platform_of_build()
     if want == "auto":
         want = have
     if want in ("cuda", "rocm"):
@@ -120,7 +121,7 @@ def detect(device: str | None = None) -> DeviceInfo:
                              f"(torch.version.hip={getattr(torch.version, 'hip', None)!r}); use device={have!r}")
     if want == "cpu":
         mem = _cpu_total_gb()
-        return DeviceInfo(backend="cpu", device="cpu", name=cpu_name(), count=1, memory_gb=mem,
+        return DeviceInfo(platform="cpu", device="cpu", name=cpu_name(), count=1, memory_gb=mem,
                           catalog_name="CPU", cuda_version=None, hip_version=None)
     props = torch.cuda.get_device_properties(0)
     name = getattr(props, "name", "") or ""
@@ -130,7 +131,7 @@ def detect(device: str | None = None) -> DeviceInfo:
     if want == "rocm" and generic:  # Instinct parts can report an empty or a consumer-style marketing name
         name = f"AMD {family}" if family else f"AMD {arch or 'GPU'}"
     return DeviceInfo(
-        backend=want, device="cuda", name=name, count=torch.cuda.device_count(),
+        platform=want, device="cuda", name=name, count=torch.cuda.device_count(),
         memory_gb=props.total_memory / 1e9, gfx_arch=arch, family=family,
         catalog_name=_match_catalog_name(name, fam_names) or (fam_names[0] if fam_names else None),
         cuda_version=getattr(torch.version, "cuda", None), hip_version=getattr(torch.version, "hip", None),

@@ -148,7 +148,7 @@ def count_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
+def param_bytes(model: torch.nn.Module) -> int:
     """Bytes of all parameters and buffers (tied weights once)."""
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
@@ -229,4 +229,4 @@ def preset_table():
 
 
 __all__ = ["PRESETS", "DEFAULT_PRESET", "Preset", "get_config", "build_model", "load_checkpoint",
-           "save_checkpoint", "count_params", "weight_bytes", "max_positions", "preset_table"]
+           "save_checkpoint", "count_params", "param_bytes", "max_positions", "preset_table"]

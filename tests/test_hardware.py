@@ -10,7 +10,7 @@ from kit import hardware
 
 def test_cpu_detection():
     info = hardware.detect("cpu")
-    assert info.backend == "cpu" and info.device == "cpu" and info.count == 1
+    assert info.platform == "cpu" and info.device == "cpu" and info.count == 1
     assert info.memory_gb > 0 and info.catalog_name == "CPU" and info.name
 
 
@@ -34,7 +34,7 @@ def _fake_gpu(monkeypatch, *, hip, name, arch=None, mem=288e9, count=8):
 def test_rocm_detection_maps_gfx_arch_to_family(monkeypatch, arch, name, family, catalog):
     _fake_gpu(monkeypatch, hip="7.0.1", name=name, arch=arch)
     info = hardware.detect()
-    assert info.backend == "rocm" and info.device == "cuda"
+    assert info.platform == "rocm" and info.device == "cuda"
     assert info.gfx_arch == arch.split(":")[0]
     assert info.family == family
     assert info.catalog_name == catalog
@@ -45,7 +45,7 @@ def test_rocm_detection_maps_gfx_arch_to_family(monkeypatch, arch, name, family,
 def test_cuda_detection(monkeypatch):
     _fake_gpu(monkeypatch, hip=None, name="NVIDIA B300 SXM6 AC", mem=275e9)
     info = hardware.detect("auto")
-    assert info.backend == "cuda" and info.gfx_arch is None and info.catalog_name == "B300"
+    assert info.platform == "cuda" and info.gfx_arch is None and info.catalog_name == "B300"
     with pytest.raises(ValueError, match="rocm"):
         hardware.detect("rocm")
 

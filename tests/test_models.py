@@ -30,10 +30,10 @@ def test_full_size_configs_have_published_parameter_counts(name, published_b):
     assert models.count_params(m) / 1e9 == pytest.approx(published_b, rel=0.01)
 
 
-def test_bf16_build_and_weight_bytes():
+def test_bf16_build_and_param_bytes():
     m = models.build_model("tiny-llama", "bf16", "cpu")
     assert next(m.parameters()).dtype is torch.bfloat16
-    assert models.weight_bytes(m) >= models.count_params(m) * 2
+    assert models.param_bytes(m) >= models.count_params(m) * 2
 
 
 def test_unknown_preset_lists_allowed(tmp_path):

@@ -28,6 +28,7 @@ import torch
 from kit import dtypes
 from kit.errors import UserError
 from kit.check import harness as C
+from kit.measure.timing import timed_repeats
 from kit.hardware import check_dtype_supported, detect
 
 SCHEMA_VERSION = 1
@@ -54,8 +55,8 @@ SCHEMA: dict = {
                                     "machine": {"type": "string"}}},
         "torch": {"type": "object", "required": ["version", "cuda", "hip"],
                   "properties": {"version": {"type": "string"}, "cuda": _NULLSTR, "hip": _NULLSTR}},
-        "device": {"type": "object", "required": ["backend", "device", "name", "count", "memory_gb", "gfx_arch"],
-                   "properties": {"backend": {"enum": ["cpu", "cuda", "rocm"]}, "device": {"type": "string"},
+        "device": {"type": "object", "required": ["platform", "device", "name", "count", "memory_gb", "gfx_arch"],
+                   "properties": {"platform": {"enum": ["cpu", "cuda", "rocm"]}, "device": {"type": "string"},
                                   "name": {"type": "string"}, "count": {"type": "integer", "minimum": 1},
                                   "memory_gb": {"type": "number"}, "gfx_arch": _NULLSTR}},
         "devices": {"type": "array", "items": {
@@ -142,11 +143,9 @@ def _time_matmul(dtype: torch.dtype, device: str, n: int, reps: int = 5,
     """Median ms of an n×n matmul (after ≥ 3 warm-up runs and ≥ ``warmup_s`` seconds of them — CPU BLAS libraries
     JIT their kernels over the first calls — synchronised), the TFLOP/s it implies (2n³ flop) and the spread of the
     repeats (slowest / fastest; near 1 on a quiet machine)."""
-    from kit.measure.calibrate import _timed
-
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    times = sorted(t * 1e3 for t in _timed(lambda: a @ b, device, 3, reps, warmup_s=warmup_s))
+    times = sorted(t * 1e3 for t in timed_repeats(lambda: a @ b, device, 3, reps, warmup_s=warmup_s))
     ms = times[len(times) // 2]
     return ms, 2 * n ** 3 / (ms / 1e3) / 1e12, times[-1] / times[0] if times[0] > 0 else float("inf")
 
@@ -299,11 +298,11 @@ def run_doctor(device: str | None = None, *, backend_overrides: list[str] | None
     for d in dtypes:
         if not d["works"]:
             problems.append(f"dtype {d['dtype']} does not run on {info.name}: {d['error']}")
-        elif info.backend != "cpu" and d["dtype"] != "float32" and d["vs_float32"] is not None and d["vs_float32"] < 1:
+        elif info.platform != "cpu" and d["dtype"] != "float32" and d["vs_float32"] is not None and d["vs_float32"] < 1:
             warnings.append(f"{d['dtype']} matmul is slower than float32 on {info.name} ({d['vs_float32']}×): "
                             "an emulated or untuned path?")
-    warnings.extend(timing_caveats(dtypes, info.backend, info.name))
-    fp8 = probe_fp8(info.device, info.backend, info.gfx_arch)
+    warnings.extend(timing_caveats(dtypes, info.platform, info.name))
+    fp8 = probe_fp8(info.device, info.platform, info.gfx_arch)
     for f in fp8["formats"]:
         if f["format"] == fp8["native_format"] and not f["cast_ok"]:
             problems.append(f"native fp8 format {f['format']} does not cast on {info.name}: {f['error']}")
@@ -326,7 +325,7 @@ def run_doctor(device: str | None = None, *, backend_overrides: list[str] | None
                 "error": None}
     for p in probes:  # keep the schema's fields only (problems are in the top-level list)
         p.pop("problems", None)
-    dev = {k: info.as_dict()[k] for k in ("backend", "device", "name", "count", "gfx_arch")}
+    dev = {k: info.as_dict()[k] for k in ("platform", "device", "name", "count", "gfx_arch")}
     dev["memory_gb"] = round(info.memory_gb, 2)
     return {
         "schema_version": SCHEMA_VERSION, "ok": not problems, "problems": problems, "warnings": warnings,
@@ -344,7 +343,7 @@ def format_report(r: dict) -> str:
     t, d = r["torch"], r["device"]
     lines = [f"kit doctor — torch {t['version']} (CUDA {t['cuda'] or '-'}, HIP {t['hip'] or '-'}), "
              f"python {r['platform']['python']}, {r['elapsed_s']:.1f} s",
-             f"device         {d['backend']}: {d['name']} ×{d['count']}, {d['memory_gb']:.1f} GB"
+             f"device         {d['platform']}: {d['name']} ×{d['count']}, {d['memory_gb']:.1f} GB"
              + (f", {d['gfx_arch']}" if d["gfx_arch"] else "")]
     for g in r["devices"]:
         lines.append(f"  [{g['index']}] {g['name']}  {g['memory_gb']} GB  capability {g['capability']}"

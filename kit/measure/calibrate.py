@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from kit.measure.timing import timed_repeats
 from kit._io import atomic_write_text, cache_dir, check_out_file
 from kit.errors import InputNotFoundError, OutputPathError, UserError
 from kit import dtypes, hardware
@@ -39,33 +40,15 @@ from kit.metrics import achieved_gb_s, percentiles
 def device_key(info: hardware.DeviceInfo | None = None) -> str:
     """File-name key of a device: ``cpu``, or ``cuda-nvidia-h200`` / ``rocm-amd-mi350x-mi355x``."""
     info = info or hardware.detect()
-    if info.backend == "cpu":
+    if info.platform == "cpu":
         return "cpu"
-    return f"{info.backend}-" + re.sub(r"[^a-z0-9]+", "-", info.name.lower()).strip("-")
+    return f"{info.platform}-" + re.sub(r"[^a-z0-9]+", "-", info.name.lower()).strip("-")
 
 
 def default_path(device: str | None = None) -> Path:
     """Default calibration file for ``device`` ("cpu", "cuda", "rocm", None = detected)."""
     info = hardware.detect(device)
     return cache_dir() / f"calibration-{device_key(info)}.json"
-
-
-def _timed(fn, device, warmup: int, repeats: int, warmup_s: float = 0.0) -> list[float]:
-    """Seconds per call of ``fn`` over ``repeats`` calls, synchronised around each, after at least ``warmup`` calls
-    and at least ``warmup_s`` seconds of them (CPU BLAS libraries pick and JIT kernels over the first calls)."""
-    t0, i = time.perf_counter(), 0
-    while i < warmup or time.perf_counter() - t0 < warmup_s:
-        fn()
-        hardware.synchronize(device)
-        i += 1
-    hardware.synchronize(device)
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        hardware.synchronize(device)
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def measure_bandwidth(device: str = "cpu", size_mb: float = 256.0, warmup: int = 2, repeats: int = 10) -> dict:
@@ -83,8 +66,8 @@ def measure_bandwidth(device: str = "cpu", size_mb: float = 256.0, warmup: int =
     src = torch.rand(n, device=device)
     dst = torch.empty_like(src)
     nbytes = n * 4
-    t_copy = _timed(lambda: dst.copy_(src), device, warmup, repeats)
-    t_read = _timed(lambda: src.sum(), device, warmup, repeats)
+    t_copy = timed_repeats(lambda: dst.copy_(src), device, warmup, repeats)
+    t_read = timed_repeats(lambda: src.sum(), device, warmup, repeats)
     cp = percentiles([achieved_gb_s(2 * nbytes, t) for t in t_copy], (10, 50, 90))  # read + write
     rd = percentiles([achieved_gb_s(nbytes, t) for t in t_read], (50,))
     del src, dst
@@ -104,7 +87,7 @@ def measure_matmul(device: str = "cpu", dtype: str = "float32", n: int = 1024, w
     try:
         a = torch.randn(n, n, device=device).to(dt)
         b = torch.randn(n, n, device=device).to(dt)
-        ts = _timed(lambda: a @ b, device, warmup, repeats, warmup_s=0.2)
+        ts = timed_repeats(lambda: a @ b, device, warmup, repeats, warmup_s=0.2)
     except (RuntimeError, TypeError) as e:
         return {"tflops": None, "error": f"{type(e).__name__}: {e}"[:200], "n": 0, "size": n}
     p = percentiles([2 * n ** 3 / t / 1e12 for t in ts], (10, 50, 90))
@@ -212,7 +195,7 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
     at = measure_attention(dev, "float32", batch=2 if quick else 8, context_len=256 if quick else 1024,
                            decode_steps=4 if quick else 16, repeats=1 if quick else 5)
     return {
-        "device": info.backend, "device_name": info.name, "device_key": device_key(info), "memory_gb": info.memory_gb,
+        "device": info.platform, "device_name": info.name, "device_key": device_key(info), "memory_gb": info.memory_gb,
         "catalog_name": info.catalog_name,
         "threads": torch.get_num_threads(), "torch_version": torch.__version__,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "quick": quick,

@@ -27,7 +27,7 @@ import torch
 
 from kit.errors import UserError
 from kit import hardware, metrics
-from kit.models import max_positions, weight_bytes
+from kit.models import max_positions, param_bytes
 
 KV_FILLS = ("prefill", "synthetic")
 
@@ -41,7 +41,7 @@ class PointConfig:
     decode_steps: int = 16
     warmup_steps: int = 3
     repeats: int = 3
-    kv_fill: str = "synthetic"
+    kv_fill: str = "prefill"
 
     def validate(self, max_positions: int | None = None) -> "PointConfig":
         """Raise ValueError naming a bad value and what is allowed."""
@@ -66,7 +66,7 @@ class PointConfig:
         return self.context_len + max(self.warmup_steps, self.decode_steps)
 
 
-class _Forward:
+class Forward:
     """Calls a transformers causal LM one way on every 5.x version: the cache keyword is ``cache`` (5.24+) or
     ``past_key_values`` (older), and older versions also take ``cache_position``."""
 
@@ -108,8 +108,9 @@ def cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for layer in _layers(cache) for t in (layer.keys, layer.values))
 
 
-def kv_bytes_per_token(cache, batch: int) -> float:
-    """Bytes one token of one sequence occupies in the cache (all layers, K and V, as stored)."""
+def cache_bytes_per_token(cache, batch: int) -> float:
+    """Bytes one token of one sequence occupies in an allocated cache (all layers, K and V, as stored): the
+    *measured* counterpart of the planner's :func:`kit.plan.spec.kv_bytes_per_token` (from the architecture)."""
     layers = _layers(cache)
     if not layers:
         return float("nan")
@@ -117,7 +118,26 @@ def kv_bytes_per_token(cache, batch: int) -> float:
     return cache_bytes(cache) / (batch * max_len)
 
 
-def synthetic_fill(model, cache, batch: int, context_len: int, device, positions, fwd: _Forward, seed: int = 0):
+def measured_kv_bytes_per_token(model, batch: int = 2, tokens: int = 8, max_cache_len: int = 64) -> float:
+    """Bytes per token per sequence of ``model``'s static KV cache, measured: allocate a cache of
+    ``max_cache_len`` tokens, run one forward of ``batch`` × ``tokens`` ids through it (allocating every layer's
+    buffers) and divide the allocated bytes by ``batch × max_cache_len`` (:func:`cache_bytes_per_token`).
+
+    Raises:
+        UserError: ``tokens`` not in [1, max_cache_len] or ``batch`` < 1.
+    """
+    if batch < 1 or not 1 <= tokens <= max_cache_len:
+        raise UserError(f"batch={batch}, tokens={tokens}, max_cache_len={max_cache_len}; need batch >= 1 and "
+                        "1 <= tokens <= max_cache_len")
+    device = next(model.parameters()).device
+    cache = new_cache(model, max_cache_len)
+    pos = torch.arange(tokens, device=device).unsqueeze(0).expand(batch, -1)
+    with torch.inference_mode():
+        Forward(model)(torch.zeros(batch, tokens, dtype=torch.long, device=device), pos, cache)
+    return cache_bytes_per_token(cache, batch)
+
+
+def synthetic_fill(model, cache, batch: int, context_len: int, device, positions, fwd: Forward, seed: int = 0):
     """Initialise ``cache`` with one real token, then fill positions [0, context_len) with random N(0, 1) keys
     and values, and set the fill level to ``context_len``. Untimed."""
     ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -149,7 +169,7 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
     point.validate(max_positions(cfg))
     B, C, S = point.concurrency, point.context_len, point.decode_steps
     dev = torch.device(device)
-    fwd = _Forward(model)
+    fwd = Forward(model)
     hardware.reset_peak_memory(dev)
     vocab = int(cfg.vocab_size)
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -186,7 +206,7 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
                         step_ms.append((time.perf_counter() - t0) * 1000.0)
     peak_gb, peak_method = hardware.peak_memory_gb(dev)
     kv_b = cache_bytes(cache)
-    w_b = weight_bytes(model)
+    w_b = param_bytes(model)
     finite = bool(torch.isfinite(logits).all().item())
     del cache, logits
     tpot = metrics.Latency.from_values(step_ms)
@@ -216,7 +236,7 @@ def bare_decode_loop_ms(model, batch: int, context_len: int, steps: int, device:
     """Reference for harness overhead: ``steps`` plain forward calls (B x 1 tokens, same static cache, no per-step
     timing or synchronisation), timed as a whole; returns ms per step. Used by ``kit bench``."""
     dev = torch.device(device)
-    fwd = _Forward(model)
+    fwd = Forward(model)
     positions = torch.arange(context_len + steps, device=dev).unsqueeze(0).expand(batch, -1)
     cache = new_cache(model, context_len + steps)
     with torch.inference_mode():

@@ -143,10 +143,10 @@ class EngineBackend:
         out = []
         for dt, p in cfg.points():
             name = dtypes.name_of(dt)
-            cols = {"model": cfg.model, "dtype": name, "device": info.backend, "device_name": info.name,
+            cols = {"model": cfg.model, "dtype": name, "device": info.platform, "device_name": info.name,
                     "accelerator": accel, "n_gpus": 1, "concurrency": p.concurrency, "context_len": p.context_len,
                     "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats}
-            out.append(GridPoint(point_id(cfg.model, dt, info.backend, p), cols,
+            out.append(GridPoint(point_id(cfg.model, dt, info.platform, p), cols,
                                  f"{name} kv={p.context_len} B={p.concurrency}", (dt, p)))
         return out
 
@@ -265,7 +265,7 @@ def summary_table(df: pd.DataFrame) -> str:
 
 def current_rows(df: pd.DataFrame, config: SweepConfig) -> pd.DataFrame:
     """The latest row of each point of ``config`` (a run directory can also hold earlier runs' points)."""
-    backend = hardware.detect(config.device).backend
+    backend = hardware.detect(config.device).platform
     ids = {point_id(config.model, dt, backend, p) for dt, p in config.points()}
     return df[df["point_id"].isin(ids)].drop_duplicates("point_id", keep="last")
 

@@ -115,7 +115,7 @@ def get_device(accelerator: str = "local", catalog=None, calibration=None, **ove
                 from kit.hardware import detect
 
                 info = detect()
-                if info.backend != "cpu":
+                if info.platform != "cpu":
                     acc = info.catalog_name or acc
                 else:
                     acc = "CPU"

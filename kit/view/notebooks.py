@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from kit.errors import UserError
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 KERNEL = "python3"
 
 

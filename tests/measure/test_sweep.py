@@ -137,7 +137,7 @@ sweep.run_sweep(sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode
                                   repeats=1), {str(out)!r}, progress=False, runner=slow)
 """
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).parent.parent)
+                            cwd=Path(__file__).parents[2])
     deadline = time.time() + 120
     line = ""
     while time.time() < deadline and "READY" not in line:

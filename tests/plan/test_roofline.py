@@ -13,7 +13,7 @@ from kit.plan import roofline as planner
 from kit.plan.roofline import get_spec, kv_bytes_per_token, memory_fit, predict_point, spec_from_config
 from kit.results import validate_record
 
-REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "models.csv"
+REF = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "models.csv"
 
 
 # ---------------------------------------------------------------- case P1: KV bytes per token

@@ -14,7 +14,7 @@ def fakes(monkeypatch):
     """Put tests/fake_backends on sys.path (only for the test using it)."""
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fake_backends"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "fake_backends"))
 
 
 # ------------------------------------------------------------------------------------------------ resolver (S1)

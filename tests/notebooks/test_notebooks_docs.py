@@ -19,7 +19,7 @@ from kit.view.notebooks import NOTEBOOK_DIR, declared_parameters, list_notebooks
 from nbexec import execute
 
 pytestmark = pytest.mark.slow
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).parents[1] / "fixtures"
 
 
 def results(path: Path) -> pd.DataFrame:

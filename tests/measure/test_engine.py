@@ -35,7 +35,7 @@ def test_static_cache_decode_matches_full_forward(tiny_model):
     torch.manual_seed(0)
     B, C = 2, 10
     ids = torch.randint(0, tiny_model.config.vocab_size, (B, C + 1))
-    fwd = engine._Forward(tiny_model)
+    fwd = engine.Forward(tiny_model)
     cache = engine.new_cache(tiny_model, C + 4)
     pos = torch.arange(C + 4).unsqueeze(0).expand(B, -1)
     with torch.inference_mode():

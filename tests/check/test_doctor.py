@@ -11,8 +11,8 @@ import pytest
 from kit import cli
 from kit.check import doctor as D
 
-ROOT = Path(__file__).resolve().parent.parent
-FAKES = str(Path(__file__).parent / "fake_backends")
+ROOT = Path(__file__).resolve().parents[2]
+FAKES = str(Path(__file__).parents[1] / "fake_backends")
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_cli_json_full_run_validates_against_schema(tmp_path):
     validate(report)
     assert json.loads(out.read_text())["schema_version"] == D.SCHEMA_VERSION
     assert report["ok"] and report["problems"] == []
-    assert report["device"]["backend"] in ("cpu", "cuda", "rocm")
+    assert report["device"]["platform"] in ("cpu", "cuda", "rocm")
     assert {d["dtype"]: d["works"] for d in report["dtypes"]} == {"float32": True, "float16": True,
                                                                    "bfloat16": True}
     assert all(d["n"] == 5 and d["matmul_ms_p50"] > 0 for d in report["dtypes"])

@@ -15,7 +15,7 @@ import pytest
 from nbexec import EXEC_DIR, SMALL, execute, start_all
 
 pytestmark = pytest.mark.slow
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _build_module():

@@ -9,7 +9,7 @@ import pytest
 from kit._io import free_port
 from kit.serve import launch as L
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 
 
 def live_in_group(pgid: int, within_s: float = 5.0) -> list[int]:

@@ -17,10 +17,10 @@ from kit.serve import client as S
 from kit.view.plots import plot_served
 from kit.serve import load
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from sse_server import script, start_in_thread  # noqa: E402
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 
 
 def sse_bytes(payload) -> bytes:

@@ -17,7 +17,7 @@ from kit.results import load_results
 
 pytestmark = pytest.mark.slow
 CHROMIUM = os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 def _need_browser():
