@@ -17,10 +17,10 @@ from kit.errors import KitError, UserError
 
 #: subcommand → (module defining ``add_cli(subparsers)``, one-line help shown by ``kit --help``)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "sweep": ("kit.measure.sweep", "sweep KV-cache length x concurrency in-process; write results and plots"),
+    "sweep": ("kit.measure.cli", "sweep KV-cache length x concurrency in-process; write results and plots"),
     "devices": ("kit.hardware", "show the detected device and the accelerator catalog"),
     "bench": ("kit.measure.bench", "benchmark the kit: harness overhead and speed vs model.generate()"),
-    "plan": ("kit.plan.roofline", "will it fit, how fast, at what cost (analytic; no GPU needed)"),
+    "plan": ("kit.plan.cli", "will it fit, how fast, at what cost (analytic; no GPU needed)"),
     "calibrate": ("kit.measure.calibrate", "measure local memory bandwidth, matmul TFLOPS and step overhead"),
     "serve-bench": ("kit.serve.load", "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, "
                                    "goodput)"),
@@ -110,6 +110,12 @@ def config_field(default=dataclasses.MISSING, *, help: str, flag: str | None = N
     return dataclasses.field(default=default, metadata=meta)
 
 
+def config_flag(cls, name: str) -> str:
+    """The CLI option of field ``name`` of config dataclass ``cls`` (``"--kv"`` for ``SweepConfig.kv_lens``)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return f.metadata.get("flag") or "--" + name.replace("_", "-")
+
+
 def _scalar_type(annotation: str):
     """int / float / str / bool of a field annotation string such as ``"int | None"``."""
     names = {a.strip() for a in str(annotation).split("|")} - {"None"}
@@ -127,7 +133,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] 
         m = f.metadata
         if not m.get("cli", False) or f.name in skip:
             continue
-        flag = m.get("flag") or "--" + f.name.replace("_", "-")
+        flag = config_flag(cls, f.name)
         default = getattr(d, f.name)
         typ = m.get("parse") or _scalar_type(f.type)
         if typ is bool:

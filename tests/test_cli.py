@@ -74,7 +74,7 @@ def test_help_documents_every_option():
     r = _kit("sweep", "--help")
     for opt in ("--model", "--kv", "--concurrency", "--dtype", "--device", "--decode-steps", "--warmup-steps",
                 "--repeats", "--kv-fill", "--seed", "--accelerator", "--threads", "--out", "--no-resume",
-                "--no-plots"):
+                "--no-plots", "--json", "--strict"):
         assert opt in r.stdout
     assert "tiny-llama" in r.stdout
     top = _kit("--help")
@@ -84,7 +84,7 @@ def test_help_documents_every_option():
 def test_devices(capsys):
     assert cli.main(["devices"]) == 0
     out = capsys.readouterr().out
-    assert "backend" in out and "MI355X" in out and "B300" in out and "e4m3fnuz" in out
+    assert "platform" in out and "MI355X" in out and "B300" in out and "e4m3fnuz" in out
 
 
 def test_bench_runs_small(capsys):
@@ -121,3 +121,75 @@ def test_other_settings_in_the_same_dir_are_not_shown_as_this_sweep(tmp_path):
     r = _kit("sweep", "--kv", "16", "--concurrency", "1", "--decode-steps", "4", "--repeats", "1", "--out", str(out),
              "--no-plots")
     assert r.returncode == 0 and "1 points (1 ok" in r.stdout and "also holds 2 points of other settings" in r.stdout
+
+
+# ------------------------------------------------------------------------------------------------ error boundary
+BUGGY = """
+import sys
+import kit.measure.cli as c
+
+def broken_helper(df, config):
+    return {}["a deliberate bug"]  # a KeyError inside a sweep helper: a bug, not a user error
+
+c.current_rows = broken_helper
+from kit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_bug_reaches_the_user_with_its_traceback_and_exit_1(tmp_path):
+    r = subprocess.run([sys.executable, "-c", BUGGY, "sweep", "--kv", "16", "--concurrency", "1", "--decode-steps",
+                        "2", "--warmup-steps", "0", "--repeats", "1", "--no-plots", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback (most recent call last)" in r.stderr and "broken_helper" in r.stderr
+    assert "KeyError: 'a deliberate bug'" in r.stderr and "error: " not in r.stderr.splitlines()[-1][:12]
+
+
+def test_a_bad_flag_value_is_one_line_and_exit_2(tmp_path):
+    r = _kit("sweep", "--kv", "0", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["kit sweep: error: KV length 0 in kv_lens (--kv) must be an integer >= 1"]
+
+
+def test_python_dash_m_kit_is_the_kit_command():
+    r = subprocess.run([sys.executable, "-m", "kit", "--help"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60)
+    assert r.returncode == 0 and "sweep" in r.stdout and "serve-bench" in r.stdout
+
+
+# ------------------------------------------------------------------------------------------------ output for machines
+SMALL_ARGS = ["--kv", "16", "--concurrency", "1,2", "--decode-steps", "2", "--warmup-steps", "0", "--repeats", "1",
+              "--no-plots"]
+
+
+def test_sweep_json_is_one_object_with_every_row(tmp_path, capsys):
+    import json
+
+    rc = cli.main(["sweep", *SMALL_ARGS, "--json", "--out", str(tmp_path / "o")])
+    out = json.loads(capsys.readouterr().out)  # stdout holds nothing but the JSON
+    assert rc == 0 and out["exit_code"] == 0 and out["points"] == 2 and out["ok"] == 2 and out["not_ok"] == 0
+    assert [r["concurrency"] for r in out["rows"]] == [1, 2] and all(r["status"] == "ok" for r in out["rows"])
+    assert out["results"].endswith("results.parquet")
+
+
+def test_sweep_exit_codes_no_point_ok_and_strict(tmp_path, monkeypatch, capsys):
+    import kit.measure.sweep as sweep
+
+    real = sweep.run_point
+
+    def always_fails(model, point, device, seed):
+        raise RuntimeError("kernel launch failed")
+
+    def second_fails(model, point, device, seed):
+        if point.concurrency == 2:
+            raise RuntimeError("kernel launch failed")
+        return real(model, point, device, seed)
+
+    monkeypatch.setattr(sweep, "run_point", always_fails)
+    assert cli.main(["sweep", *SMALL_ARGS, "--out", str(tmp_path / "none")]) == 1  # no point ok
+    assert "no point is ok" in capsys.readouterr().err
+    monkeypatch.setattr(sweep, "run_point", second_fails)
+    assert cli.main(["sweep", *SMALL_ARGS, "--out", str(tmp_path / "some")]) == 0  # one ok is enough by default
+    assert cli.main(["sweep", *SMALL_ARGS, "--strict", "--out", str(tmp_path / "some")]) == 1
+    assert "1 points are not ok (--strict)" in capsys.readouterr().err

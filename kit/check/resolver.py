@@ -1,27 +1,31 @@
 """The op resolver: find a named sampling op in the installed kernel libraries, or fall back to the kit's reference.
 
 :func:`resolve_op` looks the op up in the kernel libraries serving engines use (flashinfer, sgl_kernel, aiter;
-:data:`BACKENDS`) or falls back to the kit's reference (:mod:`kit.check.sampling`). It returns a :class:`ResolvedOp` (a
-callable plus where it came from), or raises :class:`OpNotFoundError` naming the op, the symbols and every place
-tried. It never returns ``None`` (case S1: a ROCm build lacked ``top_k_renorm_prob``; an import guard left ``None``
-behind and the sampler crashed on the first request — sglang #32569). :func:`probe_backend` reports which listed
-ops one backend exposes (``kit doctor``). The check harness that compares an op with the reference is
+:data:`KERNEL_LIBRARIES`) or falls back to the kit's reference (:mod:`kit.check.sampling`). It returns a
+:class:`ResolvedOp` (a callable plus where it came from), or raises :class:`OpNotFoundError` naming the op, the
+symbols and every place tried. It never returns ``None`` (a ROCm build lacked ``top_k_renorm_prob``; an import guard
+left ``None`` behind and the sampler crashed on the first request — sglang #32569). :func:`probe_library` reports
+which listed ops one library exposes (``kit doctor``). The check harness that compares an op with the reference is
 :mod:`kit.check.harness`.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
-from kit.errors import UserError
 from kit.check import sampling as S
+from kit.errors import KitError, UserError
+
+log = logging.getLogger("kit")
+
 
 @dataclass(frozen=True)
-class Backend:
+class KernelLibrary:
     """A kernel library to look ops up in.
 
     Attributes:
@@ -52,21 +56,21 @@ def _aiter_top_k(raw: Callable) -> Callable:
 #: aiter ``aiter/ops/sampling.py``). vLLM is not listed: its sampler takes top-k/top-p from flashinfer or falls back
 #: to torch. The renorm/mask ops share the kit's ``(probs, k_or_p)`` signature (aiter's via an adapter); the
 #: sampling-from-probs symbols differ between libraries and versions (explicit noise vs generator) — wrap them
-#: before :func:`check_op`.
-BACKENDS: tuple[Backend, ...] = (
-    Backend("flashinfer", "flashinfer.sampling", {
+#: before :func:`kit.check.harness.check_op`.
+KERNEL_LIBRARIES: tuple[KernelLibrary, ...] = (
+    KernelLibrary("flashinfer", "flashinfer.sampling", {
         "top_k_renorm_prob": ("top_k_renorm_probs", "top_k_renorm_prob"),
         "top_p_renorm_prob": ("top_p_renorm_probs", "top_p_renorm_prob"),
         "top_k_mask_logits": ("top_k_mask_logits",),
         "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
         "sampling_from_probs": ("sampling_from_probs",),
     }),
-    Backend("sgl_kernel", "sgl_kernel", {
+    KernelLibrary("sgl_kernel", "sgl_kernel", {
         "top_k_renorm_prob": ("top_k_renorm_prob", "top_k_renorm_probs"),
         "top_p_renorm_prob": ("top_p_renorm_prob", "top_p_renorm_probs"),
         "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
     }),
-    Backend("aiter", "aiter.ops.sampling", {
+    KernelLibrary("aiter", "aiter.ops.sampling", {
         "top_k_renorm_prob": ("top_k_renorm_probs",),
         "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
     }, adapters={"top_k_renorm_prob": _aiter_top_k}),
@@ -74,12 +78,13 @@ BACKENDS: tuple[Backend, ...] = (
 REFERENCE = "kit.reference"
 
 
-class OpNotFoundError(LookupError):
-    """No implementation of an op was found; ``.op``, ``.tried`` (one line per place tried)."""
+class OpNotFoundError(KitError, LookupError):
+    """No implementation of an op was found (an environment condition, not a bug); ``.op``, ``.tried`` (one line
+    per place tried)."""
 
     def __init__(self, op: str, tried: Sequence[str]):
         self.op, self.tried = op, list(tried)
-        lines = "\n  ".join(self.tried) or "(no backend lists this op)"
+        lines = "\n  ".join(self.tried) or "(no kernel library lists this op)"
         super().__init__(f"no implementation of op {op!r} found; tried:\n  {lines}")
 
 
@@ -88,13 +93,14 @@ class ResolvedOp:
     """What :func:`resolve_op` found. Calling it calls ``fn``.
 
     Attributes:
-        op: canonical op name; fn: the callable (kit signature); backend: ``"flashinfer"`` … or ``"kit.reference"``;
-        where: ``module.symbol`` it came from; tried: every place looked at before it, with why it was skipped.
+        op: canonical op name; fn: the callable (kit signature); library: ``"flashinfer"`` … or
+        ``"kit.reference"`` (:data:`REFERENCE`); where: ``module.symbol`` it came from; tried: every place looked at
+        before it, with why it was skipped.
     """
 
     op: str
     fn: Callable
-    backend: str
+    library: str
     where: str
     tried: tuple[str, ...] = ()
 
@@ -116,45 +122,45 @@ def _import(module: str):
         return None, f"import failed ({type(e).__name__}: {e})"
 
 
-def _lookup(mod, backend: Backend, op: str):
+def _lookup(mod, library: KernelLibrary, op: str):
     """(callable, symbol, None) or (None, None, [reasons per symbol])."""
     reasons = []
-    for sym in backend.symbols.get(op, ()):
+    for sym in library.symbols.get(op, ()):
         if not hasattr(mod, sym):
-            reasons.append(f"{backend.module}.{sym}: module imported but has no attribute {sym!r}")
+            reasons.append(f"{library.module}.{sym}: module imported but has no attribute {sym!r}")
             continue
         obj = getattr(mod, sym)
         if obj is None:
-            reasons.append(f"{backend.module}.{sym}: attribute is None (an import guard left None behind)")
+            reasons.append(f"{library.module}.{sym}: attribute is None (an import guard left None behind)")
         elif not callable(obj):
-            reasons.append(f"{backend.module}.{sym}: not callable ({type(obj).__name__})")
+            reasons.append(f"{library.module}.{sym}: not callable ({type(obj).__name__})")
         else:
-            adapt = backend.adapters.get(op)
+            adapt = library.adapters.get(op)
             return (adapt(obj) if adapt else obj), sym, None
     return None, None, reasons
 
 
-def resolve_op(op: str, backends: Sequence[Backend] | None = None, *, fallback: bool = True) -> ResolvedOp:
-    """Find an implementation of ``op``: the first backend that exposes it, else the kit's reference.
+def resolve_op(op: str, libraries: Sequence[KernelLibrary] | None = None, *, fallback: bool = True) -> ResolvedOp:
+    """Find an implementation of ``op``: the first kernel library that exposes it, else the kit's reference.
 
     Args:
         op: canonical name, one of :data:`kit.check.sampling.REFERENCE_OPS` (e.g. ``"top_k_renorm_prob"``).
-        backends: where to look, in order (default :data:`BACKENDS`). Pass your own :class:`Backend` to point
-            at another module (a fork, a fake in tests).
-        fallback: use :mod:`kit.check.sampling`'s reference when no backend has the op.
+        libraries: where to look, in order (default :data:`KERNEL_LIBRARIES`). Pass your own
+            :class:`KernelLibrary` to point at another module (a fork, a fake in tests).
+        fallback: use :mod:`kit.check.sampling`'s reference when no library has the op.
 
     Returns:
-        A :class:`ResolvedOp` (never ``None``) recording the backend and every place tried before it.
+        A :class:`ResolvedOp` (never ``None``) recording the library and every place tried before it.
 
     Raises:
-        ValueError: unknown op name (lists the known ones).
-        OpNotFoundError: ``fallback=False`` and no backend exposes it; the message names the missing symbol(s) and
+        UserError: unknown op name (lists the known ones).
+        OpNotFoundError: ``fallback=False`` and no library exposes it; the message names the missing symbol(s) and
             every module tried, with the reason each was skipped.
     """
     if op not in S.REFERENCE_OPS:
         raise UserError(f"unknown op {op!r}; known ops: {sorted(S.REFERENCE_OPS)}")
     tried: list[str] = []
-    for b in (BACKENDS if backends is None else backends):
+    for b in (KERNEL_LIBRARIES if libraries is None else libraries):
         if op not in b.symbols:
             continue
         mod, why = _import(b.module)
@@ -167,32 +173,33 @@ def resolve_op(op: str, backends: Sequence[Backend] | None = None, *, fallback: 
             return ResolvedOp(op, fn, b.name, f"{b.module}.{sym}", tuple(tried))
         tried.extend(f"{b.name}: {r}" for r in reasons)
     if fallback:
+        log.debug("%s: no kernel library has it; using the kit reference (tried: %s)", op, "; ".join(tried))
         return ResolvedOp(op, S.REFERENCE_OPS[op], REFERENCE, f"kit.check.sampling.{S.REFERENCE_OPS[op].__name__}",
                           tuple(tried))
     tried.append(f"{REFERENCE}: kit.check.sampling.{op}: not used (fallback=False)")
     raise OpNotFoundError(op, tried)
 
 
-def probe_backend(backend: Backend) -> dict:
-    """Import one backend and report which of its listed ops it exposes (used by ``kit doctor``).
+def probe_library(library: KernelLibrary) -> dict:
+    """Import one kernel library and report which of its listed ops it exposes (used by ``kit doctor``).
 
     Returns:
         ``{"name", "module", "importable", "version", "error", "ops": {op: "module.symbol" | None},
         "missing": [op, ...], "problems": [text naming each missing symbol]}``. Never raises.
     """
-    out = {"name": backend.name, "module": backend.module, "importable": False, "version": None, "error": None,
+    out = {"name": library.name, "module": library.module, "importable": False, "version": None, "error": None,
            "ops": {}, "missing": [], "problems": []}
-    mod, why = _import(backend.module)
+    mod, why = _import(library.module)
     if mod is None:
         out["error"] = why
         return out
     out["importable"] = True
-    top = importlib.import_module(backend.module.split(".")[0])
+    top = importlib.import_module(library.module.split(".")[0])
     out["version"] = str(getattr(top, "__version__", None) or "") or None
-    for op in backend.symbols:
-        fn, sym, reasons = _lookup(mod, backend, op)
-        out["ops"][op] = f"{backend.module}.{sym}" if fn is not None else None
+    for op in library.symbols:
+        fn, sym, reasons = _lookup(mod, library, op)
+        out["ops"][op] = f"{library.module}.{sym}" if fn is not None else None
         if fn is None:
             out["missing"].append(op)
-            out["problems"].append(f"{backend.name} ({backend.module}) lacks {op}: " + "; ".join(reasons))
+            out["problems"].append(f"{library.name} ({library.module}) lacks {op}: " + "; ".join(reasons))
     return out

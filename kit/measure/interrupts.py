@@ -9,9 +9,12 @@ the swallowed one's traceback off the terminal.
 """
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
+
+log = logging.getLogger("kit")
 
 
 class InterruptGuard:
@@ -50,8 +53,7 @@ class InterruptGuard:
     def _unraisable(self, info) -> None:
         # a KeyboardInterrupt raised inside a finaliser: already recorded in the flag; say so in one line
         if info.exc_type is KeyboardInterrupt and self.requested:
-            print("\ninterrupt received; stopping after the current point (Ctrl-C again to stop now)",
-                  file=sys.stderr)
+            log.warning("interrupt received; stopping after the current point (Ctrl-C again to stop now)")
             return
         self._prev_hook(info)
 

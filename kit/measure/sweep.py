@@ -17,9 +17,7 @@ import argparse
 import contextlib
 import hashlib
 import json
-import sys
-import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -31,30 +29,46 @@ from kit.errors import UserError
 from kit import dtypes, hardware, models
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
 from kit.measure.grid import GridPoint, run_grid
-from kit.cli import int_list_arg
+from kit.cli import config_field, config_flag, int_list_arg
+from kit.dtypes import MODEL_DTYPES
 from kit.results import run_metadata
 
-def _h(text: str, **kw):
-    return field(metadata={"help": text}, **kw)
+def _str_list(text: str) -> list[str]:
+    """argparse type of ``--dtype``: a comma list of names (each checked by :meth:`SweepConfig.validate`)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item (expected a comma list like float32,bfloat16)")
+    return parts
+
+
+#: ``--kv`` / ``--concurrency``: range checks are SweepConfig.validate's, so its messages name the bad value
+_int_list = int_list_arg(minimum=None, example="128,512")
 
 
 @dataclass
 class SweepConfig:
-    """A sweep's settings (each field's ``help`` is also the CLI's)."""
+    """An in-process sweep's settings: the one source of its defaults and help text (``kit sweep`` options, the
+    panel and the dashboard derive from these fields)."""
 
-    model: str = _h("model preset name or local checkpoint directory", default=models.DEFAULT_PRESET)
-    dtypes: list = _h("dtypes: float32, bfloat16, float16", default_factory=lambda: ["float32"])
-    device: str = _h("auto | cpu | cuda | rocm", default="auto")
-    kv_lens: list = _h("KV-cache lengths at the start of decode (tokens)", default_factory=lambda: [128, 512, 2048])
-    concurrencies: list = _h("batch sizes = concurrent sequences", default_factory=lambda: [1, 4, 16])
-    decode_steps: int = _h("timed decode steps per repeat", default=16)
-    warmup_steps: int = _h("untimed decode steps before each timed block", default=3)
-    repeats: int = _h("interleaved measurement blocks per point (prefill + warm-up + timed steps)", default=3)
-    kv_fill: str = _h("prefill (real, timed TTFT) | synthetic (random KV, for long contexts)", default="prefill")
-    seed: int = _h("seed for weights and token ids", default=0)
-    accelerator: str | None = _h("catalog accelerator for cost columns (None: the detected device)", default=None)
-    threads: int | None = _h("CPU only: torch threads (None: torch's choice); 1 gives steadier timings on a "
-                             "busy shared machine", default=None)
+    model: str = config_field(models.DEFAULT_PRESET, help="model preset name or local checkpoint directory "
+                              f"(presets: {', '.join(models.PRESETS)})")
+    dtypes: list = config_field(help="dtypes, comma list: " + ", ".join(MODEL_DTYPES), flag="--dtype",
+                                parse=_str_list, default_factory=lambda: ["float32"])
+    device: str = config_field("auto", help="auto | cpu | cuda | rocm")
+    kv_lens: list = config_field(help="KV-cache lengths at the start of decode (tokens; comma list)", flag="--kv",
+                                 parse=_int_list, default_factory=lambda: [128, 512, 2048])
+    concurrencies: list = config_field(help="batch sizes = concurrent sequences (comma list)", flag="--concurrency",
+                                       parse=_int_list, default_factory=lambda: [1, 4, 16])
+    decode_steps: int = config_field(16, help="timed decode steps per repeat")
+    warmup_steps: int = config_field(3, help="untimed decode steps before each timed block")
+    repeats: int = config_field(3, help="interleaved measurement blocks per point (prefill + warm-up + timed steps)")
+    kv_fill: str = config_field("prefill", help="prefill (real, timed TTFT) | synthetic (random KV, for long "
+                                "contexts)", choices=KV_FILLS)
+    seed: int = config_field(0, help="seed for weights and token ids")
+    accelerator: str | None = config_field(None, help="catalog accelerator for cost columns (default: the "
+                                           "detected device)")
+    threads: int | None = config_field(None, help="CPU only: torch threads (default: torch's choice); 1 gives "
+                                       "steadier timings on a busy shared machine")
 
     def points(self) -> list[tuple[str, PointConfig]]:
         """The grid as (dtype, PointConfig), ordered dtype → KV length → concurrency."""
@@ -67,14 +81,14 @@ class SweepConfig:
         for name in ("dtypes", "kv_lens", "concurrencies"):
             v = getattr(self, name)
             if isinstance(v, (str, int)) or not list(v):
-                raise UserError(f"{name}={v!r} (--{_FLAGS[name]}) must be a non-empty list")
+                raise UserError(f"{name}={v!r} ({config_flag(SweepConfig, name)}) must be a non-empty list")
         for dt in self.dtypes:
             dtypes.to_torch(dt)
         for name, vals in (("kv_lens", self.kv_lens), ("concurrencies", self.concurrencies)):
             for v in vals:
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                     what = "KV length" if name == "kv_lens" else "concurrency"
-                    raise UserError(f"{what} {v!r} in {name} (--{_FLAGS[name]}) must be an integer >= 1")
+                    raise UserError(f"{what} {v!r} in {name} ({config_flag(SweepConfig, name)}) must be an integer >= 1")
         if self.kv_fill not in KV_FILLS:
             raise UserError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
@@ -93,9 +107,6 @@ class SweepConfig:
         for dt in self.dtypes:
             hardware.check_dtype_supported(dtypes.to_torch(dt), info.device)
         return self
-
-
-_FLAGS = {"dtypes": "dtype", "kv_lens": "kv", "concurrencies": "concurrency"}
 
 
 def point_id(model: str, dtype: str, device: str, p: PointConfig) -> str:
@@ -207,47 +218,6 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
     return run_grid(backend, out_dir, resume=resume, progress=progress, on_point=on_point, should_stop=should_stop)
 
 
-# ------------------------------------------------------------------------------------------------ CLI
-#: ``--kv`` / ``--concurrency``: range checks are SweepConfig.validate's, so its messages name the bad value
-_int_list = int_list_arg(minimum=None, example="128,512")
-
-
-def _str_list(text: str) -> list[str]:
-    parts = [p.strip() for p in str(text).split(",")]
-    if not all(parts):
-        raise argparse.ArgumentTypeError(f"{text!r} has an empty item (expected a comma list like float32,bfloat16)")
-    return parts
-
-
-def add_cli(sub) -> None:
-    """``kit sweep``: run a sweep, write results + plots, print a summary."""
-    d = SweepConfig()
-    helps = {f.name: f.metadata.get("help", "") for f in fields(SweepConfig)}
-    p = sub.add_parser("sweep",
-                       description="Measure prefill and decode of a model on this machine over a grid of KV-cache "
-                                   "lengths and concurrencies. Writes OUT/results.parquet (+ .json metadata), "
-                                   "OUT/points.jsonl (append log; a re-run resumes) and OUT/*.png plots.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default=d.model, help=helps["model"] + f"; presets: {', '.join(models.PRESETS)}")
-    p.add_argument("--kv", type=_int_list, default=d.kv_lens, help=helps["kv_lens"] + " (comma list)")
-    p.add_argument("--concurrency", type=_int_list, default=d.concurrencies, help=helps["concurrencies"] +
-                   " (comma list)")
-    p.add_argument("--dtype", type=_str_list, default=d.dtypes, help=helps["dtypes"] + " (comma list)")
-    p.add_argument("--device", default=d.device, help=helps["device"])
-    p.add_argument("--decode-steps", type=int, default=d.decode_steps, help=helps["decode_steps"])
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help=helps["warmup_steps"])
-    p.add_argument("--repeats", type=int, default=d.repeats, help=helps["repeats"])
-    p.add_argument("--kv-fill", default=d.kv_fill, choices=KV_FILLS, help=helps["kv_fill"])
-    p.add_argument("--seed", type=int, default=d.seed, help=helps["seed"])
-    p.add_argument("--accelerator", default=None, help=helps["accelerator"])
-    p.add_argument("--threads", type=int, default=None, help=helps["threads"])
-    p.add_argument("--out", default="results/sweep", help="output directory (created; a re-run resumes)")
-    p.add_argument("--no-resume", action="store_true",
-                   help="measure every point again (an earlier run's files move to OUT/previous/)")
-    p.add_argument("--no-plots", action="store_true", help="skip writing PNG plots")
-    p.set_defaults(func=_cli_sweep)
-
-
 def summary_table(df: pd.DataFrame) -> str:
     """Text table: decode tok/s and TPOT p50 per (dtype, KV length, concurrency), OOM/errors marked."""
     rows = []
@@ -280,45 +250,3 @@ def noise_warning(df: pd.DataFrame, ratio: float = 2.0) -> str | None:
         return None
     return (f"noisy machine: TPOT p50 is up to {worst:.1f}x the fastest step of its point; treat the figures as "
             "upper bounds (re-run on a quiet machine, or with --threads 1 on a busy shared one)")
-
-
-def _cli_sweep(args) -> int:
-    out = check_out_dir(args.out, "--out", "results/my-sweep")
-    cfg = SweepConfig(model=args.model, dtypes=args.dtype, device=args.device, kv_lens=args.kv,
-                      concurrencies=args.concurrency, decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
-                      repeats=args.repeats, kv_fill=args.kv_fill, seed=args.seed, accelerator=args.accelerator,
-                      threads=args.threads)
-    t0 = time.perf_counter()
-    try:
-        df = run_sweep(cfg, out, resume=not args.no_resume)
-    except KeyboardInterrupt:
-        from kit.results import load_results
-
-        try:
-            n = len(current_rows(load_results(out), cfg))
-        except FileNotFoundError:
-            n = 0
-        print(f"\ninterrupted: {n} of {len(cfg.points())} points of this sweep are saved in {out}; "
-              "re-run the same command to resume", file=sys.stderr)
-        return 130
-    wall = time.perf_counter() - t0
-    cur = current_rows(df, cfg)
-    others = df["point_id"].nunique() - cur["point_id"].nunique()
-    print(summary_table(cur))
-    if not args.no_plots:
-        from kit.view.plots import save_standard_plots
-
-        for path in save_standard_plots(cur, out):
-            print(f"plot: {path}")
-    bad = cur[cur["status"] != "ok"]
-    print(f"\n{len(cur)} points ({(cur['status'] == 'ok').sum()} ok, {len(bad)} not ok) in {wall:.1f} s; "
-          f"results: {out / 'results.parquet'} (+ results.json metadata, points.jsonl log)")
-    if others > 0:
-        print(f"note: {out} also holds {others} points of other settings (earlier runs); the table and plots above "
-              "show this sweep only")
-    for _, r in bad.iterrows():
-        print(f"  {r['status']}: kv={r['context_len']} B={r['concurrency']} {r['dtype']}: {r['error']}")
-    warn = noise_warning(cur)
-    if warn:
-        print(f"warning: {warn}")
-    return 0

@@ -1,459 +1,37 @@
-"""Plan before you rent: an analytic memory-fit and roofline model of LLM inference, on the kit's results schema.
+"""Roofline: predicted prefill and decode times of LLM inference, as rows of the kit's results schema.
 
-Everything here is arithmetic on an architecture spec (:class:`kit.plan.spec.ArchSpec`: reference models, configs,
-per-group dtypes and the weight / KV / state byte counts live in :mod:`kit.plan.spec`, re-exported here) and a device
-(:class:`Device`):
+:func:`predict_point` predicts a batch prefill of B × C tokens and one decode step at (batch B, context C) on a
+:class:`kit.plan.device.DeviceModel`, per op class (linear layers, attention):
+``t = max(bytes / (BW × eff_bw), flops / (peak × eff_flops))``, summed, ``+ t_comm + overhead``; bytes = weights
+touched (routed experts: E·(1−(1−1/E)^(B·k)) of E are touched per MoE layer) + KV reads. Rows use the schema of
+:mod:`kit.results` with ``backend="planner"`` and the assumptions in columns (``eff_bw``, ``eff_flops``, ``tp``,
+``assumptions``, ``x_*``) so predicted and measured points plot on the same axes (:func:`kit.view.plots.overlay_figure`).
+:func:`predict_grid` covers a grid (stored like a sweep with ``out_dir``), :func:`predict_like` the grid of a
+measured sweep, :func:`compare` adds the error per point.
 
-- **Memory fit** (:func:`memory_fit`): weights per GPU under tensor/expert/pipeline parallelism, KV-cache bytes per
-  token, constant per-sequence state (:mod:`kit.plan.spec`), a workspace reserve; answers fits / KV tokens left / max
-  concurrency at a context / max context at a concurrency; :func:`min_gpus` per catalog accelerator.
-- **Roofline** (:func:`predict_point`): prefill and one decode step at (batch B, context C):
-  ``t = max(bytes / (BW × eff_bw), flops / (peak × eff_flops)) + t_comm + overhead``; bytes = weights touched
-  (routed experts: E·(1−(1−1/E)^(B·k)) of E are touched per MoE layer) + KV reads; rows use the schema of
-  :mod:`kit.results` with ``backend="planner"`` and the assumptions in columns (``eff_bw``, ``eff_flops``, ``tp``,
-  ``assumptions``, ``x_*``) so predicted and measured points plot on the same axes.
-- **Local device**: ``accelerator="local"`` (or ``"cpu"``) uses the numbers ``kit calibrate`` measured
-  (:mod:`kit.measure.calibrate`): achievable bandwidth and matmul TFLOPS (so efficiencies are 1.0) and a measured per-step
-  overhead (fixed + per layer) that dominates small batches in eager PyTorch.
-
-Formulas: ``../shared/METRICS.md`` (Planner section); KV bytes/token and state: :mod:`kit.plan.spec`. Expert coverage:
-expected number of distinct experts hit by B·k uniform draws.
+The memory fit it uses is :mod:`kit.plan.fit`; the bytes :mod:`kit.plan.sizes`. Formulas: ``../shared/METRICS.md``
+(Planner section). Expert coverage: expected number of distinct experts hit by B·k uniform draws.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
-import textwrap
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import pandas as pd
 
-from kit import dtypes
+from kit import dtypes, metrics
 from kit.errors import UserError
-from kit import metrics
-from kit.plan.spec import (GROUPS, ArchSpec, _check_pos_int, _shard, get_spec,
-                    kv_bytes_per_token, list_models, model_table, parse_weight_dtypes, spec_from_config,
-                    state_bytes_per_seq, weight_bytes)
+from kit.measure.grid import GridPoint
+from kit.plan.device import DeviceModel, check_eff, get_device_model
+from kit.plan.fit import DEFAULT_MEM_UTIL, check_context, memory_fit, weight_dtypes_summary
+from kit.plan.sizes import check_pos_int, kv_bytes_per_token, shard_fraction, state_bytes_per_seq, weight_bytes
+from kit.plan.spec import ArchSpec, get_spec
 
 
-# ---------------------------------------------------------------- devices
-#: which peak-TFLOPS figure a compute dtype uses (catalog / calibration keys)
-
-
-@dataclass
-class Device:
-    """What the roofline needs of one accelerator. ``mem_bw_gb_s`` and ``tflops`` are peaks (catalog) or measured
-    achievable values (calibration, then ``eff_bw = eff_flops = 1``)."""
-
-    name: str
-    device: str  # cpu | cuda | rocm
-    mem_gb: float
-    mem_bw_gb_s: float
-    tflops: dict
-    eff_bw: float = 0.7
-    eff_flops: float = 0.6
-    overhead_ms_fixed: float = 0.0
-    overhead_ms_per_layer: float = 0.0
-    attn_tflops: float | None = None  # measured decode-attention throughput (calibration); None: matmul peak
-    scaleup_gb_s: float | None = None
-    gpus_per_node: int = 8
-    full_name: str = ""
-    source: str = "catalog"
-
-    def peak_tflops(self, dtype) -> float:
-        key = dtypes.peak_key(dtype)
-        v = self.tflops.get(key)
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            if key == "fp4" and self.tflops.get("fp8"):
-                return float(self.tflops["fp8"])
-            have = {k: v for k, v in self.tflops.items() if v and not (isinstance(v, float) and math.isnan(v))}
-            raise UserError(f"{self.name} has no {key} TFLOPS figure; it has {sorted(have)} (set compute_dtype)")
-        return float(v)
-
-
-#: Default efficiencies for catalog (peak) figures: the fraction of datasheet HBM bandwidth and dense TFLOPS a
-#: well-tuned decode/prefill reaches. Assumptions, printed with every prediction; override per call.
-DEFAULT_EFF_BW = 0.7
-DEFAULT_EFF_FLOPS = 0.6
-#: step overhead (fixed ms, ms per layer) and decode-attention TFLOPS for an uncalibrated CPU: what `kit calibrate`
-#: measured on the kit's 2-core CI machine (Xeon, 2 threads, quiet). Replace with your own calibration.
-UNCALIBRATED_CPU_OVERHEAD_MS = (0.4, 0.35)
-UNCALIBRATED_CPU_ATTN_TFLOPS = 0.010
-
-
-def get_device(accelerator: str = "local", catalog=None, calibration=None, **overrides) -> Device:
-    """A :class:`Device` from the catalog (``"MI355X"``, ``"b300"``, ...) or the local calibration.
-
-    ``"local"`` means this machine: the calibration file of the detected device (``kit calibrate``) — the figures
-    are measured, so efficiencies are 1.0 and the measured per-step overhead applies. ``"cpu"`` uses the CPU
-    calibration when one exists, else the catalog's CPU placeholder. ``overrides`` set fields (e.g.
-    ``eff_bw=0.8``, ``mem_gb=...``).
-
-    Raises:
-        KeyError: unknown accelerator (lists the catalog).
-        FileNotFoundError: ``"local"`` on a device never calibrated and with no catalog row.
-        ValueError: a non-positive override, or ``eff_bw`` / ``eff_flops`` not in the interval from 0
-            (excluded) to 1.
-    """
-    from kit.catalog import load_catalog
-
-    acc = str(accelerator).strip()
-    cal = None
-    if isinstance(calibration, dict):
-        cal = calibration
-    elif calibration is not None:
-        from kit.measure import calibrate as _cal
-
-        cal = _cal.load_calibration(calibration)
-    elif acc.lower() in ("local", "cpu"):
-        from kit.measure import calibrate as _cal
-
-        try:
-            cal = _cal.load_calibration(device="cpu" if acc.lower() == "cpu" else None)
-        except FileNotFoundError:
-            if acc.lower() == "local":
-                from kit.hardware import detect
-
-                info = detect()
-                if info.platform != "cpu":
-                    acc = info.catalog_name or acc
-                else:
-                    acc = "CPU"
-            else:
-                acc = "CPU"
-    if cal is not None:
-        if cal.get("device", "cpu") == "cpu" and cal.get("threads"):
-            import warnings
-
-            import torch
-
-            if int(cal["threads"]) != torch.get_num_threads():
-                warnings.warn(f"calibration was measured with {cal['threads']} CPU threads but torch now uses "
-                              f"{torch.get_num_threads()}: predictions for this process may be off "
-                              "(rerun `kit calibrate --threads N`)", stacklevel=2)
-        dev = Device(name=cal.get("catalog_name") or ("CPU" if cal.get("device", "cpu") == "cpu" else "local"),
-                     device=cal.get("device", "cpu"), mem_gb=float(cal.get("memory_gb") or 0) or 1.0,
-                     mem_bw_gb_s=float(cal["mem_bw_gb_s"]), tflops=dict(cal["matmul_tflops"]), eff_bw=1.0,
-                     eff_flops=1.0, overhead_ms_fixed=float(cal.get("overhead_ms_fixed", 0.0)),
-                     overhead_ms_per_layer=float(cal.get("overhead_ms_per_layer", 0.0)),
-                     attn_tflops=float(cal["attn_tflops"]) if cal.get("attn_tflops") else None, scaleup_gb_s=None,
-                     gpus_per_node=1, full_name=cal.get("device_name", ""),
-                     source=f"calibration {cal.get('path', '')} ({cal.get('created_utc', '')})".strip())
-    else:
-        cat = catalog or load_catalog()
-        row = cat.get(acc)
-        tfl = {"float32": row.get("fp32_tflops"), "bfloat16": row.get("bf16_tflops"),
-               "float16": row.get("fp16_tflops"), "fp8": row.get("fp8_tflops"), "fp4": row.get("fp4_tflops")}
-        tfl = {k: float(v) for k, v in tfl.items() if v is not None and pd.notna(v)}
-        vendor = str(row.get("vendor", "")).upper()
-        kind = "rocm" if vendor == "AMD" else "cpu" if row.name == "CPU" else "cuda"
-        su = row.get("scaleup_gb_s")
-        dev = Device(name=str(row.name), device=kind, mem_gb=float(row["hbm_gb"]), mem_bw_gb_s=float(row["hbm_tb_s"]) * 1e3,
-                     tflops=tfl, eff_bw=DEFAULT_EFF_BW, eff_flops=DEFAULT_EFF_FLOPS,
-                     scaleup_gb_s=float(su) if su is not None and pd.notna(su) else None,
-                     gpus_per_node=int(row["gpus_per_node"]), full_name=str(row.get("full_name", row.name)),
-                     source="catalog" + (f" [{row.get('flags')}]" if isinstance(row.get("flags"), str)
-                                         and row.get("flags") else ""))
-    if cal is None and dev.name == "CPU":
-        # The catalog's CPU row holds figures measured on the kit's 2-core CI machine, not datasheet peaks: use them
-        # as achievable (efficiency 1) and add that machine's measured step overhead and decode-attention rate
-        # (`kit calibrate`, 2 threads, 2026-11-30) so an uncalibrated CPU plan is not wildly optimistic.
-        dev.eff_bw = dev.eff_flops = 1.0
-        dev.overhead_ms_fixed, dev.overhead_ms_per_layer = UNCALIBRATED_CPU_OVERHEAD_MS
-        dev.attn_tflops = UNCALIBRATED_CPU_ATTN_TFLOPS
-        dev.source = "catalog CPU placeholder, uncalibrated (run `kit calibrate`) [UNSURE]"
-    for k, v in overrides.items():
-        if v is None:
-            continue
-        if not hasattr(dev, k):
-            raise UserError(f"unknown device field {k!r}; allowed: {sorted(asdict(dev))}")
-        if k in ("eff_bw", "eff_flops"):
-            v = _check_eff(k, v)
-        if isinstance(v, (int, float)) and k != "overhead_ms_fixed" and k != "overhead_ms_per_layer" and v <= 0:
-            raise UserError(f"{k}={v!r} must be > 0")
-        if k in ("overhead_ms_fixed", "overhead_ms_per_layer") and v < 0:
-            raise UserError(f"{k}={v!r} must be >= 0")
-        setattr(dev, k, v)
-    return dev
-
-
-# ---------------------------------------------------------------- memory fit
-#: runtime memory a GPU serving engine keeps outside weights and KV (CUDA/HIP context, graphs, communication
-#: buffers); an assumption, stated in every fit. 0 for the local calibrated device (a CPU process).
-DEFAULT_RUNTIME_GB = 2.0
-DEFAULT_MEM_UTIL = 0.90  # fraction of device memory the engine may use (vLLM's gpu_memory_utilization default)
-DEFAULT_MAX_BATCHED_TOKENS = 8192
-MIN_GPUS_MAX = 128  # most GPUs :func:`min_gpus` tries
-
-
-def _layout(device: Device, n_gpus: int, tp: int | None, ep: int | None, pp: int | None, spec: ArchSpec):
-    n_gpus = _check_pos_int("n_gpus", n_gpus)
-    given_tp, given_pp = tp, pp
-    if tp is None and pp is None:
-        tp = min(n_gpus, max(1, device.gpus_per_node))
-        pp = n_gpus // tp
-    elif tp is None:
-        pp = _check_pos_int("pp", pp)
-        tp = n_gpus // pp
-    elif pp is None:
-        tp = _check_pos_int("tp", tp)
-        pp = n_gpus // tp
-    if given_tp is not None and given_pp is None and (tp < 1 or n_gpus % tp):
-        raise UserError(f"tp={tp} does not divide n_gpus={n_gpus}: the pipeline-parallel size is derived as "
-                         f"pp = n_gpus // tp, so n_gpus must be a multiple of tp; pass a tp that divides n_gpus "
-                         f"({', '.join(str(d) for d in _divisors(n_gpus))}) or change the GPU count")
-    if given_pp is not None and given_tp is None and (pp < 1 or n_gpus % pp):
-        raise UserError(f"pp={pp} does not divide n_gpus={n_gpus}: the tensor-parallel size is derived as "
-                         f"tp = n_gpus // pp, so n_gpus must be a multiple of pp; pass a pp that divides n_gpus "
-                         f"({', '.join(str(d) for d in _divisors(n_gpus))}) or change the GPU count")
-    tp, pp = _check_pos_int("tp", tp), _check_pos_int("pp", pp)
-    if tp * pp != n_gpus:
-        raise UserError(f"tp={tp} × pp={pp} must equal n_gpus={n_gpus}")
-    _check_heads_split(spec, tp)
-    if ep is not None and not spec.is_moe:
-        if _check_pos_int("ep", ep) != 1:
-            raise UserError(f"ep={ep}: expert parallelism applies only to MoE models, and {spec.name} is dense "
-                             "(no routed experts); leave ep unset (or 1)")
-    if ep is None:
-        ep = tp if spec.is_moe else 1
-    ep = _check_pos_int("ep", ep)
-    if tp % ep:
-        raise UserError(f"ep={ep} must divide tp={tp}")
-    return n_gpus, tp, ep, pp
-
-
-def _check_context(spec: ArchSpec, context_len, name: str = "context_len") -> int:
-    """``context_len`` as a positive int, no larger than the model's ``max_position_embeddings`` (when known).
-
-    Raises:
-        ValueError: not a positive integer, or beyond the positions the model supports (names both numbers).
-    """
-    c = _check_pos_int(name, context_len)
-    mp = spec.max_position_embeddings
-    if mp and c > int(mp):
-        raise UserError(f"{name}={c:,} exceeds {spec.name}'s max_position_embeddings={int(mp):,}: the model "
-                         f"supports at most {int(mp):,} positions per sequence")
-    return c
-
-
-def _check_eff(name: str, v) -> float:
-    """An efficiency (fraction of a peak) as a float in (0, 1]; ValueError naming the value and the range."""
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise UserError(f"{name}={v!r} must be a number in (0, 1]") from None
-    if not 0 < f <= 1:
-        raise UserError(f"{name}={v!r} is outside the allowed range (0, 1]: an efficiency is a fraction of the "
-                         "peak figure (e.g. 0.7)")
-    return f
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _check_heads_split(spec: ArchSpec, tp: int) -> None:
-    """Warn (not raise) when attention heads do not split evenly over ``tp`` ranks.
-
-    Serving engines (vLLM, SGLang) shard attention by heads: they reject a TP size that does not divide the query
-    heads, and for GQA they need the KV heads to divide TP or TP to divide the KV heads (each KV head then replicated
-    on TP/n_kv ranks). The planner can still do its arithmetic for such a layout (it counts ceil(n_kv/tp) KV heads
-    per rank), so it warns with :class:`UserWarning` instead of raising: the prediction is for a layout a real engine
-    will probably refuse. MLA caches one latent per token replicated on every rank, so only the query heads count.
-    """
-    import warnings
-
-    if tp <= 1:
-        return
-    why = []
-    nq = spec.num_attention_heads
-    if nq and nq % tp:
-        why.append(f"{nq} attention heads are not divisible by tp={tp}")
-    nkv = spec.num_kv_heads
-    if spec.attention != "mla" and nkv and nkv % tp and tp % nkv:
-        why.append(f"{nkv} KV heads (GQA) neither divide nor are divisible by tp={tp}")
-    if why:
-        good = [d for d in _divisors(max(nq or 1, 1)) if d > 1 and (spec.attention == "mla" or not nkv
-                                                                    or nkv % d == 0 or d % nkv == 0)]
-        warnings.warn(f"{spec.name}: {'; '.join(why)}: serving engines such as vLLM reject this tensor-parallel "
-                      f"size (the planner counts ceil(kv heads / tp) per rank); TP sizes that split evenly: "
-                      f"{good[:8]}", UserWarning, stacklevel=3)
-
-
-def workspace_gb(spec: ArchSpec, tp: int = 1, max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
-                 act_dtype="bfloat16") -> float:
-    """Activation workspace of one forward over ``max_batched_tokens`` tokens on one rank, GB: hidden-sized
-    buffers (residual, norm, attention in/out: ~6 × hidden) plus the widest MLP intermediate (gate and up, split
-    over TP) per token. A coarse reserve (an assumption, printed with every fit)."""
-    widest = max(spec.intermediate_size or 0, (spec.moe_intermediate_size or 0) * max(1, spec.experts_per_token),
-                 spec.shared_expert_intermediate_size or 0)
-    per_tok = 6 * spec.hidden_size + 2 * widest / tp
-    return max_batched_tokens * per_tok * dtypes.bytes_per_element(act_dtype) / 1e9
-
-
-@dataclass
-class FitResult:
-    """Memory-fit answer for one model on ``n_gpus`` accelerators. GB are 1e9 bytes, per GPU unless named total."""
-
-    model: str
-    accelerator: str
-    n_gpus: int
-    tp: int
-    ep: int
-    pp: int
-    kv_dtype: str
-    weight_dtypes: dict
-    mem_gb_per_gpu: float
-    usable_gb_per_gpu: float
-    weights_gb_total: float
-    weights_gb_per_gpu: float
-    reserve_gb_per_gpu: float
-    kv_budget_gb_per_gpu: float
-    kv_bytes_per_token: float  # whole model, one sequence
-    kv_bytes_per_token_per_gpu: float
-    state_bytes_per_seq_per_gpu: float
-    fits_weights: bool
-    kv_tokens_free: float  # tokens of KV the budget holds (per-seq constant state not included)
-    context_len: int | None = None
-    concurrency: int | None = None
-    max_concurrency: int | None = None  # at context_len
-    max_context: int | None = None  # at concurrency
-    fits: bool = False  # weights fit and (if both given) concurrency × context fits
-    need_gb_per_gpu: float | None = None
-    assumptions: str = ""
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        lines = [f"{self.model} on {self.n_gpus}×{self.accelerator} (TP{self.tp}, EP{self.ep}, PP{self.pp}): "
-                 f"{'FITS' if self.fits else 'DOES NOT FIT'}",
-                 f"  weights        {self.weights_gb_total:,.1f} GB total, {self.weights_gb_per_gpu:,.1f} GB/GPU "
-                 f"of {self.mem_gb_per_gpu:,.0f} GB ({self.usable_gb_per_gpu:,.1f} usable)",
-                 f"  reserve        {self.reserve_gb_per_gpu:,.1f} GB/GPU (runtime + activation workspace)",
-                 f"  KV budget      {self.kv_budget_gb_per_gpu:,.1f} GB/GPU; {self.kv_bytes_per_token:,.0f} B/token "
-                 f"({self.kv_dtype}), {self.kv_bytes_per_token_per_gpu:,.0f} B/token/GPU; "
-                 f"{self.state_bytes_per_seq_per_gpu / 1e6:,.1f} MB/seq/GPU constant state",
-                 f"  KV tokens left {self.kv_tokens_free:,.0f}"]
-        if self.context_len:
-            lines.append(f"  max users at {self.context_len:,} tokens: {self.max_concurrency:,}")
-        if self.concurrency:
-            lines.append(f"  max context at {self.concurrency:,} users: {self.max_context:,} tokens")
-        lines.append(f"  assumptions: {self.assumptions}")
-        return "\n".join(lines)
-
-
-def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: int | None = None,
-               concurrency: int | None = None, kv_dtype="bfloat16", state_dtype="bfloat16",
-               weight_dtypes: str | dict | None = None, tp: int | None = None, ep: int | None = None,
-               pp: int | None = None, mem_util: float = DEFAULT_MEM_UTIL, reserve_gb: float | None = None,
-               max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, device: Device | None = None,
-               catalog=None, calibration=None) -> FitResult:
-    """Does ``model`` fit on ``n_gpus`` × ``accelerator``, and how much KV cache is left?
-
-    Per GPU: ``usable = mem_gb × mem_util``; ``kv_budget = usable − weights − reserve`` with ``reserve`` = runtime
-    (2 GB on GPUs) + :func:`workspace_gb`. Weights per GPU follow :func:`weight_bytes`' sharding; with pipeline
-    parallelism each stage holds 1/pp of the layers plus the embedding or the LM head. ``max_concurrency`` =
-    floor(budget / (context × KV bytes/token/GPU + constant state/seq/GPU)); ``max_context`` solves the same for a
-    given concurrency (capped at the model's ``max_position_embeddings``).
-
-    Args:
-        model: anything :func:`get_spec` accepts. accelerator: catalog name or "local"/"cpu".
-        n_gpus: GPUs in total (tp × pp; default tp = min(n_gpus, GPUs per node)). context_len, concurrency: tokens
-            per sequence (prompt + output) and sequences.
-        kv_dtype, state_dtype: cache dtypes. weight_dtypes: per-group override, e.g. "routed_experts=mxfp4".
-
-    Raises:
-        ValueError: non-positive sizes, ``context_len`` beyond the model's ``max_position_embeddings``, unknown
-            dtype, inconsistent tp/ep/pp (ep > 1 on a dense model), ``mem_util`` not in the interval from 0
-            (excluded) to 1.
-        KeyError: unknown model or accelerator.
-    Warns:
-        UserWarning: attention / KV heads that do not split evenly over tp (see :func:`_check_heads_split`).
-    """
-    spec = get_spec(model)
-    dev = device or get_device(accelerator, catalog=catalog, calibration=calibration)
-    if not 0 < mem_util <= 1:
-        raise UserError(f"mem_util={mem_util!r} must be in (0, 1]")
-    if context_len is not None:
-        context_len = _check_context(spec, context_len)
-    if concurrency is not None:
-        concurrency = _check_pos_int("concurrency", concurrency)
-    n_gpus, tp, ep, pp = _layout(dev, n_gpus, tp, ep, pp, spec)
-    dts = spec.dtypes(weight_dtypes)
-    wr = weight_bytes(spec, dts, tp, ep)
-    w_total = sum(weight_bytes(spec, dts, 1, 1).values())
-    layer_part = sum(v for g, v in wr.items() if g not in ("embed", "lm_head"))
-    ends = (wr["embed"] + wr["lm_head"]) if pp == 1 else max(wr["embed"], wr["lm_head"])
-    w_gpu = layer_part / pp + ends
-    runtime = 0.0 if dev.device == "cpu" else DEFAULT_RUNTIME_GB
-    reserve = reserve_gb if reserve_gb is not None else runtime + workspace_gb(spec, tp, max_batched_tokens)
-    if reserve < 0:
-        raise UserError(f"reserve_gb={reserve_gb!r} must be >= 0")
-    usable = dev.mem_gb * mem_util
-    budget_b = (usable - w_gpu / 1e9 - reserve) * 1e9
-    kv_tok = kv_bytes_per_token(spec, kv_dtype, tp) / pp
-    big_ctx = spec.max_position_embeddings or 10**7
-    fits_w = budget_b > 0
-    tokens_free = max(0.0, budget_b) / kv_tok if kv_tok else float("inf")
-    res = FitResult(model=spec.name, accelerator=dev.name, n_gpus=n_gpus, tp=tp, ep=ep, pp=pp,
-                    kv_dtype=dtypes.canonical(kv_dtype), weight_dtypes=dts, mem_gb_per_gpu=dev.mem_gb,
-                    usable_gb_per_gpu=usable, weights_gb_total=w_total / 1e9, weights_gb_per_gpu=w_gpu / 1e9,
-                    reserve_gb_per_gpu=reserve, kv_budget_gb_per_gpu=budget_b / 1e9,
-                    kv_bytes_per_token=kv_bytes_per_token(spec, kv_dtype, 1), kv_bytes_per_token_per_gpu=kv_tok,
-                    state_bytes_per_seq_per_gpu=state_bytes_per_seq(spec, context_len or big_ctx, kv_dtype,
-                                                                    state_dtype, tp) / pp,
-                    fits_weights=fits_w, kv_tokens_free=tokens_free, context_len=context_len, concurrency=concurrency)
-    per_seq = (context_len * kv_tok + state_bytes_per_seq(spec, context_len, kv_dtype, state_dtype, tp) / pp
-               if context_len else None)
-    if context_len:
-        res.max_concurrency = int(max(0.0, budget_b) // per_seq) if per_seq else None
-    if concurrency:
-        st = state_bytes_per_seq(spec, big_ctx, kv_dtype, state_dtype, tp) / pp
-        room = max(0.0, budget_b) / concurrency - st
-        res.max_context = int(max(0.0, room) // kv_tok) if kv_tok else None
-        if spec.max_position_embeddings and res.max_context is not None:
-            res.max_context = min(res.max_context, int(spec.max_position_embeddings))
-    res.fits = fits_w
-    if context_len and concurrency:
-        need = concurrency * per_seq
-        res.need_gb_per_gpu = (w_gpu + need) / 1e9 + reserve
-        res.fits = fits_w and need <= budget_b
-    res.assumptions = (f"mem_util={mem_util}; reserve={reserve:.2f} GB/GPU (runtime {runtime} GB + workspace for "
-                       f"{max_batched_tokens} tokens); kv {dtypes.canonical(kv_dtype)}, state "
-                       f"{dtypes.canonical(state_dtype)}; weights {_dt_summary(dts)}; device {dev.name} ({dev.source.split(' [')[0]})")
-    return res
-
-
-def _dt_summary(dts: dict) -> str:
-    from collections import Counter
-
-    base = Counter(dts.values()).most_common(1)[0][0]
-    rest = [f"{g}={d}" for g, d in dts.items() if d != base]
-    return f"{base}" + (f" ({', '.join(rest)})" if rest else "")
-
-
-def min_gpus(model, accelerator: str, context_len: int | None = None, concurrency: int | None = None,
-             max_gpus: int | None = None, **kw) -> int | None:
-    """Fewest GPUs of ``accelerator`` on which ``model`` fits (with ``concurrency`` × ``context_len`` of KV when
-    given): tries 1, 2, 4, ... up to a node, then whole nodes (TP within a node, PP across nodes). None if even
-    ``max_gpus`` is not enough. Raises as :func:`memory_fit`."""
-    dev = kw.pop("device", None) or get_device(accelerator, catalog=kw.pop("catalog", None),
-                                               calibration=kw.pop("calibration", None))
-    max_gpus = MIN_GPUS_MAX if max_gpus is None else max_gpus
-    node = max(1, dev.gpus_per_node)
-    cands = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < node] + list(range(node, max_gpus + 1, node))
-    if dev.device == "cpu":
-        cands = [1]  # one host: the planner does not split a model over CPUs
-    for n in cands:
-        tp = min(n, node)
-        r = memory_fit(model, accelerator, n, context_len, concurrency, tp=tp, pp=n // tp, device=dev, **kw)
-        if r.fits:
-            return n
-    return None
-
-
-# ---------------------------------------------------------------- roofline
 def expert_coverage(n_experts: int, tokens: float, k: int) -> float:
     """Expected fraction of ``n_experts`` routed experts hit when ``tokens`` tokens each pick ``k``:
     1 − (1 − 1/E)^(tokens·k) (uniform independent routing; ../shared/METRICS.md)."""
@@ -468,7 +46,7 @@ def _matmul_params_rank(spec: ArchSpec, tp: int, ep: int, include_lm_head: bool 
     for g, kind, n in spec.param_items():
         if g in ("embed", "routed_experts", "norms") or (g == "lm_head" and not include_lm_head):
             continue
-        dense += n * _shard(kind, spec, tp, ep)
+        dense += n * shard_fraction(kind, spec, tp, ep)
     if spec.tie_word_embeddings and include_lm_head:
         dense += spec.vocab_size * spec.hidden_size / tp
     routed = spec.n_moe_layers * spec.experts_per_token * spec.expert_params / tp
@@ -512,7 +90,7 @@ def _decode_terms(spec: ArchSpec, B: int, ctx: float, tp: int, ep: int, dts: dic
             "flops": lin_flops + attn_flops, "expert_coverage": cov}
 
 
-def _roofline(dev: Device, w_bytes: float, lin_flops: float, kv_bytes: float, attn_flops: float, compute_dtype,
+def _roofline(dev: DeviceModel, w_bytes: float, lin_flops: float, kv_bytes: float, attn_flops: float, compute_dtype,
               eff_bw: float, eff_flops: float, decode: bool = True) -> dict:
     """Per op class (linear layers; attention), time = max(bytes / (BW × eff_bw), flops / (rate × eff_flops)); the
     classes run one after the other, so their times add. Decode attention's rate is the device's measured
@@ -529,7 +107,7 @@ def _roofline(dev: Device, w_bytes: float, lin_flops: float, kv_bytes: float, at
             "compute_part": t_lin + t_att - mem}
 
 
-def _comm_ms(spec: ArchSpec, dev: Device, tokens: float, tp: int, act_dtype) -> float:
+def _comm_ms(spec: ArchSpec, dev: DeviceModel, tokens: float, tp: int, act_dtype) -> float:
     """Two all-reduces of tokens × hidden activations per layer over the scale-up link (nccl-tests bus-bandwidth
     convention: time = bytes × 2(n−1)/n / busbw)."""
     if tp <= 1 or not dev.scaleup_gb_s:
@@ -543,7 +121,7 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
                   act_dtype=None, tp: int | None = None, ep: int | None = None, pp: int | None = None,
                   eff_bw: float | None = None, eff_flops: float | None = None, overhead_ms: float | None = None,
                   attend_len: int | None = None, prefill: bool = True, mem_util: float = DEFAULT_MEM_UTIL,
-                  reserve_gb: float | None = None, device: Device | None = None, catalog=None, calibration=None,
+                  reserve_gb: float | None = None, device_model: DeviceModel | None = None, catalog=None, calibration=None,
                   model_label: str | None = None) -> dict:
     """Predict one point — a batch prefill of ``concurrency`` × ``context_len`` tokens and one decode step at that
     context — as a record in the :mod:`kit.results` schema (``backend="planner"``).
@@ -571,14 +149,14 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
         when the point is predicted not to fit.
 
     Raises:
-        ValueError: non-positive sizes, ``context_len`` beyond the model's ``max_position_embeddings``, unknown
+        UserError: non-positive sizes, ``context_len`` beyond the model's ``max_position_embeddings``, unknown
             dtype, bad parallel layout, ``eff_bw`` / ``eff_flops`` not in the interval from 0 (excluded) to 1.
-        KeyError: unknown model or accelerator.
+        UnknownNameError: unknown model or accelerator.
     """
     spec = get_spec(model)
-    B = _check_pos_int("concurrency", concurrency)
-    C = _check_context(spec, context_len)
-    dev = device or get_device(accelerator, catalog=catalog, calibration=calibration)
+    B = check_pos_int("concurrency", concurrency)
+    C = check_context(spec, context_len)
+    dev = device_model or get_device_model(accelerator, catalog=catalog, calibration=calibration)
     if dtype is not None:
         dtype = dtypes.canonical(dtype)
         weight_dtypes = weight_dtypes or f"default={dtype}"
@@ -587,15 +165,15 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
     act_dtype = dtypes.canonical(act_dtype or dtype or "bfloat16")
     compute_dtype = dtypes.canonical(compute_dtype or dts["attn"])
     fit = memory_fit(spec, dev.name, n_gpus, C, B, kv_dtype, state_dtype, dts, tp, ep, pp, mem_util, reserve_gb,
-                     device=dev)  # also settles the parallel layout
+                     device_model=dev)  # also settles the parallel layout
     n_gpus, tp, ep, pp = fit.n_gpus, fit.tp, fit.ep, fit.pp
-    eb = _check_eff("eff_bw", dev.eff_bw if eff_bw is None else eff_bw)
-    ef = _check_eff("eff_flops", dev.eff_flops if eff_flops is None else eff_flops)
+    eb = check_eff("eff_bw", dev.eff_bw if eff_bw is None else eff_bw)
+    ef = check_eff("eff_flops", dev.eff_flops if eff_flops is None else eff_flops)
     ovh = (dev.overhead_ms_fixed + dev.overhead_ms_per_layer * spec.num_layers) if overhead_ms is None \
         else float(overhead_ms)
     if ovh < 0:
         raise UserError(f"overhead_ms={overhead_ms!r} must be >= 0")
-    att = _check_pos_int("attend_len", attend_len) if attend_len is not None else C
+    att = check_pos_int("attend_len", attend_len) if attend_len is not None else C
     d = _decode_terms(spec, B, att, tp, ep, dts, kv_dtype, state_dtype)
     bytes_step = d["weight_bytes"] + d["kv_bytes"]
     rl = _roofline(dev, d["weight_bytes"], d["linear_flops"], d["kv_bytes"], d["attn_flops"], compute_dtype, eb, ef)
@@ -649,7 +227,7 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
                           f"{ovh:.3f} ms; {dev.name} {dev.mem_bw_gb_s:,.0f} GB/s, {dev.peak_tflops(compute_dtype):,.3g} "
                           f"TFLOPS {compute_dtype}" + (f", attention {dev.attn_tflops * 1e3:,.1f} GFLOP/s" if dev.attn_tflops else "")
                           + f" ({dev.source.split(' [')[0]}); TP{tp} EP{ep} PP{pp}; KV {kv_dtype}; weights "
-                          f"{_dt_summary(dts)}; attends {att} positions; uniform expert routing")
+                          f"{weight_dtypes_summary(dts)}; attends {att} positions; uniform expert routing")
     if not fit.fits:
         rec.update({"status": "oom", "error": f"predicted not to fit: needs {fit.need_gb_per_gpu or 0:,.1f} GB/GPU, "
                     f"{fit.usable_gb_per_gpu:,.1f} GB usable (weights {fit.weights_gb_per_gpu:,.1f} GB/GPU)"})
@@ -659,17 +237,94 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
     return rec
 
 
+class PlannerBackend:
+    """The planner backend of :func:`kit.measure.grid.run_grid` (kind ``"planner"``): one :class:`GridPoint` per
+    (context_len, concurrency), ordered context → concurrency; :meth:`measure` is one :func:`predict_point` row.
+
+    The device model is built once; the first point is predicted on construction, so a bad setting (unknown model,
+    accelerator or dtype, a bad layout, a context beyond the model's positions) raises before any point is stored.
+
+    Args:
+        model: anything :func:`kit.plan.spec.get_spec` accepts. accelerator: catalog name or "local"/"cpu".
+        concurrencies, context_lens: the grid (sequences; tokens). n_gpus: accelerators in total.
+        kw: as :func:`predict_point` (``device_model``, ``catalog``, ``calibration``, dtypes, layout, efficiencies).
+
+    Raises:
+        UserError / UnknownNameError: as :func:`predict_point`.
+    """
+
+    kind = "planner"
+
+    def __init__(self, model, accelerator: str = "local", concurrencies=(1, 4, 16), context_lens=(128, 512, 2048),
+                 n_gpus: int = 1, **kw):
+        self.spec = get_spec(model)
+        self.device_model = kw.pop("device_model", None) or get_device_model(
+            accelerator, catalog=kw.pop("catalog", None), calibration=kw.pop("calibration", None))
+        kw.pop("catalog", None), kw.pop("calibration", None)
+        self.concurrencies = [check_pos_int("concurrency", b) for b in concurrencies]
+        self.context_lens = [check_context(self.spec, c) for c in context_lens]
+        if not self.concurrencies or not self.context_lens:
+            raise UserError("a planner grid needs at least one concurrency and one context_len")
+        self.n_gpus, self.kw = n_gpus, kw
+        self.description = f"plan {self.spec.name} on {self.device_model.name}"
+        self.measure(self.points()[0])
+
+    def _settings(self) -> dict:
+        return {"model": self.spec.name, "n_gpus": self.n_gpus, "device_model": asdict(self.device_model),
+                **{k: v for k, v in sorted(self.kw.items())}}
+
+    def points(self) -> list[GridPoint]:
+        """Every (context_len, concurrency) point; ``point_id`` hashes the settings and the device model, so a
+        changed calibration or efficiency predicts again on resume."""
+        base = json.dumps(self._settings(), sort_keys=True, default=str)
+        cols = {"model": self.kw.get("model_label") or self.spec.name, "accelerator": self.device_model.name,
+                "device": self.device_model.device, "n_gpus": self.n_gpus}
+        out = []
+        for c in self.context_lens:
+            for b in self.concurrencies:
+                pid = hashlib.sha1(json.dumps([base, b, c]).encode()).hexdigest()[:16]
+                out.append(GridPoint(pid, {**cols, "concurrency": b, "context_len": c}, f"C={c} B={b}", (b, c)))
+        return out
+
+    def metadata(self) -> dict:
+        from kit.results import run_metadata
+
+        return run_metadata(model=self.spec.name, accelerator=self.device_model.name, config=self._settings())
+
+    def session(self):
+        return contextlib.nullcontext(self)
+
+    def measure(self, point: GridPoint) -> dict:
+        b, c = point.config
+        return predict_point(self.spec, self.device_model.name, self.n_gpus, b, c, device_model=self.device_model,
+                             **self.kw)
+
+    def after_failure(self) -> dict:
+        return {}
+
+
 def predict_grid(model, accelerator: str = "local", concurrencies=(1, 4, 16), context_lens=(128, 512, 2048),
-                 n_gpus: int = 1, **kw) -> pd.DataFrame:
+                 n_gpus: int = 1, *, out_dir: str | Path | None = None, resume: bool = True, progress: bool = False,
+                 **kw) -> pd.DataFrame:
     """Planner rows for every (context_len, concurrency) pair, as a :mod:`kit.results` DataFrame. ``kw`` as
-    :func:`predict_point`."""
+    :func:`predict_point`.
+
+    Without ``out_dir`` the rows are only returned. With it they are stored through the one grid runner
+    (:func:`kit.measure.grid.run_grid` over a :class:`PlannerBackend`) exactly like a measured sweep:
+    ``out_dir/points.jsonl``, ``results.parquet`` + ``results.json``; a re-run skips points already stored
+    (``resume=False`` archives them), and the returned frame holds every row in ``out_dir``.
+
+    Raises:
+        UserError / UnknownNameError: as :func:`predict_point`, before any point is stored.
+    """
     from kit.results import to_frame
 
-    dev = kw.pop("device", None) or get_device(accelerator, catalog=kw.pop("catalog", None),
-                                               calibration=kw.pop("calibration", None))
-    recs = [predict_point(model, accelerator, n_gpus, int(b), int(c), device=dev, **kw)
-            for c in context_lens for b in concurrencies]
-    return to_frame(recs)
+    backend = PlannerBackend(model, accelerator, concurrencies, context_lens, n_gpus, **kw)
+    if out_dir is None:
+        return to_frame([{**p.columns, **backend.measure(p), "point_id": p.point_id} for p in backend.points()])
+    from kit.measure.grid import run_grid
+
+    return run_grid(backend, out_dir, resume=resume, progress=progress)
 
 
 def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd.DataFrame:
@@ -678,7 +333,7 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
     step's attended length is taken as ``context_len + decode_steps`` (``x_cache_len`` when the row has it).
 
     Raises:
-        ValueError: ``measured`` has no ok rows with model, dtype, concurrency and context_len.
+        UserError: ``measured`` has no ok rows with model, dtype, concurrency and context_len.
     """
     from kit.results import to_frame
 
@@ -690,8 +345,8 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
     ok = ok.dropna(subset=need)
     if ok.empty:
         raise UserError("measured frame has no ok rows with model, dtype, concurrency and context_len")
-    dev = kw.pop("device", None) or get_device(accelerator, catalog=kw.pop("catalog", None),
-                                               calibration=kw.pop("calibration", None))
+    dev = kw.pop("device_model", None) or get_device_model(accelerator, catalog=kw.pop("catalog", None),
+                                                           calibration=kw.pop("calibration", None))
     recs = []
     grid = [c for c in ("model", "dtype", "concurrency", "context_len", "decode_steps", "n_gpus", "x_cache_len")
             if c in ok.columns]
@@ -705,7 +360,7 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
         else:
             att = C
         rec = predict_point(r["model"], accelerator, int(r["n_gpus"]) if "n_gpus" in r and pd.notna(r.get("n_gpus"))
-                            else 1, int(r["concurrency"]), C, dtype=str(r["dtype"]), attend_len=att, device=dev, **kw)
+                            else 1, int(r["concurrency"]), C, dtype=str(r["dtype"]), attend_len=att, device_model=dev, **kw)
         rec["decode_steps"] = int(r["decode_steps"]) if "decode_steps" in r and pd.notna(r.get("decode_steps")) else None
         recs.append(rec)
     return to_frame(recs)
@@ -727,155 +382,3 @@ def compare(measured: pd.DataFrame, predicted: pd.DataFrame, column: str = "tpot
     j = j.rename(columns={f"{column}_measured": "measured", f"{column}_predicted": "predicted"})
     j["error_pct"] = 100.0 * (j["predicted"] - j["measured"]) / j["measured"]
     return j.sort_values(keys).reset_index(drop=True)
-
-
-def overlay_figure(measured: pd.DataFrame, predicted: pd.DataFrame, x: str = "context_len", y: str = "tpot_ms_p50",
-                   hue: str = "concurrency"):
-    """Predicted (dashed) over measured (solid, markers) ``y`` vs ``x``, one colour per ``hue`` value, with the
-    per-point error in % annotated. Returns a matplotlib Figure."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    err = compare(measured, predicted, y) if y == "tpot_ms_p50" else None
-    m = measured[measured["status"] == "ok"] if "status" in measured.columns else measured
-    p = predicted[predicted["status"] == "ok"] if "status" in predicted.columns else predicted
-    for i, (hv, g) in enumerate(sorted(m.groupby(hue), key=lambda t: t[0])):
-        col = f"C{i % 10}"
-        g = g.sort_values(x)
-        ax.plot(g[x], g[y], "o-", color=col, label=f"{hue}={hv} measured")
-        gp = p[p[hue] == hv].sort_values(x)
-        ax.plot(gp[x], gp[y], "--", color=col, alpha=0.8, label=f"{hue}={hv} planner")
-        if err is not None:
-            for _, r in err[err[hue] == hv].iterrows():
-                ax.annotate(f"{r['error_pct']:+.0f}%", (r[x], r["measured"]), textcoords="offset points",
-                            xytext=(4, 4), fontsize=7, color=col)
-    ax.set_xscale("log", base=2)
-    xs = sorted(pd.to_numeric(m[x], errors="coerce").dropna().unique())
-    if xs:
-        ax.set_xticks(xs, [f"{v:g}" for v in xs])
-    ax.set_yscale("log")
-    from matplotlib.ticker import ScalarFormatter
-
-    ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ScalarFormatter())
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    title = "planner (dashed) vs measured (solid)"
-    if err is not None and len(err):
-        title += f": median |error| {err['error_pct'].abs().median():.0f}% (n={len(err)})"
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-# ---------------------------------------------------------------- CLI
-def add_cli(sub) -> None:
-    """``kit plan``: memory fit, KV headroom, predicted tok/s and cost for a model on N accelerators."""
-    p = sub.add_parser("plan",
-                       description="Analytic plan for serving a model: weights per GPU, KV tokens left, max users "
-                                   "at a context, predicted decode tok/s (roofline) and $ per million tokens. "
-                                   f"Reference models: {', '.join(list_models())}; also kit presets and any "
-                                   "config.json path.")
-    p.add_argument("--model", required=True, help="reference model key, kit preset, or config.json path/dir")
-    p.add_argument("--accelerator", default="local", help="catalog name (MI355X, B300, H200, ...) or local/cpu")
-    p.add_argument("--gpus", type=int, default=None, help="number of accelerators (default: fewest that fit)")
-    p.add_argument("--context", type=int, default=1424, help="tokens per sequence (prompt + output), default 1424")
-    p.add_argument("--concurrency", type=int, default=64, help="concurrent sequences (batch), default 64")
-    p.add_argument("--kv-dtype", default="bfloat16", help="KV-cache dtype: bfloat16, fp8, float32, ...")
-    p.add_argument("--weight-dtypes", default=None,
-                   help="per-group weight dtypes, e.g. 'default=bf16;routed_experts=mxfp4' (default: the model's)")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: GPUs in a node)")
-    p.add_argument("--ep", type=int, default=None, help="expert-parallel size (default: tp for MoE)")
-    p.add_argument("--eff-bw", type=float, default=None, help=f"fraction of peak bandwidth (default {DEFAULT_EFF_BW})")
-    p.add_argument("--eff-flops", type=float, default=None,
-                   help=f"fraction of peak TFLOPS (default {DEFAULT_EFF_FLOPS})")
-    p.add_argument("--overhead-ms", type=float, default=None,
-                   help="fixed per-step overhead, ms (default: 0 for catalog GPUs, measured for local)")
-    p.add_argument("--mem-util", type=float, default=DEFAULT_MEM_UTIL, help="fraction of memory usable (0.9)")
-    p.add_argument("--basis", default=None, help="price basis (tco, assumed-rental, on-demand); default: all")
-    p.add_argument("--price", type=float, default=None, help="your $/GPU-hour (basis 'user')")
-    p.add_argument("--prices", default=None,
-                   help="price CSV (accelerator, usd_per_gpu_hr, basis) overriding the catalog's prices")
-    p.add_argument("--calibration", default=None, help="calibration JSON for --accelerator local")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cli_plan)
-
-
-def _cli_plan(args) -> int:
-    from kit.catalog import load_catalog
-    from kit.plan.cost import add_cost_columns
-    from kit.results import to_frame
-
-    spec = get_spec(args.model, args.weight_dtypes)
-    cat = load_catalog(extra_prices=args.prices)
-    dev = get_device(args.accelerator, catalog=cat, calibration=args.calibration, eff_bw=args.eff_bw,
-                     eff_flops=args.eff_flops)
-    kw = dict(kv_dtype=args.kv_dtype, mem_util=args.mem_util)
-    least = min_gpus(spec, dev.name, args.context, args.concurrency, device=dev, **kw)
-    if args.gpus is not None and args.gpus < 1:
-        raise UserError(f"--gpus {args.gpus} must be >= 1")
-    n = args.gpus if args.gpus is not None else (least or dev.gpus_per_node)
-    fit = memory_fit(spec, dev.name, n, args.context, args.concurrency, tp=args.tp, ep=args.ep, device=dev, **kw)
-    pts = [predict_point(spec, dev.name, n, b, args.context, tp=args.tp, ep=args.ep, device=dev,
-                         overhead_ms=args.overhead_ms, **kw)
-           for b in sorted({1, args.concurrency})]
-    df = to_frame(pts)
-    costs = []
-    if dev.name != "local" and dev.name != "CPU" or args.price:
-        bases = [args.basis] if args.basis else cat.bases_for(dev.name)
-        if args.price:
-            bases = [args.basis or "user"]
-        for b in bases:
-            c = add_cost_columns(df, basis=b, usd_per_gpu_hr=args.price, tok_s_col="decode_tok_s", catalog=cat)
-            costs.append(c[["concurrency", "usd_per_gpu_hr", "price_basis", "tok_s_per_gpu", "usd_per_mtok",
-                            "tok_per_usd"]])
-    if args.json:
-        out = {"spec": spec.summary(), "fit": fit.as_dict(), "min_gpus": least,
-               "predictions": json.loads(df.to_json(orient="records")),
-               "cost": [json.loads(c.to_json(orient="records")) for c in costs]}
-        print(json.dumps(out, indent=2, default=str))
-        return 0
-    s = spec.summary()
-    print(f"{spec.name}: {s['total_params_b']:,.1f}B params ({s['active_params_b']:,.1f}B active), "
-          f"KV {s['kv_bytes_per_token_bf16']:,.0f} B/token bf16")
-    if spec.flags:  # in full, wrapped at word boundaries (never cut mid-word)
-        print(textwrap.fill(f"flags: {spec.flags}", width=110, initial_indent="  ", subsequent_indent="    ",
-                            break_long_words=False, break_on_hyphens=False))
-    print(fit)
-    if least is None:
-        where = ("one CPU host (the planner does not split a model over CPUs)" if dev.device == "cpu"
-                 else f"any number of {dev.name} (tried up to {MIN_GPUS_MAX} GPUs)")
-        least_txt = f"does not fit on {where}"
-    else:
-        least_txt = f"{least}"
-    print(f"  fewest {dev.name} that fit {args.concurrency} users × {args.context} tokens: {least_txt}")
-    print("Predicted (roofline):")
-    for _, r in df.iterrows():
-        if r["status"] != "ok":
-            print(f"  concurrency {r['concurrency']:>5}: {r['error']}")
-            continue
-        print(f"  concurrency {r['concurrency']:>5}: decode step {r['tpot_ms_p50']:.2f} ms ({r['x_bound']}-bound) -> "
-              f"{r['decode_tok_s']:,.0f} tok/s total, {r['tok_s_per_stream']:,.1f} tok/s/user; "
-              f"prefill {r['prefill_ms']:,.0f} ms")
-    for c in costs:
-        for _, r in c.iterrows():
-            if pd.notna(r["usd_per_mtok"]):
-                print(f"  cost [{r['price_basis']}] ${r['usd_per_gpu_hr']:.2f}/GPU-h, concurrency {r['concurrency']}: "
-                      f"${r['usd_per_mtok']:.2f}/M output tokens ({r['tok_s_per_gpu']:,.0f} tok/s/GPU)")
-    print(f"  assumptions: {pts[-1]['assumptions']}")
-    return 0
-
-
-# the spec names (kit.plan.spec) are re-exported so ``from kit.plan.roofline import get_spec`` keeps working
-__all__ = [
-    # kit.plan.spec
-    "GROUPS", "ArchSpec", "parse_weight_dtypes", "model_table",
-    "list_models", "spec_from_config", "get_spec", "kv_bytes_per_token", "state_bytes_per_seq", "weight_bytes",
-    # devices, memory fit, roofline, CLI
-    "Device", "DEFAULT_EFF_BW", "DEFAULT_EFF_FLOPS", "UNCALIBRATED_CPU_OVERHEAD_MS", "UNCALIBRATED_CPU_ATTN_TFLOPS",
-    "get_device", "DEFAULT_RUNTIME_GB", "DEFAULT_MEM_UTIL", "DEFAULT_MAX_BATCHED_TOKENS", "workspace_gb",
-    "FitResult", "memory_fit", "min_gpus", "expert_coverage", "predict_point", "predict_grid", "predict_like",
-    "compare", "overlay_figure", "add_cli",
-]

@@ -1,32 +1,27 @@
-"""Model architecture specs: what the planner knows of a model, and the bytes it needs per token, sequence, weight.
+"""Model architecture specs: what the planner knows of a model (:class:`ArchSpec`), and where specs come from.
 
-- **Specs** (:class:`ArchSpec`) come from ``kit/data/models.csv`` (the reference models with their sources and
-  UNSURE flags, see :func:`list_models`, :func:`model_table`) or from any ``transformers`` config object, dict or
-  ``config.json`` path (:func:`spec_from_config`); :func:`get_spec` takes either, or a kit preset. Parameter counts
-  are recomputed from the shapes per *group* (embed, lm_head, attn, linear_attn, norms, dense_mlp, shared_experts,
-  routed_experts, router, moe_latent) so each group can have its own dtype (e.g. routed experts in MXFP4 at 4.25
-  bits, attention in bf16; :func:`parse_weight_dtypes`, :func:`kit.dtypes.bytes_per_element`).
-- **Bytes**: :func:`weight_bytes` per group on one rank under tensor/expert parallelism; :func:`kv_bytes_per_token`
-  (MHA/GQA split by kv heads across TP ranks; MLA latent replicated on every TP rank);
-  :func:`state_bytes_per_seq`, the constant per-sequence state of sliding-window and linear-attention layers.
-
-Formulas: ``../shared/METRICS.md`` (Planner section). KV bytes/token: MHA/GQA ``2 × layers × n_kv_heads ×
-head_dim × bytes``; MLA ``layers × (kv_lora_rank + qk_rope_head_dim) × bytes`` (DeepSeek-V3 paper, §2.1.1; no factor
-2). The memory fit and roofline built on these are in :mod:`kit.plan.roofline`.
+- **Specs** come from ``kit/data/models.csv`` (the reference models with their sources and UNSURE flags, see
+  :func:`list_models`, :func:`model_table`) or from any ``transformers`` config object, dict or ``config.json`` path
+  (:func:`spec_from_config`, parsed by :mod:`kit.plan.hf_config`); :func:`get_spec` takes either, or a kit preset.
+  Parameter counts are recomputed from the shapes per *group* (embed, lm_head, attn, linear_attn, norms, dense_mlp,
+  shared_experts, routed_experts, router, moe_latent) so each group can have its own dtype (e.g. routed experts in
+  MXFP4 at 4.25 bits, attention in bf16; :func:`parse_weight_dtypes`, :func:`kit.dtypes.bytes_per_element`).
+- **Bytes** per group, per token and per sequence under tensor/expert parallelism: :mod:`kit.plan.sizes`. The memory
+  fit built on them is :mod:`kit.plan.fit`, the roofline :mod:`kit.plan.roofline`.
 """
 from __future__ import annotations
 
 import functools
-import json
-import math
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 
 import pandas as pd
-from kit._io import data_path
+
 from kit import dtypes
-from kit.errors import InputNotFoundError, UnknownNameError, UserError
+from kit._io import data_path
+from kit.errors import UnknownNameError, UserError
+from kit.plan.hf_config import arch_fields, weight_dtypes_text
+from kit.plan.sizes import kv_bytes_per_token, state_bytes_per_seq
 
 GROUPS = ("embed", "lm_head", "attn", "linear_attn", "norms", "dense_mlp", "shared_experts", "routed_experts",
           "router", "moe_latent")
@@ -50,7 +45,7 @@ def parse_weight_dtypes(spec: str | dict | None, default: str = "bfloat16") -> d
     """Per-group weight dtypes from ``"default=bf16;routed_experts=mxfp4"`` or a dict; every group gets one.
 
     Raises:
-        ValueError: unknown group (lists :data:`GROUPS`) or unknown dtype, or a malformed entry.
+        UserError: unknown group (lists :data:`GROUPS`) or unknown dtype, or a malformed entry.
     """
     items = _dtype_items(spec) if spec is not None else {}
     base = dtypes.canonical(items.pop("default", items.pop("*", default)))
@@ -248,7 +243,7 @@ class ArchSpec:
         """Per-group weight dtypes: the spec's, with ``override`` entries on top (``default=`` resets every group).
 
         Raises:
-            ValueError: unknown group or dtype.
+            UserError: unknown group or dtype.
         """
         d = parse_weight_dtypes(self.weight_dtypes)
         if override:
@@ -326,14 +321,6 @@ def _spec_from_row(r) -> ArchSpec:
         flags="; ".join(x for x in (r["flags"], r["notes"]) if x))
 
 
-def _need(cfg: dict, key: str, why: str, *aliases: str):
-    for k in (key, *aliases):
-        if cfg.get(k) is not None:
-            return cfg[k]
-    names = " / ".join(repr(k) for k in (key, *aliases))
-    raise UserError(f"config is missing {names}, which the planner needs for {why}")
-
-
 def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict | None = None) -> ArchSpec:
     """An :class:`ArchSpec` from a ``transformers`` config object, a dict, or a path to ``config.json`` (or a
     directory holding one).
@@ -344,115 +331,9 @@ def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict 
     experts MXFP4; fp8 → fp8 linear weights) and ``dtype``/``torch_dtype`` (default bfloat16).
 
     Raises:
-        ValueError: a field the planner needs is missing (the message names it). FileNotFoundError: bad path.
+        UserError: a field the planner needs is missing (the message names it). InputNotFoundError: bad path.
     """
-    if isinstance(config, (str, Path)):
-        p = Path(config)
-        if p.is_dir():
-            p = p / "config.json"
-        if not p.exists():
-            raise InputNotFoundError(f"config file {str(p)!r} does not exist")
-        cfg = json.loads(p.read_text())
-        name = name or p.parent.name
-    elif isinstance(config, dict):
-        cfg = dict(config)
-    elif hasattr(config, "to_dict"):
-        if hasattr(config, "get_text_config"):
-            config = config.get_text_config()
-        cfg = config.to_dict()
-        for k in ("head_dim", "layer_types", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim",
-                  "mlp_layer_types", "num_key_value_heads"):
-            if getattr(config, k, None) is not None:
-                cfg[k] = getattr(config, k)
-        name = name or getattr(config, "name_or_path", "") or cfg.get("model_type", "config")
-    else:
-        raise UserError(f"config must be a transformers config, a dict or a config.json path, "
-                         f"got {type(config).__name__}")
-    if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
-        cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
-    name = name or cfg.get("_name_or_path") or cfg.get("model_type") or "config"
-    mt = str(cfg.get("model_type", ""))
-    h = int(_need(cfg, "hidden_size", "every weight shape", "d_model", "n_embd"))
-    L = int(_need(cfg, "num_hidden_layers", "the layer count", "n_layer", "num_layers"))
-    nh = int(_need(cfg, "num_attention_heads", "the attention shapes", "n_head"))
-    V = int(_need(cfg, "vocab_size", "the embedding size"))
-    mla = cfg.get("kv_lora_rank") is not None
-    kw: dict = dict(name=str(name), hidden_size=h, num_layers=L, vocab_size=V, num_attention_heads=nh,
-                    tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                    attention_bias=bool(cfg.get("attention_bias", False)),
-                    max_position_embeddings=cfg.get("max_position_embeddings"), source=f"config ({mt or 'dict'})")
-    if mla:
-        kw.update(attention="mla", q_lora_rank=cfg.get("q_lora_rank"),
-                  kv_lora_rank=int(_need(cfg, "kv_lora_rank", "the MLA latent cache")),
-                  qk_rope_head_dim=int(_need(cfg, "qk_rope_head_dim", "the MLA latent cache")),
-                  qk_nope_head_dim=int(_need(cfg, "qk_nope_head_dim", "the MLA query/key shapes")),
-                  v_head_dim=int(_need(cfg, "v_head_dim", "the MLA value shapes")))
-    else:
-        nkv = cfg.get("num_key_value_heads")
-        kw.update(num_kv_heads=int(nkv) if nkv is not None else nh,
-                  head_dim=int(cfg.get("head_dim") or h // nh), qk_norm=mt.startswith("qwen3"),
-                  attention_sinks=mt == "gpt_oss")
-    # layer kinds
-    lt = cfg.get("layer_types")
-    if lt:
-        lt = list(lt)
-        if len(lt) != L:
-            raise UserError(f"config layer_types has {len(lt)} entries but num_hidden_layers={L}")
-        n_lin = sum(t in ("linear_attention", "kda", "mamba", "gated_deltanet") for t in lt)
-        n_swa = sum(t in ("sliding_attention", "sliding_window") for t in lt)
-        kw.update(n_swa_layers=n_swa, n_linear_layers=n_lin, n_kv_layers=L - n_swa - n_lin)
-        if n_swa:
-            kw["sliding_window"] = int(_need(cfg, "sliding_window", "the sliding-window cache size"))
-        if n_lin:
-            kw.update(linear_num_heads=int(_need(cfg, "linear_num_heads", "the linear-attention state",
-                                                 "linear_num_value_heads")),
-                      linear_head_dim=int(_need(cfg, "linear_head_dim", "the linear-attention state",
-                                                "linear_value_head_dim")),
-                      linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4))
-            if mt != "kimi_linear":
-                kw["flags"] = (f"UNSURE: linear-attention layers of model_type {mt or '?'} are modelled as KDA "
-                               "(kimi_linear): their parameter count and state size are approximate")
-    # MLP / MoE
-    E = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-    if E:
-        k = int(_need(cfg, "num_experts_per_tok", "the active experts per token", "num_experts_per_token",
-                      "experts_per_token", "moe_topk"))
-        if mt == "gpt_oss":
-            mi = int(_need(cfg, "intermediate_size", "the expert width"))
-        else:
-            mi = int(_need(cfg, "moe_intermediate_size", "the expert width"))
-        mlt = cfg.get("mlp_layer_types")
-        if mlt:
-            n_dense = sum(t == "dense" for t in mlt)
-        elif cfg.get("first_k_dense_replace") is not None:
-            n_dense = int(cfg["first_k_dense_replace"])
-        elif cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) > 1:
-            step = int(cfg.get("decoder_sparse_step") or 1)
-            only = set(cfg.get("mlp_only_layers") or [])
-            n_dense = sum(1 for i in range(L) if i in only or (i + 1) % step != 0)
-        else:
-            n_dense = 0
-        kw.update(n_routed_experts=int(E), experts_per_token=k, moe_intermediate_size=mi, n_dense_layers=n_dense,
-                  n_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0), expert_bias=mt == "gpt_oss",
-                  shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size"),
-                  moe_latent_size=cfg.get("moe_latent_size"))
-        if n_dense:
-            kw["intermediate_size"] = int(_need(cfg, "intermediate_size", "the dense MLP layers"))
-    else:
-        kw["intermediate_size"] = int(_need(cfg, "intermediate_size", "the MLP width", "ffn_dim", "n_inner"))
-    # dtypes
-    if weight_dtypes is None:
-        base = dtypes.canonical(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
-        q = cfg.get("quantization_config") or {}
-        qm = str(q.get("quant_method", "")).lower() if isinstance(q, dict) else ""
-        if qm == "mxfp4":
-            weight_dtypes = f"default={base};routed_experts=mxfp4"
-        elif qm == "fp8":
-            weight_dtypes = f"default=fp8;embed={base};lm_head={base};norms={base};router={base}"
-        else:
-            weight_dtypes = f"default={base}"
-    kw["weight_dtypes"] = _dt_str(weight_dtypes)
-    return ArchSpec(**kw)
+    return ArchSpec(**arch_fields(config, name, weight_dtypes))
 
 
 def get_spec(model, weight_dtypes: str | dict | None = None) -> ArchSpec:
@@ -460,13 +341,13 @@ def get_spec(model, weight_dtypes: str | dict | None = None) -> ArchSpec:
     :func:`kit.models.get_config`), transformers config, dict, or ``config.json`` path.
 
     Raises:
-        KeyError: unknown name (lists the reference models and presets). ValueError: bad config.
+        UnknownNameError: unknown name (lists the reference models and presets). UserError: bad config.
     """
     if isinstance(model, ArchSpec):
-        return replace(model, weight_dtypes=_dt_str(weight_dtypes)) if weight_dtypes else model
+        return replace(model, weight_dtypes=weight_dtypes_text(weight_dtypes)) if weight_dtypes else model
     if isinstance(model, str) and not Path(model).exists():
         spec = _named_spec(model)
-        return replace(spec, weight_dtypes=_dt_str(weight_dtypes)) if weight_dtypes else spec
+        return replace(spec, weight_dtypes=weight_dtypes_text(weight_dtypes)) if weight_dtypes else spec
     return spec_from_config(model, weight_dtypes=weight_dtypes)
 
 
@@ -480,105 +361,9 @@ def _named_spec(model: str) -> ArchSpec:
             | (t["model"].str.split(" ").str[0].str.lower() == low) | (t["hf_repo"].str.lower() == low)]
     if len(hit):
         return _spec_from_row(hit.iloc[0])
-    from kit import models as _models
+    from kit import models
 
-    if model in _models.PRESETS:
-        return spec_from_config(_models.get_config(model), name=model)
-    raise UnknownNameError(f"unknown model {model!r}; reference models: {list(t['key'])}; presets: {sorted(_models.PRESETS)}; "
-                   "or pass a transformers config, a dict or a config.json path")
-
-
-def _dt_str(d):
-    if d is None or isinstance(d, str):
-        return d
-    return ";".join(f"{k}={v}" for k, v in d.items())
-
-
-# ---------------------------------------------------------------- KV cache and state
-def _check_pos_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int,)) and not (isinstance(v, float) and v.is_integer()):
-        raise UserError(f"{name}={v!r} must be a positive integer")
-    if int(v) <= 0:
-        raise UserError(f"{name}={v!r} must be > 0")
-    return int(v)
-
-
-def _kv_heads_per_rank(spec: ArchSpec, tp: int) -> float:
-    """kv heads one TP rank holds: n_kv/tp, at least 1 (heads are replicated when n_kv < tp)."""
-    return max(1, math.ceil(spec.num_kv_heads / tp))
-
-
-def kv_bytes_per_token(spec: ArchSpec, kv_dtype="bfloat16", tp: int = 1) -> float:
-    """KV-cache bytes one token of one sequence adds, on one TP rank (``tp=1``: the whole model).
-
-    MHA/GQA: ``2 × n_kv_layers × n_kv_heads × head_dim × bytes``; under TP each rank holds n_kv/tp heads (at least
-    one: kv heads are replicated when fewer than ranks). MLA: ``n_kv_layers × (kv_lora_rank + qk_rope_head_dim) ×
-    bytes``, no factor 2 and replicated on every TP rank. Sliding-window and linear-attention layers add no per-token
-    cache (see :func:`state_bytes_per_seq`). Source: ../shared/METRICS.md; case P1 (Llama-3.1-8B bf16 → 131,072;
-    DeepSeek-V3 bf16 → 70,272, fp8 → 35,136).
-
-    Raises:
-        ValueError: unknown dtype, tp < 1.
-    """
-    b = dtypes.bytes_per_element(kv_dtype)
-    tp = _check_pos_int("tp", tp)
-    if spec.attention == "mla":
-        return spec.n_kv_layers * (spec.kv_lora_rank + spec.qk_rope_head_dim) * b
-    return 2 * spec.n_kv_layers * _kv_heads_per_rank(spec, tp) * spec.head_dim * b
-
-
-def state_bytes_per_seq(spec: ArchSpec, context_len: int, kv_dtype="bfloat16", state_dtype="bfloat16",
-                        tp: int = 1) -> float:
-    """Per-sequence cache bytes that do not grow with context, on one TP rank.
-
-    Sliding-window layers: ``n_swa × min(window, context) × 2 × kv_heads × head_dim × kv bytes``. Linear attention
-    (KDA / gated delta rule): ``n_linear × (heads × head_dim² × state bytes + 3 × heads × head_dim × (conv_kernel − 1)
-    × kv bytes)`` (recurrent state + short-conv tail of q, k, v); heads split over TP. Kimi K3 bf16 → 232,316,928
-    B/seq; fp32 state → 449,372,160 (../shared/reference/models.csv).
-    """
-    tp = _check_pos_int("tp", tp)
-    b = dtypes.bytes_per_element(kv_dtype)
-    out = 0.0
-    if spec.n_swa_layers:
-        out += spec.n_swa_layers * min(spec.sliding_window, context_len) * 2 * _kv_heads_per_rank(spec, tp) \
-            * spec.head_dim * b
-    if spec.n_linear_layers:
-        heads = math.ceil(spec.linear_num_heads / tp)
-        hd = spec.linear_head_dim
-        out += spec.n_linear_layers * (heads * hd * hd * dtypes.bytes_per_element(state_dtype)
-                                       + 3 * heads * hd * (spec.linear_conv_kernel - 1) * b)
-    return out
-
-
-# ---------------------------------------------------------------- weights
-def _shard(kind: str, spec: ArchSpec, tp: int, ep: int) -> float:
-    if kind == "rep":
-        return 1.0
-    if kind in ("tp", "vocab"):
-        return 1.0 / tp
-    if kind == "kv":
-        return _kv_heads_per_rank(spec, tp) / spec.num_kv_heads
-    if kind == "experts":
-        E = spec.n_routed_experts
-        return math.ceil(E / ep) / E / (tp // ep)
-    raise AssertionError(kind)
-
-
-def weight_bytes(spec: ArchSpec, weight_dtypes: str | dict | None = None, tp: int = 1, ep: int = 1) -> dict[str, float]:
-    """Weight bytes per group on one rank (``tp=ep=1``: the whole model), by each group's dtype.
-
-    Sharding: attention/MLP/shared experts/embeddings split over TP; GQA k/v projections by kv heads (replicated
-    when fewer than ranks); MLA down-projections (q_a, kv_a), norms and routers replicated; routed experts split over
-    EP ranks (whole experts, ceil(E/ep) each), then over the remaining tp/ep ranks within an expert.
-
-    Raises:
-        ValueError: unknown dtype/group; tp or ep < 1; tp not a multiple of ep.
-    """
-    tp, ep = _check_pos_int("tp", tp), _check_pos_int("ep", ep)
-    if tp % ep:
-        raise UserError(f"ep={ep} must divide tp={tp} (experts are split over ep ranks, TP within an expert)")
-    dt = spec.dtypes(weight_dtypes)
-    out = {g: 0.0 for g in GROUPS}
-    for g, kind, n in spec.param_items():
-        out[g] += n * dtypes.DTYPES[dt[g]].bytes * _shard(kind, spec, tp, ep)
-    return out
+    if model in models.PRESETS:
+        return spec_from_config(models.get_config(model), name=model)
+    raise UnknownNameError(f"unknown model {model!r}; reference models: {list(t['key'])}; presets: "
+                           f"{sorted(models.PRESETS)}; or pass a transformers config, a dict or a config.json path")

@@ -1,12 +1,11 @@
 """The streaming client of the served view: one request to an OpenAI-compatible server, SSE parsing, request records.
 
-Holds the load-point configuration (:class:`LoadConfig`, :class:`RequestInput`), the tokenizer helpers, the
-incremental SSE parser and event classifier, :func:`stream_request` (send one streaming request to
-``/v1/completions`` or ``/v1/chat/completions`` and time every server-sent event), :func:`request_record` (one
-request's metrics, via :mod:`kit.metrics`) and :func:`get_model_id`. The load generator that drives many such
-requests, reduces them to a results row and runs ``kit serve-bench`` is :mod:`kit.serve.load`; its names (and
-:func:`kit.view.plots.plot_served`) are re-exported here so ``from kit import serving`` keeps working. Definitions of
-every metric: ``METRICS.md``, "Served".
+Holds the tokenizer helpers, the incremental SSE parser and event classifier, the request body and headers,
+:func:`stream_request` (send one streaming request to ``/v1/completions`` or ``/v1/chat/completions`` and time
+every server-sent event), :func:`request_record` (one request's metrics, via :mod:`kit.metrics`) and
+:func:`get_model_id`. The load generator that drives many such requests (:class:`kit.serve.load.LoadConfig`) is
+:mod:`kit.serve.load`; the served sweep and ``kit serve-bench`` are :mod:`kit.serve.sweep`. Definitions of every
+metric: ``METRICS.md``, "Served".
 
 Measuring choices (and the mistakes they avoid):
 
@@ -29,120 +28,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from kit.errors import UserError
 from kit import metrics as M
+from kit.errors import UserError
 
+if TYPE_CHECKING:  # annotations only: kit.serve.load imports this module
+    from kit.serve.load import RequestInput
+
+#: ``LoadConfig.endpoint`` → the path of its streaming API
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+#: environment variable read for the API key when none is named
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
-
-
-# ---------------------------------------------------------------- configuration
-@dataclass
-class LoadConfig:
-    """One served load point (and, with a list of concurrencies, a sweep).
-
-    Attributes:
-        url: server base URL, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is accepted).
-        model: served model id; ``None`` asks ``/v1/models`` for the first one.
-        endpoint: ``"completions"`` or ``"chat"``.
-        max_concurrency: at most this many requests in flight (``None`` = unbounded).
-        request_rate: requests/s offered; ``inf`` sends all at once (bounded by ``max_concurrency``).
-        burstiness: Gamma shape b of the arrival gaps (1 = Poisson); gaps ~ Gamma(b, 1/(rate·b)).
-        seed: seed of prompts and arrivals (recorded in the row).
-        num_requests: measured requests (after warm-up); with ``duration_s`` set, the cap on requests sent.
-        duration_s: stop sending new requests after this many seconds (in-flight ones finish).
-        warmup_requests: requests sent first and excluded from every statistic.
-        isl, osl: input / output tokens per request; ``isl_range`` / ``osl_range`` (fractions, 0..1) draw each
-            request's lengths uniformly in ``[x·(1−r), x·(1+r)]``.
-        ignore_eos: ask the server to ignore EOS (vLLM, SGLang); a request whose output length differs from
-            ``max_tokens`` is flagged either way.
-        timeout_s: total time one request may take; stall_timeout_s: longest silence between reads.
-        api_key_env: environment variable holding the API key (never written to results or logs).
-        slo_ttft_ms, slo_tpot_ms, slo_e2el_ms: goodput SLOs (inclusive); ``None`` = not applied.
-        temperature: sampling temperature sent with each request.
-        continuous_usage: ask for usage in every chunk (vLLM ``stream_options.continuous_usage_stats``): exact
-            tokens per chunk without a tokenizer.
-        extra_body: extra JSON fields merged into every request body.
-    """
-
-    url: str
-    model: str | None = None
-    endpoint: str = "completions"
-    max_concurrency: int | None = 1
-    request_rate: float = math.inf
-    burstiness: float = 1.0
-    seed: int = 0
-    num_requests: int | None = 32
-    duration_s: float | None = None
-    warmup_requests: int = 1
-    isl: int = 128
-    osl: int = 64
-    isl_range: float = 0.0
-    osl_range: float = 0.0
-    ignore_eos: bool = False
-    timeout_s: float = 300.0
-    stall_timeout_s: float = 60.0
-    api_key_env: str = DEFAULT_API_KEY_ENV
-    slo_ttft_ms: float | None = None
-    slo_tpot_ms: float | None = None
-    slo_e2el_ms: float | None = None
-    temperature: float = 0.0
-    continuous_usage: bool = False
-    extra_body: dict = field(default_factory=dict)
-
-    def validate(self) -> "LoadConfig":
-        """Check the values; returns self.
-
-        Raises:
-            ValueError: naming the bad field, its value and what is allowed.
-        """
-        if self.endpoint not in ENDPOINTS:
-            raise UserError(f"endpoint={self.endpoint!r}; allowed: {sorted(ENDPOINTS)}")
-        if not str(self.url).startswith(("http://", "https://")):
-            raise UserError(f"url={self.url!r} must start with http:// or https://")
-        if self.max_concurrency is not None and int(self.max_concurrency) < 1:
-            raise UserError(f"max_concurrency={self.max_concurrency}; must be >= 1 or None (unbounded)")
-        if not (self.request_rate > 0):
-            raise UserError(f"request_rate={self.request_rate}; must be > 0 (inf = all at once)")
-        if not (self.burstiness > 0):
-            raise UserError(f"burstiness={self.burstiness}; must be > 0 (1 = Poisson)")
-        if self.num_requests is None and self.duration_s is None:
-            raise UserError("give num_requests or duration_s (or both)")
-        if self.num_requests is not None and int(self.num_requests) < 1:
-            raise UserError(f"num_requests={self.num_requests}; must be >= 1")
-        if self.duration_s is not None and not (self.duration_s > 0):
-            raise UserError(f"duration_s={self.duration_s}; must be > 0")
-        for name in ("isl", "osl"):
-            if int(getattr(self, name)) < 1:
-                raise UserError(f"{name}={getattr(self, name)}; must be >= 1 token")
-        for name in ("isl_range", "osl_range"):
-            if not 0.0 <= float(getattr(self, name)) < 1.0:
-                raise UserError(f"{name}={getattr(self, name)}; must be in [0, 1)")
-        if self.warmup_requests < 0:
-            raise UserError(f"warmup_requests={self.warmup_requests}; must be >= 0")
-        if not (self.timeout_s > 0 and self.stall_timeout_s > 0):
-            raise UserError(f"timeout_s={self.timeout_s}, stall_timeout_s={self.stall_timeout_s}; both must be > 0")
-        return self
-
-    @property
-    def base_url(self) -> str:
-        u = str(self.url).rstrip("/")
-        return u[:-3] if u.endswith("/v1") else u
-
-
-@dataclass
-class RequestInput:
-    """One request of a workload: a prompt (text, or token ids for ``/v1/completions``) and its lengths."""
-
-    prompt: str | list[int]
-    input_tokens: int | None
-    max_tokens: int
 
 
 # ---------------------------------------------------------------- tokenizer helpers
@@ -150,7 +50,7 @@ def load_tokenizer(name_or_path: str):
     """A Hugging Face tokenizer from a local directory or the local cache (never downloads).
 
     Raises:
-        ValueError: nothing loadable at ``name_or_path`` offline (the message names it).
+        UserError: nothing loadable at ``name_or_path`` offline (the message names it).
     """
     from transformers import AutoTokenizer
 
@@ -299,27 +199,38 @@ class SSEParser:
 
 
 # ---------------------------------------------------------------- one request
-def _payload(cfg: LoadConfig, model: str, req: RequestInput) -> dict:
-    opts = {"include_usage": True, **({"continuous_usage_stats": True} if cfg.continuous_usage else {})}
+def request_body(endpoint: str, model: str, req: RequestInput, *, temperature: float = 0.0,
+                 ignore_eos: bool = False, continuous_usage: bool = False, extra_body: dict | None = None) -> dict:
+    """The JSON body of one streaming request (OpenAI API) for ``req`` (a :class:`kit.serve.load.RequestInput`).
+
+    Always asks for the usage chunk (``stream_options.include_usage``), with ``continuous_usage`` also for usage in
+    every chunk (vLLM ``continuous_usage_stats``). ``endpoint="chat"`` sends the prompt as one user message (a
+    token-id prompt is joined as text); ``"completions"`` sends it as ``prompt``. ``extra_body`` is merged last.
+    """
+    opts = {"include_usage": True, **({"continuous_usage_stats": True} if continuous_usage else {})}
     body: dict[str, Any] = {"model": model, "max_tokens": int(req.max_tokens), "stream": True,
-                            "stream_options": opts, "temperature": cfg.temperature}
-    if cfg.endpoint == "chat":
+                            "stream_options": opts, "temperature": temperature}
+    if endpoint == "chat":
         prompt = req.prompt if isinstance(req.prompt, str) else " ".join(map(str, req.prompt))
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = req.prompt
-    if cfg.ignore_eos:
+    if ignore_eos:
         body["ignore_eos"] = True
-    body.update(cfg.extra_body or {})
+    body.update(extra_body or {})
     return body
 
 
-def _headers(cfg: LoadConfig) -> dict:
-    h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-    if key:
-        h["Authorization"] = f"Bearer {key}"
-    return h
+def auth_headers(api_key_env: str | None = DEFAULT_API_KEY_ENV) -> dict:
+    """``{"Authorization": "Bearer <key>"}`` when the environment variable ``api_key_env`` holds a key, else ``{}``.
+    The key is read at call time and never written anywhere."""
+    key = os.environ.get(api_key_env) if api_key_env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def request_headers(api_key_env: str | None = DEFAULT_API_KEY_ENV) -> dict:
+    """HTTP headers of a streaming request: JSON in, server-sent events out, plus :func:`auth_headers`."""
+    return {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(api_key_env)}
 
 
 def describe_exception(e: BaseException) -> str:
@@ -459,21 +370,19 @@ def request_record(cap: StreamCapture, req: RequestInput, count_tokens=None, t0_
     }
 
 
-
 async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, timeout_s: float = 10.0) -> str:
     """The first model id listed by ``GET /v1/models``, waiting at most ``timeout_s`` seconds in all (the load
     generator passes its ``LoadConfig.timeout_s``, i.e. ``--timeout-s``).
 
     Raises:
-        ValueError: the server cannot be reached, does not answer within ``timeout_s``, answers with an HTTP
+        UserError: the server cannot be reached, does not answer within ``timeout_s``, answers with an HTTP
             error or something that is not a model list, or lists no model (the message says which, after how
             long, and the URL).
     """
     import aiohttp
 
     url = base_url.rstrip("/") + "/v1/models"
-    key = os.environ.get(api_key_env) if api_key_env else None
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = auth_headers(api_key_env)
     hint = "pass the model id explicitly (--model)"
     t0 = time.perf_counter()
     try:
@@ -482,19 +391,19 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
                 if r.status != 200:
                     text = await r.text(errors="replace")
                     raise UserError(f"cannot list models at {url} (HTTP {r.status}: {short_error(text, 160)}); "
-                                     f"{hint}")
+                                    f"{hint}")
                 data = await r.json(content_type=None)
-    except ValueError as e:
-        if str(e).startswith("cannot list models"):
-            raise
+    except UserError:
+        raise
+    except ValueError as e:  # a body that is not JSON
         raise UserError(f"cannot list models at {url} (not a JSON model list: {describe_exception(e)}); "
-                         f"{hint}") from e
+                        f"{hint}") from e
     except asyncio.TimeoutError as e:
         el = time.perf_counter() - t0
         what = ("could not connect" if isinstance(e, aiohttp.ConnectionTimeoutError)
                 else "no complete answer")
         raise UserError(f"cannot list models at {url}: timed out after {el:.1f} s ({what} within the "
-                         f"{timeout_s:g} s timeout); {hint}") from e
+                        f"{timeout_s:g} s timeout); {hint}") from e
     except Exception as e:  # noqa: BLE001
         raise UserError(f"cannot list models at {url} ({describe_exception(e)}); {hint}") from e
     items = (data or {}).get("data", []) if isinstance(data, dict) else []
@@ -502,5 +411,3 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
     if not models:
         raise UserError(f"{url} lists no model; {hint}")
     return models[0]
-
-

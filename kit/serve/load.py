@@ -1,24 +1,27 @@
-"""The served load generator: workloads, arrivals, concurrency/rate-limited runs, results rows, ``kit serve-bench``.
+"""The served load generator: its configuration, workloads, arrivals, one concurrency/rate-limited run, its row.
 
-The served view of the kit (``backend = "openai"``): send streaming requests (:mod:`kit.serve.client`'s client) under
-a concurrency cap and/or an arrival rate, and reduce each run to one row of the shared results schema
-(:mod:`kit.results`), so a concurrency sweep against vLLM, SGLang or ``transformers serve`` plots beside an
-in-process sweep. Every formula comes from :mod:`kit.metrics` (definitions in ``METRICS.md``, "Served").
+:class:`LoadConfig` describes one load point against an OpenAI-compatible server; :func:`build_workload` makes its
+requests and :func:`arrival_gaps_s` their arrival times; :func:`run_load_async` sends them with the streaming client
+(:mod:`kit.serve.client`) under a concurrency cap and/or an arrival rate; :func:`aggregate` reduces the request
+records to one row of the shared results schema (:mod:`kit.results`, ``backend = "openai"``), so a concurrency
+sweep against vLLM, SGLang or ``transformers serve`` plots beside an in-process sweep. The sweep over
+concurrencies, its files and ``kit serve-bench`` are :mod:`kit.serve.sweep`. Every formula comes from
+:mod:`kit.metrics` (definitions in ``METRICS.md``, "Served").
 
 Measuring choices (and the mistakes they avoid):
 
 - ``t0`` is taken when the request is sent, *after* waiting for a concurrency slot; that wait is reported as
   ``client_queue_ms``. aiohttp's own connection pool is unbounded here (``limit=0``) so no hidden queue sits
   between the semaphore and the socket.
-- Failures are counted in ``failed`` with their text kept in the detail file; they never abort a run and never
-  hang it. That includes a point whose model id cannot be resolved (no ``model`` given and ``/v1/models``
+- Failures are counted in ``failed`` with their text kept in the request records; they never abort a run and
+  never hang it. That includes a point whose model id cannot be resolved (no ``model`` given and ``/v1/models``
   fails or times out): its requests are not sent (the API needs a model name, and guessing one would measure
   the wrong thing), and every planned request (warm-up and measured) is recorded as failed with the listing's
   error, so ``failed`` equals the planned request count (one, for a duration-only run).
-- Self-check: an event-loop lag probe and the client's CPU use; a run where the client may be the bottleneck
-  says so (``x_client_bound``) instead of publishing a client-bound number. Without a successful streamed
-  request, or with too few probe samples, the check is not applied (``x_client_check`` says why): a client
-  busy with instant failures is not a bottleneck of anything.
+- Self-check (:class:`LoopProbe`): an event-loop lag probe and the client's CPU use; a run where the client may be
+  the bottleneck says so (``x_client_bound``) instead of publishing a client-bound number. Without a successful
+  streamed request, or with too few probe samples, the check is not applied (``x_client_check`` says why): a
+  client busy with instant failures is not a bottleneck of anything.
 """
 from __future__ import annotations
 
@@ -27,178 +30,151 @@ import asyncio
 import json
 import math
 import time
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
-from kit._io import check_out_dir
-from kit.errors import OutputPathError, UserError
 from kit import metrics as M
-from kit.cli import int_list_arg
-from kit.measure.interrupts import InterruptGuard
-from kit.serve.client import (DEFAULT_API_KEY_ENV, ENDPOINTS, LoadConfig, RequestInput, StreamCapture, _headers, _payload,
-                      get_model_id, load_tokenizer, request_record, short_error, stream_request, token_counter)
+from kit.cli import config_field
+from kit.errors import UserError
+from kit.serve.client import (DEFAULT_API_KEY_ENV, ENDPOINTS, StreamCapture, get_model_id, request_body,
+                              request_headers, request_record, short_error, stream_request, token_counter)
+from kit.serve.selfcheck import LoopProbe, selfcheck_skipped
+from kit.serve.workload import RequestInput, arrival_gaps_s, build_workload
 
-#: ISL/OSL workload presets (tokens): the seed's 1024/400 and InferenceX-style 1k/1k, 1k/8k, 8k/1k.
-WORKLOAD_PRESETS: dict[str, tuple[int, int]] = {
-    "seed": (1024, 400),
-    "1k/1k": (1024, 1024),
-    "1k/8k": (1024, 8192),
-    "8k/1k": (8192, 1024),
-}
-#: self-check thresholds: client CPU (fraction of one core) and event-loop lag p99 (ms) above which a run is
-#: flagged as possibly client-bound
-CLIENT_CPU_LIMIT = 0.85
-LOOP_LAG_LIMIT_MS = 10.0
-#: the self-check is applied only with at least this many successful streamed (token-bearing) measured
-#: requests and this many event-loop probe samples (10 ms each)
-SELFCHECK_MIN_STREAMS = 1
-SELFCHECK_MIN_LAG_SAMPLES = 5
 #: longest text of one distinct error in a row's ``error`` (the detail file keeps the full text)
 ERROR_SUMMARY_CHARS = 200
 
 
-# ---------------------------------------------------------------- workloads and arrivals
-def build_workload(n: int, isl: int, osl: int, tokenizer=None, seed: int = 0, isl_range: float = 0.0,
-                   osl_range: float = 0.0, as_token_ids: bool = False) -> list[RequestInput]:
-    """``n`` random prompts of ~``isl`` tokens, each asking for ~``osl`` output tokens.
+def json_object_arg(text: str) -> dict:
+    """argparse ``type=`` of ``--extra-body``: a JSON object (argparse names the option in the message)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a JSON object")
+    return value
 
-    With an HF tokenizer, prompts are random non-special token ids decoded to text and re-encoded (truncated to
-    the target length), and ``input_tokens`` is the re-encoded length. With ``as_token_ids`` (or no tokenizer)
-    the prompt is the token id list itself (``/v1/completions`` accepts it). Without a tokenizer and without
-    ``as_token_ids``, the prompt is ``isl`` random words and ``input_tokens`` is None (unknown).
 
-    Raises:
-        ValueError: n, isl or osl < 1, or a range outside [0, 1).
+# ---------------------------------------------------------------- configuration
+@dataclass
+class LoadConfig:
+    """One served load point: what to send, how fast, and how it is judged (a sweep varies ``max_concurrency``).
+
+    Each field's help is also ``kit serve-bench``'s option (one source of defaults). The defaults are for a real
+    server: the seed workload (1024 in / 400 out tokens), 64 measured requests after 2 warm-up ones, 600 s per
+    request; tests and notebooks pass their small values explicitly. The API key is read from the environment
+    variable ``api_key_env`` and never written to results or logs.
     """
-    if n < 1 or isl < 1 or osl < 1:
-        raise UserError(f"n={n}, isl={isl}, osl={osl}; all must be >= 1")
-    for name, r in (("isl_range", isl_range), ("osl_range", osl_range)):
-        if not 0.0 <= r < 1.0:
-            raise UserError(f"{name}={r}; must be in [0, 1)")
-    rng = np.random.default_rng(seed)
 
-    def draw(x: int, r: float) -> int:
-        lo, hi = max(1, int(round(x * (1 - r)))), max(1, int(round(x * (1 + r))))
-        return int(rng.integers(lo, hi + 1)) if hi > lo else x
+    url: str = config_field("", help="server base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)",
+                            cli=False)
+    model: str | None = config_field(None, help="served model id (default: first of /v1/models)")
+    endpoint: str = config_field("completions", choices=tuple(sorted(ENDPOINTS)), help="API to call: " +
+                                 ", ".join(f"{k}={v}" for k, v in sorted(ENDPOINTS.items())))
+    max_concurrency: int | None = config_field(1, cli=False, help="at most this many requests in flight (None: "
+                                               "unbounded); a sweep sets it per point (--concurrency)")
+    request_rate: float = config_field(math.inf, help="requests/s offered, arrival gaps drawn with --burstiness "
+                                       "(default inf: all at once)")
+    burstiness: float = config_field(1.0, help="Gamma shape b of the arrival gaps, Gamma(b, 1/(rate*b)); "
+                                     "1 = Poisson")
+    seed: int = config_field(0, help="seed of prompts and arrival gaps")
+    num_requests: int | None = config_field(64, help="measured requests per concurrency point")
+    duration_s: float | None = config_field(None, help="stop sending after this many seconds (in-flight requests "
+                                            "finish; --num-requests still caps the count)")
+    warmup_requests: int = config_field(2, flag="--warmup", help="warm-up requests per point (excluded)")
+    isl: int = config_field(1024, help="input tokens per request")
+    osl: int = config_field(400, help="output tokens per request (max_tokens)")
+    isl_range: float = config_field(0.0, help="draw each request's ISL uniformly in isl*(1±r), 0 <= r < 1")
+    osl_range: float = config_field(0.0, help="draw each request's OSL uniformly in osl*(1±r), 0 <= r < 1")
+    ignore_eos: bool = config_field(False, help="ask the server to ignore EOS (vLLM, SGLang); an output length "
+                                    "other than max_tokens is flagged either way")
+    timeout_s: float = config_field(600.0, help="total time one request (and the /v1/models look-up) may take, s")
+    stall_timeout_s: float = config_field(60.0, help="longest silence within a stream")
+    api_key_env: str = config_field(DEFAULT_API_KEY_ENV, help="environment variable with the API key")
+    slo_ttft_ms: float | None = config_field(None, help="goodput SLO on TTFT (ms, inclusive; default: none)")
+    slo_tpot_ms: float | None = config_field(None, help="goodput SLO on TPOT (ms, inclusive; default: none)")
+    slo_e2el_ms: float | None = config_field(None, help="goodput SLO on end-to-end latency (ms, inclusive; "
+                                             "default: none)")
+    temperature: float = config_field(0.0, help="sampling temperature sent with each request")
+    continuous_usage: bool = config_field(False, help="ask for usage in every chunk (vLLM): exact tokens per chunk "
+                                          "without a tokenizer")
+    extra_body: dict = config_field(default_factory=dict, parse=json_object_arg,
+                                    help="JSON object merged into every request body")
 
-    hf = tokenizer is not None and hasattr(tokenizer, "decode") and hasattr(tokenizer, "vocab_size")
-    if hf:
-        special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        vocab = np.array([i for i in range(int(tokenizer.vocab_size)) if i not in special])
-    out = []
-    for _ in range(n):
-        li, lo_ = draw(isl, isl_range), draw(osl, osl_range)
-        if hf:
-            ids = [int(x) for x in rng.choice(vocab, size=li)]
-            if as_token_ids:
-                out.append(RequestInput(ids, li, lo_))
-                continue
-            text = tokenizer.decode(ids)
-            re_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            if len(re_ids) > li:
-                text = tokenizer.decode(re_ids[:li])
-                re_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            out.append(RequestInput(text, len(re_ids), lo_))
-        elif as_token_ids:
-            out.append(RequestInput([int(x) for x in rng.integers(1000, 20000, size=li)], li, lo_))
-        else:
-            words = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta"]
-            out.append(RequestInput(" ".join(rng.choice(words, size=li)), None, lo_))
-    return out
+    def validate(self) -> "LoadConfig":
+        """Check the values; returns self.
+
+        Raises:
+            UserError: naming the bad field, its value and what is allowed.
+        """
+        if self.endpoint not in ENDPOINTS:
+            raise UserError(f"endpoint={self.endpoint!r}; allowed: {sorted(ENDPOINTS)}")
+        if not str(self.url).startswith(("http://", "https://")):
+            raise UserError(f"url={self.url!r} must start with http:// or https://")
+        if self.max_concurrency is not None and int(self.max_concurrency) < 1:
+            raise UserError(f"max_concurrency={self.max_concurrency}; must be >= 1 or None (unbounded)")
+        if not (self.request_rate > 0):
+            raise UserError(f"request_rate={self.request_rate}; must be > 0 (inf = all at once)")
+        if not (self.burstiness > 0):
+            raise UserError(f"burstiness={self.burstiness}; must be > 0 (1 = Poisson)")
+        if self.num_requests is None and self.duration_s is None:
+            raise UserError("give num_requests or duration_s (or both)")
+        if self.num_requests is not None and int(self.num_requests) < 1:
+            raise UserError(f"num_requests={self.num_requests}; must be >= 1")
+        if self.duration_s is not None and not (self.duration_s > 0):
+            raise UserError(f"duration_s={self.duration_s}; must be > 0")
+        for name in ("isl", "osl"):
+            if int(getattr(self, name)) < 1:
+                raise UserError(f"{name}={getattr(self, name)}; must be >= 1 token")
+        for name in ("isl_range", "osl_range"):
+            if not 0.0 <= float(getattr(self, name)) < 1.0:
+                raise UserError(f"{name}={getattr(self, name)}; must be in [0, 1)")
+        if self.warmup_requests < 0:
+            raise UserError(f"warmup_requests={self.warmup_requests}; must be >= 0")
+        if not (self.timeout_s > 0 and self.stall_timeout_s > 0):
+            raise UserError(f"timeout_s={self.timeout_s}, stall_timeout_s={self.stall_timeout_s}; both must be > 0")
+        if not isinstance(self.extra_body, dict):
+            raise UserError(f"extra_body={self.extra_body!r} must be a dict (a JSON object)")
+        return self
+
+    @property
+    def base_url(self) -> str:
+        """``url`` without a trailing ``/`` or ``/v1``."""
+        u = str(self.url).rstrip("/")
+        return u[:-3] if u.endswith("/v1") else u
+
+    def request_body(self, model: str, req: RequestInput) -> dict:
+        """The JSON body of ``req`` under this config (:func:`kit.serve.client.request_body`)."""
+        return request_body(self.endpoint, model, req, temperature=self.temperature, ignore_eos=self.ignore_eos,
+                            continuous_usage=self.continuous_usage, extra_body=self.extra_body)
+
+    def request_headers(self) -> dict:
+        """The HTTP headers of every request (:func:`kit.serve.client.request_headers`; the key from
+        ``api_key_env``)."""
+        return request_headers(self.api_key_env)
 
 
-def arrival_gaps_s(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
-    """Gaps (s) before each of ``n`` requests: zeros for ``request_rate = inf``, else
-    Gamma(shape=b, scale=1/(rate·b)) with burstiness b (b = 1: Poisson). Convention of vLLM's
-    ``benchmarks/serve.py``; METRICS.md "Arrivals".
-
-    Raises:
-        ValueError: rate or burstiness not > 0.
-    """
-    if not (request_rate > 0) or not (burstiness > 0):
-        raise UserError(f"request_rate={request_rate}, burstiness={burstiness}; both must be > 0")
-    if math.isinf(request_rate):
-        return np.zeros(n)
-    rng = np.random.default_rng(seed + 7919)
-    return rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+# ---------------------------------------------------------------- workload of a point
+def default_workload(cfg: LoadConfig, tokenizer=None) -> list[RequestInput]:
+    """The requests a load point sends when none are given: warm-up + measured (256 when unbounded), at most 1024
+    distinct prompts (reused round-robin); token-id prompts on ``/v1/completions`` without a tokenizer."""
+    n = (cfg.num_requests or 256) + cfg.warmup_requests
+    return build_workload(min(n, 1024), cfg.isl, cfg.osl, tokenizer, cfg.seed, cfg.isl_range, cfg.osl_range,
+                          as_token_ids=tokenizer is None and cfg.endpoint == "completions")
 
 
 # ---------------------------------------------------------------- load generation
-class _LoopProbe:
-    """Event-loop lag (how late a 10 ms sleep wakes up) and process CPU over a run: the client self-check."""
-
-    def __init__(self, interval_s: float = 0.01):
-        self.interval = interval_s
-        self.lags_ms: list[float] = []
-        self._task = None
-
-    async def _run(self):
-        while True:
-            t = time.perf_counter()
-            await asyncio.sleep(self.interval)
-            self.lags_ms.append(max(0.0, (time.perf_counter() - t - self.interval) * 1000.0))
-
-    def start(self):
-        self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self, n_streamed: int | None = None) -> dict:
-        """Stop the probe; the figures, and the verdict unless ``n_streamed`` (successful streamed requests)
-        or the probe's sample count is too small to judge (then ``x_client_check`` says so)."""
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
-        wall = time.perf_counter() - self._wall0
-        cpu = (time.process_time() - self._cpu0) / wall if wall > 0 else float("nan")
-        lag = M.percentiles(self.lags_ms, (50, 99))
-        lag_max = max(self.lags_ms) if self.lags_ms else float("nan")
-        figures = {"x_client_cpu_frac": cpu, "x_loop_lag_ms_p50": lag["p50"], "x_loop_lag_ms_p99": lag["p99"],
-                   "x_loop_lag_ms_max": lag_max}
-        if n_streamed is not None and n_streamed < SELFCHECK_MIN_STREAMS:
-            return {**figures, **_selfcheck_skipped("no successful streamed request (the client CPU and loop "
-                                                    "lag then reflect failures only)")}
-        if lag["n"] < SELFCHECK_MIN_LAG_SAMPLES:
-            return {**figures, **_selfcheck_skipped(f"too few samples (a {wall * 1000:.0f} ms run)")}
-        bound, why = False, []
-        if cpu > CLIENT_CPU_LIMIT:
-            bound = True
-            why.append(f"client CPU {cpu:.0%} of one core > {CLIENT_CPU_LIMIT:.0%}")
-        if lag["n"] and lag["p99"] > LOOP_LAG_LIMIT_MS:
-            bound = True
-            why.append(f"event-loop lag p99 {lag['p99']:.1f} ms > {LOOP_LAG_LIMIT_MS:g} ms")
-        return {**figures, "x_client_bound": bound,
-                "x_client_warning": ("the client may be the bottleneck: " + "; ".join(why)) if why else None,
-                "x_client_check": "client-bound" if bound else "ok"}
-
-
-def _selfcheck_skipped(reason: str) -> dict:
-    """The self-check verdict of a run it cannot judge: not flagged, and why not."""
-    return {"x_client_bound": False, "x_client_warning": None, "x_client_check": f"not applied: {reason}"}
-
-
-def _failed_records(cfg: LoadConfig, workload: Sequence[RequestInput], error: str) -> list[dict]:
-    """Records of a point whose requests could not be sent at all (e.g. no model id): every planned request
-    (the warm-up ones flagged) failed with ``error``; a duration-only run plans one measured request."""
-    n = cfg.warmup_requests + (int(cfg.num_requests) if cfg.num_requests is not None else 1)
-    return [{"request_id": i, "warmup": i < cfg.warmup_requests, "ok": False, "error": error, "http_status": None,
-             "sent_s": 0.0, "end_s": 0.0, "not_sent": True,
-             "max_tokens": workload[i % len(workload)].max_tokens if workload else cfg.osl} for i in range(n)]
-
-
 async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], tokenizer=None,
-                         on_record: Callable[[dict], None] | None = None,
                          on_progress: Callable[[int, bool], None] | None = None) -> tuple[list[dict], dict]:
     """Run one load point: warm-up requests, then the measured ones, under the concurrency cap and arrivals.
 
     Args:
         workload: requests, used in order and cyclically (warm-up ones first).
-        tokenizer: HF tokenizer or ``str -> int`` callable for token counts (see :func:`request_record`).
-        on_record: called with each request's record after the run (e.g. to write the detail file).
+        tokenizer: HF tokenizer or ``str -> int`` callable for token counts (see
+            :func:`kit.serve.client.request_record`).
         on_progress: called on the event loop as each request finishes, with (finished so far, ok?); keep it
             quick (a progress bar, a test's trigger).
 
@@ -222,9 +198,9 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
     if not model:
         try:
             model = await get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)
-        except ValueError as e:
-            return _not_sent(cfg, workload, str(e), on_record, url)
-    headers = _headers(cfg)
+        except UserError as e:
+            return not_sent(cfg, workload, str(e), url)
+    headers = cfg.request_headers()
     sem = asyncio.Semaphore(int(cfg.max_concurrency)) if cfg.max_concurrency else None
     done: list[tuple] = []  # (request id, warm-up?, request, client queue ms, capture or error record)
     t_run = time.perf_counter()
@@ -240,7 +216,7 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
                 await sem.acquire()
             try:
                 q_ms = (time.perf_counter() - t_q) * 1000.0
-                cap = await stream_request(session, url, _payload(cfg, model, req), headers, cfg.timeout_s,
+                cap = await stream_request(session, url, cfg.request_body(model, req), headers, cfg.timeout_s,
                                            cfg.stall_timeout_s)
             finally:
                 if sem is not None:
@@ -264,7 +240,7 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
             await asyncio.gather(*(one(i, True) for i in range(cfg.warmup_requests)))
         n_max = int(cfg.num_requests) if cfg.num_requests is not None else 10**9
         gaps = arrival_gaps_s(min(n_max, 100_000), cfg.request_rate, cfg.burstiness, cfg.seed)
-        probe = _LoopProbe()
+        probe = LoopProbe()
         probe.start()
         t_start = time.perf_counter()
         tasks: list = []
@@ -306,8 +282,6 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
         else:
             rec = cap
         records.append(rec)
-        if on_record is not None:
-            on_record(rec)
     measured = [r for r in records if not r.get("warmup")]
     if measured:
         t_first = min(r["sent_s"] for r in measured)
@@ -319,16 +293,18 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
     return records, info
 
 
-def _not_sent(cfg: LoadConfig, workload: Sequence[RequestInput], error: str,
-              on_record: Callable[[dict], None] | None, url: str | None = None) -> tuple[list[dict], dict]:
-    """``(records, run_info)`` of a point none of whose requests could be sent (see :func:`_failed_records`)."""
-    records = _failed_records(cfg, workload, error)
-    if on_record is not None:
-        for rec in records:
-            on_record(rec)
+def not_sent(cfg: LoadConfig, workload: Sequence[RequestInput], error: str,
+             url: str | None = None) -> tuple[list[dict], dict]:
+    """``(records, run_info)`` of a point none of whose requests could be sent (e.g. no model id): every planned
+    request (the warm-up ones flagged) is a failed record with ``error`` (a duration-only run plans one measured
+    request); ``run_info`` has ``setup_error`` and a self-check "not applied"."""
+    n = cfg.warmup_requests + (int(cfg.num_requests) if cfg.num_requests is not None else 1)
+    records = [{"request_id": i, "warmup": i < cfg.warmup_requests, "ok": False, "error": error,
+                "http_status": None, "sent_s": 0.0, "end_s": 0.0, "not_sent": True,
+                "max_tokens": workload[i % len(workload)].max_tokens if workload else cfg.osl} for i in range(n)]
     info = {"duration_s": 0.0, "model": cfg.model, "url": url or cfg.base_url + ENDPOINTS[cfg.endpoint],
             "setup_error": error, "x_client_cpu_frac": None, "x_loop_lag_ms_p50": None, "x_loop_lag_ms_p99": None,
-            "x_loop_lag_ms_max": None, **_selfcheck_skipped("no request was sent")}
+            "x_loop_lag_ms_max": None, **selfcheck_skipped("no request was sent")}
     return records, info
 
 
@@ -336,8 +312,8 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
     """One results-schema row (``backend = "openai"``) from a run's request records.
 
     Failed and warm-up requests are excluded from every latency statistic; failures are counted in ``failed``
-    and the first distinct error texts kept in ``error``, each cut to one line (:func:`kit.serve.client.short_error`:
-    an HTML error page becomes its title; the detail file keeps the full text). Formulas: :mod:`kit.metrics`
+    and the first distinct error texts kept in ``error``, each cut to one line
+    (:func:`kit.serve.client.short_error`: an HTML error page becomes its title; the records keep the full text). Formulas: :mod:`kit.metrics`
     (throughputs, goodput, SLOs, percentiles with n). Means of TTFT/TPOT/E2EL are per request; ITL pools the
     tokens of all requests.
     """
@@ -422,270 +398,3 @@ def run_coro(coro):
 
     with ThreadPoolExecutor(1) as ex:
         return ex.submit(asyncio.run, coro).result()
-
-
-def _default_workload(cfg: LoadConfig, tokenizer=None) -> list[RequestInput]:
-    """The requests a point sends when none are given: warm-up + measured (256 when unbounded), at most 1024
-    distinct prompts (reused round-robin); token-id prompts on ``/v1/completions`` without a tokenizer."""
-    n = (cfg.num_requests or 256) + cfg.warmup_requests
-    return build_workload(min(n, 1024), cfg.isl, cfg.osl, tokenizer, cfg.seed, cfg.isl_range, cfg.osl_range,
-                          as_token_ids=tokenizer is None and cfg.endpoint == "completions")
-
-
-def point_id(cfg: LoadConfig) -> str:
-    """Stable key of a served point's configuration."""
-    rate = "inf" if math.isinf(cfg.request_rate) else f"{cfg.request_rate:g}"
-    return (f"openai-{cfg.endpoint}-c{cfg.max_concurrency or 'inf'}-r{rate}-b{cfg.burstiness:g}-"
-            f"isl{cfg.isl}-osl{cfg.osl}-s{cfg.seed}")
-
-
-def run_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None,
-              workload: Sequence[RequestInput] | None = None, store=None, extra: dict | None = None,
-              on_progress: Callable[[int, bool], None] | None = None, setup_error: str | None = None) -> dict:
-    """Run one served load point, write its per-request detail file, and return (and store) its row.
-
-    Args:
-        out_dir: directory for ``requests-<point_id>.jsonl`` (one JSON line per request, written when the
-            point's requests have finished) and, when ``store`` is None, the results (``points.jsonl`` / ``results.parquet``).
-        tokenizer: HF tokenizer (builds the prompts and counts tokens) or ``None``.
-        workload: explicit requests; default :func:`build_workload` from ``cfg``.
-        store: a :class:`kit.results.ResultStore` to append the row to.
-        extra: columns merged into the row (e.g. ``accelerator``, ``n_gpus``, ``device_name``).
-        on_progress: see :func:`run_load_async`.
-        setup_error: an error that already rules the point out (e.g. :func:`run_sweep` could not list the
-            models): nothing is sent, and every planned request is recorded as failed with this text.
-
-    Returns: the row (a dict of schema columns + ``x_`` extras). Never raises for server faults: a dead server
-    (or one whose model list cannot be read) gives a row with ``status="error"`` and every planned request
-    counted in ``failed``.
-
-    Raises:
-        NotADirectoryError: ``out_dir`` exists and is a file (checked before any network work).
-    """
-    from kit import results as R
-
-    cfg.validate()
-    if out_dir is not None:
-        check_out_dir(out_dir)
-    if workload is None:
-        workload = _default_workload(cfg, tokenizer)
-    pid = point_id(cfg)
-    detail = None
-    if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        detail = out_dir / f"requests-{pid}.jsonl"
-        detail.write_text("")
-        if store is None:
-            store = R.ResultStore(out_dir)
-    fh = open(detail, "a") if detail else None
-
-    def on_record(rec: dict) -> None:
-        if fh:
-            fh.write(json.dumps(rec, default=float) + "\n")
-            fh.flush()
-
-    try:
-        if setup_error:
-            records, info = _not_sent(cfg, workload, setup_error, on_record)
-        else:
-            try:
-                records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_record, on_progress))
-            except ValueError as e:  # any other set-up failure: a finished, failed point
-                records, info = _not_sent(cfg, workload, str(e), on_record)
-    finally:
-        if fh:
-            fh.close()
-    row = aggregate(records, cfg, info)
-    row["point_id"] = pid
-    row["x_detail_file"] = str(detail) if detail else None
-    row.update(extra or {})
-    if row.get("n_gpus") and row.get("output_tok_s") == row.get("output_tok_s") and row.get("output_tok_s"):
-        row["tok_s_per_gpu"] = M.tok_s_per_gpu(row["output_tok_s"], int(row["n_gpus"]))
-    if store is not None:
-        store.append(row)
-    return row
-
-
-def run_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path, tokenizer=None,
-              extra: dict | None = None, metadata: dict | None = None, progress: bool = True,
-              model_error: str | None = None) -> "Any":
-    """A concurrency sweep against one server: one :func:`run_point` per value of ``concurrencies``.
-
-    Rows are appended to ``out_dir`` as each point finishes (``points.jsonl``, ``results.parquet``), beside one
-    detail file per point, so they concatenate with in-process rows via :func:`kit.results.to_frame`.
-    Without ``cfg.model`` the model id is listed once (``/v1/models``, at most ``cfg.timeout_s``); if that fails
-    (or ``model_error`` says it already did), every point is recorded with all its planned requests failed,
-    without asking again.
-
-    Returns: the results DataFrame of this sweep.
-
-    Raises:
-        ValueError: an empty list or a concurrency < 1.
-        NotADirectoryError: ``out_dir`` exists and is a file (checked before any network work).
-        KeyboardInterrupt: Ctrl-C; the points finished before it stay in ``out_dir``.
-    """
-    from dataclasses import replace
-
-    from kit import results as R
-
-    concs = [int(c) for c in concurrencies]
-    if not concs or min(concs) < 1:
-        raise UserError(f"concurrencies={list(concurrencies)}; give one or more integers >= 1")
-    cfg.validate()
-    check_out_dir(out_dir)
-    if not cfg.model and not model_error:
-        try:
-            cfg = replace(cfg, model=run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)))
-        except ValueError as e:
-            model_error = str(e)
-    meta = R.run_metadata(backend="openai", config={k: v for k, v in asdict(cfg).items() if k != "api_key_env"},
-                          **(metadata or {}))
-    store = R.ResultStore(out_dir, metadata=meta)
-    workload = _default_workload(cfg, tokenizer)
-    rows = []
-    extra = {"run_id": meta["created_utc"], **(extra or {})}
-    with InterruptGuard() as guard:
-        for c in concs:
-            guard.check()  # a Ctrl-C swallowed by a finaliser still stops the sweep between points
-            row = run_point(replace(cfg, max_concurrency=c), out_dir, tokenizer, workload, store, extra,
-                            setup_error=model_error)
-            rows.append(row)
-            if progress:
-                print(summary_line(row), flush=True)
-    return R.to_frame(rows)
-
-
-def summary_line(row: dict) -> str:
-    """A one-line text summary of a served row (concurrency, throughput, TTFT, TPOT, failures, self-check)."""
-    def f(x, fmt=".1f"):
-        return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
-
-    s = (f"c={row.get('concurrency')} rate={row.get('request_rate')}: {f(row.get('output_tok_s'))} out tok/s, "
-         f"{f(row.get('request_throughput'), '.2f')} req/s, TTFT p50 {f(row.get('ttft_ms'))} ms "
-         f"(n={row.get('x_ttft_n')}), TPOT p50 {f(row.get('tpot_ms_p50'))} ms (n={row.get('tpot_n')}), "
-         f"ITL p50 {f(row.get('itl_ms_p50'))} ms (n={row.get('itl_n')}), "
-         f"completed {row.get('completed')}, failed {row.get('failed')}")
-    if row.get("goodput_rps") is not None:
-        s += f", goodput {f(row.get('goodput_rps'), '.2f')} req/s"
-    if row.get("x_requests_without_text"):
-        s += f"; {row['x_requests_without_text']} completed requests streamed no text (no TTFT)"
-    if row.get("x_osl_mismatch"):
-        s += f"; {row['x_osl_mismatch']} requests' output length != max_tokens"
-    if row.get("x_client_warning"):
-        s += f"; WARNING {row['x_client_warning']}"
-    elif str(row.get("x_client_check") or "").startswith("not applied"):
-        s += f"; client self-check {row['x_client_check']}"
-    if row.get("error"):
-        s += f"; ERROR {short_error(row['error'], 300)}"
-    return s
-
-
-# ---------------------------------------------------------------- CLI
-#: argparse type of ``--concurrency``: a comma list of integers >= 1 (argparse names the option)
-_concurrency_list = int_list_arg(minimum=1, example="1,4,16")
-
-
-class _DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Appends "(default: …)" to an option's help unless its help already names a default, or the default is
-    None / False (nothing to show)."""
-
-    def _get_help_string(self, action):
-        h = action.help or ""
-        d = action.default
-        if (not action.option_strings or d is None or d is False or d is argparse.SUPPRESS
-                or "default" in h.lower()):
-            return action.help
-        return (h + " " if h else "") + "(default: %(default)s)"
-
-
-def add_cli(subparsers) -> None:
-    """``kit serve-bench``: a concurrency sweep against a running OpenAI-compatible server."""
-    p = subparsers.add_parser(
-        "serve-bench",
-        description="Concurrency sweep against a running server; one results row per concurrency "
-                    "(backend=openai) plus a per-request detail file. The API key is read from the environment "
-                    f"variable named by --api-key-env (default {DEFAULT_API_KEY_ENV}).",
-        formatter_class=_DefaultsHelpFormatter)
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", default=None, help="served model id (default: first of /v1/models)")
-    p.add_argument("--endpoint", default="completions", choices=sorted(ENDPOINTS),
-                   help="API to call: " + ", ".join(f"{k}={v}" for k, v in sorted(ENDPOINTS.items())))
-    p.add_argument("--concurrency", type=_concurrency_list, default="1,4,16",
-                   help="comma-separated max concurrency values")
-    p.add_argument("--workload", default=None, choices=sorted(WORKLOAD_PRESETS),
-                   help="ISL/OSL preset (overrides --isl/--osl): " +
-                        ", ".join(f"{k}={v[0]}/{v[1]}" for k, v in WORKLOAD_PRESETS.items()))
-    p.add_argument("--isl", type=int, default=1024, help="input tokens per request")
-    p.add_argument("--osl", type=int, default=400, help="output tokens per request (max_tokens)")
-    p.add_argument("--isl-range", type=float, default=0.0, help="draw ISL in isl*(1±r)")
-    p.add_argument("--osl-range", type=float, default=0.0, help="draw OSL in osl*(1±r)")
-    p.add_argument("--num-requests", type=int, default=64, help="measured requests per concurrency point")
-    p.add_argument("--duration-s", type=float, default=None, help="stop sending after this many seconds")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per point (excluded)")
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (default inf: all at once)")
-    p.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape of arrival gaps (1 = Poisson)")
-    p.add_argument("--seed", type=int, default=0, help="seed of prompts and arrival gaps")
-    p.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (vLLM, SGLang)")
-    p.add_argument("--continuous-usage", action="store_true",
-                   help="ask for usage in every chunk (vLLM): exact tokens per chunk without a tokenizer")
-    p.add_argument("--extra-body", default=None, help="JSON object merged into every request body")
-    p.add_argument("--tokenizer", default=None,
-                   help="local tokenizer path/id for prompts and token counts (default: try the model id)")
-    p.add_argument("--timeout-s", type=float, default=600.0,
-                   help="total time one request (and the /v1/models look-up) may take")
-    p.add_argument("--stall-timeout-s", type=float, default=60.0, help="longest silence within a stream")
-    p.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput SLO on TTFT (ms; default: none)")
-    p.add_argument("--slo-tpot-ms", type=float, default=None, help="goodput SLO on TPOT (ms; default: none)")
-    p.add_argument("--slo-e2el-ms", type=float, default=None,
-                   help="goodput SLO on end-to-end latency (ms; default: none)")
-    p.add_argument("--api-key-env", default=DEFAULT_API_KEY_ENV, help="environment variable with the API key")
-    p.add_argument("--accelerator", default=None, help="catalog accelerator name for the rows (e.g. MI355X)")
-    p.add_argument("--n-gpus", type=int, default=None, help="GPUs behind the server (for tok/s/GPU)")
-    p.add_argument("--out", default="results/serve-bench", help="output directory")
-    p.add_argument("--plot", action="store_true", help="also write serve-bench.png")
-    p.set_defaults(func=_cli_main)
-
-
-def _cli_main(args) -> int:
-    check_out_dir(args.out)  # before any network work
-    isl, osl = WORKLOAD_PRESETS[args.workload] if args.workload else (args.isl, args.osl)
-    try:
-        extra_body = json.loads(args.extra_body) if args.extra_body else {}
-    except json.JSONDecodeError as e:
-        raise UserError(f"--extra-body={args.extra_body!r} is not valid JSON: {e}") from e
-    if not isinstance(extra_body, dict):
-        raise UserError(f"--extra-body={args.extra_body!r} must be a JSON object")
-    concs = args.concurrency  # argparse applies type= to the string default too
-    cfg = LoadConfig(url=args.url, model=args.model, endpoint=args.endpoint, max_concurrency=concs[0],
-                     request_rate=args.request_rate, burstiness=args.burstiness, seed=args.seed,
-                     num_requests=args.num_requests, duration_s=args.duration_s, warmup_requests=args.warmup,
-                     isl=isl, osl=osl, isl_range=args.isl_range, osl_range=args.osl_range,
-                     ignore_eos=args.ignore_eos, timeout_s=args.timeout_s, stall_timeout_s=args.stall_timeout_s,
-                     api_key_env=args.api_key_env, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
-                     slo_e2el_ms=args.slo_e2el_ms, continuous_usage=args.continuous_usage,
-                     extra_body=extra_body).validate()
-    tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    model_error = None
-    if not cfg.model:  # listed once here (for the tokenizer too), not again by run_sweep
-        try:
-            cfg.model = run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s))
-        except ValueError as e:
-            model_error = str(e)
-            print(f"kit serve-bench: {e}; no request is sent, every planned request is counted as failed")
-    if tok is None and not args.tokenizer and cfg.model:
-        try:
-            tok = load_tokenizer(cfg.model)
-        except ValueError as e:
-            print(f"kit serve-bench: no tokenizer ({e}); prompts are token ids, token counts per chunk assumed 1")
-    extra = {k: v for k, v in (("accelerator", args.accelerator), ("n_gpus", args.n_gpus)) if v is not None}
-    df = run_sweep(cfg, concs, args.out, tok, extra, model_error=model_error)
-    print(f"results: {Path(args.out) / 'results.parquet'} ({len(df)} rows; per-request detail in "
-          f"{Path(args.out)}/requests-*.jsonl)")
-    if args.plot:
-        from kit.view.plots import plot_served
-
-        fig = plot_served(df)
-        fig.savefig(Path(args.out) / "serve-bench.png", dpi=110)
-        print(f"plot: {Path(args.out) / 'serve-bench.png'}")
-    return 0 if (df["completed"].fillna(0) > 0).any() else 1

@@ -177,6 +177,80 @@ def save_standard_plots(df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     return paths
 
 
+# ---------------------------------------------------------------- the panel, the compare view, the how-to notebooks
+def panel_plot(df: pd.DataFrame | None, kind: str = "decode tok/s vs concurrency", label: str | None = None):
+    """One of :data:`PANEL_PLOTS` for ``df``: the Figure, or None when there is no row to draw.
+
+    Several dtypes in ``df`` are told apart by line style (``label="dtype"`` unless given); the heatmap shows the
+    first dtype (its last row per grid cell).
+
+    Raises: UserError (a ValueError) for an unknown ``kind``, listing the allowed ones.
+    """
+    if kind not in PANEL_PLOTS:
+        raise UserError(f"plot kind {kind!r}; allowed: {list(PANEL_PLOTS)}")
+    if df is None or df.empty:
+        return None
+    fn, y = PANEL_PLOTS[kind]
+    if fn is heatmap:
+        first = df["dtype"].dropna().iloc[0] if "dtype" in df and df["dtype"].notna().any() else None
+        sub = df if first is None else df[df["dtype"] == first]
+        return heatmap(sub.drop_duplicates(["context_len", "concurrency"], keep="last"), value=y)
+    if label is None and "dtype" in df.columns and df["dtype"].nunique() > 1:
+        label = "dtype"
+    return fn(df, y=y, label=label)
+
+
+#: the panel's plot menu: label → (figure function of this module, y column)
+PANEL_PLOTS = {
+    "decode tok/s vs concurrency": (throughput_vs_concurrency, "decode_tok_s"),
+    "TPOT vs KV-cache length": (tpot_vs_context, "tpot_ms_p50"),
+    "decode tok/s heatmap": (heatmap, "decode_tok_s"),
+    "tok/s per stream vs concurrency": (throughput_vs_concurrency, "tok_s_per_stream"),
+}
+
+
+def compare_plot(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concurrency", hue: str = "context_len"):
+    """Shared axes for labelled result sets (a :func:`kit.view.compare_view.compare_frame` result): one line style
+    per ``label``, one colour per ``hue``; log y for throughput and cost columns. Returns the Figure.
+
+    Raises: UserError (a ValueError) for a missing column.
+    """
+    _check(df, ["label"])
+    logy = y in ("decode_tok_s", "usd_per_mtok", "tok_per_usd")
+    return line_plot(df, x, y, hue, label="label", logy=logy,
+                     title=f"{label_of(y).split(' (')[0]} vs {x}: {' vs '.join(map(str, df['label'].unique()))}")
+
+
+def dtype_plot(df: pd.DataFrame, y: str = "decode_tok_s"):
+    """Decode tok/s vs concurrency per dtype (line style) and KV length (colour). A point whose logits were
+    non-finite (``x_logits_finite`` False) measured broken arithmetic: it is drawn as not measured (red x), never
+    as a speed. Returns the Figure."""
+    d = df.copy()
+    if "x_logits_finite" in d.columns:
+        broken = d["x_logits_finite"].map(lambda v: v is False or v is np.False_)
+        d.loc[broken, "status"] = "non-finite"
+    return line_plot(d, "concurrency", y, "context_len", label="dtype", logy=True,
+                     title=_title(d, f"{label_of(y).split(' (')[0]} by dtype (x: non-finite logits or not measured)"))
+
+
+def knee_plot(df: pd.DataFrame, knee: pd.DataFrame, y: str = "decode_tok_s"):
+    """:func:`throughput_vs_concurrency` with a dotted vertical line and a note at each knee that was reached.
+
+    Args:
+        knee: rows of :func:`kit.view.analysis.concurrency_knee` (context_len, knee, reached, y_at_knee).
+
+    Returns: the Figure. Raises: UserError (a ValueError) for a missing column.
+    """
+    _check(knee, ["context_len", "knee", "reached", "y_at_knee"])
+    fig = throughput_vs_concurrency(df, y=y)
+    ax = fig.axes[0]
+    for _, k in knee[knee["reached"].astype(bool)].iterrows():
+        ax.axvline(int(k["knee"]), color="grey", ls=":", lw=1)
+        ax.annotate(f"knee kv={k['context_len']}: B={k['knee']}", (int(k["knee"]), k["y_at_knee"]), fontsize=8,
+                    textcoords="offset points", xytext=(4, -12))
+    return fig
+
+
 # ---------------------------------------------------------------- served sweeps (rows of kit.serve.load)
 def _throughput_col(df):
     """Served rows: output_tok_s; in-process rows: decode_tok_s (both output tokens per second)."""

@@ -27,7 +27,7 @@ def test_small_sweep_and_resume(tmp_path):
     assert len(df) == 4 and set(df.status) == {"ok"} and seen == [1, 2, 3, 4]
     assert (tmp_path / "results.parquet").exists() and (tmp_path / "results.json").exists()
     meta = results.load_results(tmp_path).attrs["metadata"]
-    assert meta["model"] == "tiny-llama" and meta["torch_version"] and meta["device"]["backend"] == "cpu"
+    assert meta["model"] == "tiny-llama" and meta["torch_version"] and meta["device"]["platform"] == "cpu"
     calls = []
     df2 = sweep.run_sweep(cfg, tmp_path, progress=False, runner=lambda *a: calls.append(a) or {})
     assert calls == [] and len(df2) == 4  # everything already finished: nothing re-measured

@@ -1,0 +1,98 @@
+"""Pure renderings of results for the widgets (:mod:`kit.view.panel`, :mod:`kit.view.compare_view`): the results
+table and its HTML, the problem lines, PNG bytes of a figure, and the static snapshot shown where no widget manager
+runs (papermill outputs in the docs, nbconvert, a console). No widget is built here; every function is testable on a
+plain DataFrame.
+"""
+from __future__ import annotations
+
+import base64
+import io
+
+import pandas as pd
+
+#: columns of the results table shown in the panel (all from the kit.results schema)
+TABLE_COLUMNS = ("dtype", "context_len", "concurrency", "status", "ttft_ms", "tpot_ms_p50", "tpot_ms_p90",
+                 "tpot_n", "decode_tok_s", "tok_s_per_stream", "peak_mem_gb")
+
+
+def results_table(df: pd.DataFrame | None, columns=TABLE_COLUMNS) -> pd.DataFrame:
+    """The rows the panel shows: one per point, sorted by dtype, KV length and concurrency, rounded to 3 decimals.
+
+    Columns of ``columns`` missing from ``df`` are left out; an empty or None ``df`` gives an empty frame with
+    ``columns``.
+    """
+    if df is None or df.empty:
+        return pd.DataFrame(columns=list(columns))
+    cols = [c for c in columns if c in df.columns]
+    t = df[cols].sort_values([c for c in ("dtype", "context_len", "concurrency") if c in cols]).reset_index(drop=True)
+    return t.round(3)
+
+
+def table_html(df: pd.DataFrame | None, css_class: str = "kit-results") -> str:
+    """HTML ``<table class=css_class>`` of :func:`results_table` (the panel shows it; the browser test reads it);
+    a ``<p>`` saying so when there is no finished point yet."""
+    t = results_table(df)
+    if t.empty:
+        return f"<p class='{css_class}-empty'>no finished points yet</p>"
+    style = (f"<style>table.{css_class} td, table.{css_class} th {{padding: 2px 10px; text-align: right;}}"
+             f" table.{css_class} tbody tr:nth-child(odd) {{background: #f4f4f4;}}</style>")
+    return style + t.to_html(index=False, classes=css_class, na_rep="-", border=0)
+
+
+def _present(value) -> bool:
+    """True for a real value; False for None / NaN / NA."""
+    if value is None:
+        return False
+    try:
+        return not bool(pd.isna(value))
+    except (TypeError, ValueError):  # a list or array: present
+        return True
+
+
+def point_problems(df: pd.DataFrame | None) -> list[str]:
+    """One line per point that is not a clean measurement: status oom or error, or status ok with an ``error``
+    text (non-finite logits), e.g. ``"oom: float32 kv=32 B=2: CUDA out of memory"``."""
+    out: list[str] = []
+    if df is None or df.empty:
+        return out
+    for _, r in df.iterrows():
+        err = r.get("error")
+        has_err = _present(err)
+        if r.get("status") != "ok" or has_err:
+            out.append(f"{r.get('status')}: {r.get('dtype')} kv={r.get('context_len')} B={r.get('concurrency')}: "
+                       f"{err if has_err else ''}".rstrip(": "))
+    return out
+
+
+def figure_png(fig, dpi: int = 90) -> bytes:
+    """PNG bytes of a matplotlib figure (``dpi`` dots per inch); the figure is closed, so a notebook does not draw
+    it a second time."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def snapshot_html(status_html: str, png, table: str) -> str:
+    """A static HTML picture of a widget view: the status line, the plot (``png`` bytes inlined; skipped when
+    empty or None) and the table's HTML."""
+    parts = [f"<div class='kit-snapshot'><div>{status_html}</div>"]
+    data = bytes(png) if png is not None else b""
+    if data:
+        parts.append(f"<img alt='plot' style='max-width:640px' src='data:image/png;base64,"
+                     f"{base64.b64encode(data).decode()}'/>")
+    parts.append(f"{table}</div>")
+    return "".join(parts)
+
+
+def widget_bundle(widget, text: str, html_snapshot: str) -> dict:
+    """The MIME bundle of a kit view: the live widget (ipywidgets' view), plus ``text`` as text/plain and
+    ``html_snapshot`` as text/html for places without a widget manager."""
+    data = dict(widget._repr_mimebundle_())
+    data["text/plain"] = text
+    data["text/html"] = html_snapshot
+    return data

@@ -1,0 +1,135 @@
+"""The kit's house rules, checked on the source: module size, one home per name (no re-export shims, no private
+names across modules), no repeated blocks, honest notebooks, package metadata (license, py.typed)."""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KIT = ROOT / "kit"
+MODULES = sorted(KIT.rglob("*.py"))
+NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+MAX_LINES = 450
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+def _code_cells(nb: Path) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def _private_imports(tree: ast.AST) -> list[str]:
+    """``from kit... import _x`` or ``... as _x``: a private name taken across modules."""
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("kit", "") or (
+                isinstance(node, ast.ImportFrom) and node.level):
+            for a in node.names:
+                for name in (a.name, a.asname or ""):
+                    if name.startswith("_") and not name.startswith("__"):
+                        bad.append(f"from {'.' * node.level}{node.module or ''} import {a.name}"
+                                   + (f" as {a.asname}" if a.asname else ""))
+    return bad
+
+
+def test_modules_are_small():
+    long = {_rel(p): n for p in MODULES if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split by concern): {long}"
+
+
+def test_no_module_level_getattr_shims():
+    shims = [_rel(p) for p in MODULES
+             if any(isinstance(n, ast.FunctionDef) and n.name in ("__getattr__", "__dir__")
+                    for n in ast.parse(p.read_text()).body)]
+    assert not shims, f"module-level __getattr__/__dir__ (a re-export shim): {shims}"
+
+
+def test_all_lists_only_names_the_module_defines():
+    """``__all__`` naming an imported name is a re-export: the name has one home and is imported from there."""
+    bad = {}
+    for p in MODULES:
+        tree = ast.parse(p.read_text())
+        defined, listed = set(), []
+        for n in tree.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(n.name)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        defined.add(t.id)
+                        if t.id == "__all__":
+                            listed = [e.value for e in n.value.elts]
+        reexported = [x for x in listed if x not in defined]
+        if reexported:
+            bad[_rel(p)] = reexported
+    assert not bad, f"__all__ re-exports names defined elsewhere: {bad}"
+
+
+@pytest.mark.parametrize("where", ["kit", "tests", "notebooks", "benchmarks"])
+def test_no_private_name_is_imported_across_modules(where):
+    bad = {}
+    if where == "notebooks":
+        for nb in NOTEBOOKS:
+            for src in _code_cells(nb):
+                try:
+                    found = _private_imports(ast.parse(src))
+                except SyntaxError:  # IPython magics: not Python, nothing imported there
+                    continue
+                if found:
+                    bad.setdefault(_rel(nb), []).extend(found)
+    else:
+        for p in sorted((ROOT / where).rglob("*.py")):
+            if "fake_backends" in p.parts:
+                continue
+            if found := _private_imports(ast.parse(p.read_text())):
+                bad[_rel(p)] = found
+    assert not bad, f"private names imported across modules: {bad}"
+
+
+def _significant(line: str) -> str | None:
+    s = line.strip()
+    if not s or s.startswith(("#", "import ", "from ", '"""', "'''", "@")) or s in (")", "]", "}", "):", "]:"):
+        return None
+    return re.sub(r"\s+", " ", s)
+
+
+def test_no_block_of_six_lines_is_repeated_within_kit():
+    """The same six significant lines (blank lines, comments, imports and lone brackets skipped) in two places of
+    kit/ are one piece of logic with two homes."""
+    seen: dict[tuple, list[str]] = defaultdict(list)
+    for p in MODULES:
+        lines = [(i + 1, s) for i, raw in enumerate(p.read_text().splitlines()) if (s := _significant(raw))]
+        for k in range(len(lines) - 5):
+            window = tuple(s for _, s in lines[k:k + 6])
+            if sum(len(s) for s in window) < 120:  # short boilerplate (returns, else:, pass) is not logic
+                continue
+            seen[window].append(f"{_rel(p)}:{lines[k][0]}")
+    repeated = {w[0][:60]: places for w, places in seen.items() if len(places) > 1}
+    assert not repeated, f"blocks of 6+ lines repeated within kit/: {repeated}"
+
+
+def test_notebooks_never_hide_a_failure():
+    bad = []
+    for nb in NOTEBOOKS:
+        for src in _code_cells(nb):
+            if re.search(r"^\s*except\s*(Exception|BaseException)?\s*(as \w+)?\s*:", src, re.M):
+                bad.append(_rel(nb))
+    assert not bad, f"notebooks with a broad except (a kit failure must fail the notebook): {bad}"
+
+
+def test_package_metadata_license_and_typing():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert meta["license"] == "Apache-2.0"  # an SPDX expression, matching LICENSE
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
+    assert (KIT / "py.typed").exists()
+    assert not any(d.startswith("httpx") for d in meta["dependencies"])  # not used by the kit
