@@ -4,8 +4,8 @@
     .venv/bin/python docs/build.py --executed DIR       # reuse notebooks already executed (mirror of notebooks/)
     .venv/bin/python docs/build.py --no-execute         # render the committed notebooks without outputs
 
-The source tree is ``OUT/src``: ``docs/conf.py``, ``docs/*.md``, an API page generated from the ``kit`` package's
-modules, and every notebook under ``notebooks/`` (the executed copy when there is one). HTML goes to ``OUT/html``
+The source tree is ``OUT/src``: ``docs/conf.py``, ``docs/*.md`` (``index.md``, ``architecture.md``), an API page
+generated from every public module of the ``kit`` package and its subpackages (:func:`api_modules`), and every notebook under ``notebooks/`` (the executed copy when there is one). HTML goes to ``OUT/html``
 (default ``OUT`` = ``docs/_build``). MyST-NB never executes anything (``nb_execution_mode = "off"``): a notebook is
 executed once, by papermill, and a notebook whose execution fails fails the build.
 
@@ -34,15 +34,31 @@ def notebooks() -> list[str]:
     return list_notebooks()
 
 
-def api_page() -> str:
-    """The API reference page: one ``automodule`` per module of the kit package."""
+def api_modules() -> list[str]:
+    """Every public module of the ``kit`` package, subpackages included (``kit.measure.sweep``, ...), sorted; a
+    module or package whose name starts with ``_`` (``kit._io``, ``kit.__main__``) is private and left out."""
     sys.path.insert(0, str(ROOT))
     import kit
 
-    mods = sorted(m.name for m in pkgutil.iter_modules(kit.__path__) if not m.name.startswith("_"))
+    return sorted(m.name for m in pkgutil.walk_packages(kit.__path__, "kit.")
+                  if not m.ispkg and not any(part.startswith("_") for part in m.name.split(".")))
+
+
+def api_page() -> str:
+    """The API reference page: one ``automodule`` per module of :func:`api_modules`, top-level modules first, then
+    one section per subpackage (its docstring, then its modules)."""
+    mods = api_modules()
     parts = ["# API reference\n", "Generated from the docstrings of the `kit` package, one section per module.\n"]
+    groups: dict[str, list[str]] = {}
     for m in mods:
-        parts.append(f"## `kit.{m}`\n\n```{{eval-rst}}\n.. automodule:: kit.{m}\n```\n")
+        groups.setdefault(m.rsplit(".", 1)[0], []).append(m)
+    for pkg in sorted(groups, key=lambda g: (g != "kit", g)):
+        level = "##"
+        if pkg != "kit":
+            parts.append(f"## `{pkg}`\n\n```{{eval-rst}}\n.. automodule:: {pkg}\n   :no-members:\n```\n")
+            level = "###"
+        for m in groups[pkg]:
+            parts.append(f"{level} `{m}`\n\n```{{eval-rst}}\n.. automodule:: {m}\n```\n")
     return "\n".join(parts)
 
 

@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 import pandas as pd
+from kit import dtypes
 from kit._io import data_path
 from kit.errors import InputNotFoundError, UnknownNameError, UserError
 
@@ -29,6 +30,9 @@ ACCEL_REQUIRED = {
 }
 ACCEL_OPTIONAL_NUM = ("hbm_gb_nominal", "fp8_tflops", "fp4_tflops", "tdp_w", "scaleup_gb_s", "scaleup_domain_gpus")
 FP8_FORMATS = ("e4m3fn", "e4m3fnuz")
+#: peak-TFLOPS figure (:func:`kit.dtypes.peak_key`) → its column in accelerators.csv
+PEAK_COLUMNS = {"float32": "fp32_tflops", "bfloat16": "bf16_tflops", "float16": "fp16_tflops", "fp8": "fp8_tflops",
+                "fp4": "fp4_tflops"}
 PRICE_REQUIRED = ("accelerator", "usd_per_gpu_hr", "basis")
 DEFAULT_BASIS = "tco"
 
@@ -147,15 +151,13 @@ class Catalog:
         return self.accelerators.loc[self.resolve(name)]
 
     def peak_tflops(self, name: str, dtype: str) -> float:
-        """Dense peak TFLOPS of ``name`` for ``dtype`` (float32, bfloat16, float16, fp8, fp4).
+        """Dense peak TFLOPS of ``name`` for ``dtype`` (any :mod:`kit.dtypes` name or alias, or ``"fp4"``).
 
         Raises:
             KeyError: unknown accelerator. ValueError: unknown dtype or no figure for it.
         """
-        col = {"float32": "fp32_tflops", "fp32": "fp32_tflops", "bfloat16": "bf16_tflops", "bf16": "bf16_tflops",
-               "float16": "fp16_tflops", "fp16": "fp16_tflops", "fp8": "fp8_tflops", "fp4": "fp4_tflops"}.get(dtype)
-        if col is None:
-            raise UserError(f"unknown dtype {dtype!r}; allowed: float32, bfloat16, float16, fp8, fp4")
+        key = "fp4" if str(dtype).lower() == "fp4" else dtypes.peak_key(dtype)
+        col = PEAK_COLUMNS[key]
         v = self.get(name).get(col)
         if v is None or pd.isna(v):
             raise UserError(f"no {dtype} TFLOPS figure for {name}")

@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kit.measure.bench", "benchmark the kit: harness overhead and speed vs model.generate()"),
     "plan": ("kit.plan.cli", "will it fit, how fast, at what cost (analytic; no GPU needed)"),
     "calibrate": ("kit.measure.calibrate", "measure local memory bandwidth, matmul TFLOPS and step overhead"),
-    "serve-bench": ("kit.serve.load", "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, "
+    "serve-bench": ("kit.serve.sweep", "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, "
                                    "goodput)"),
     "dashboard": ("kit.view.dashboard", "serve the sweep control panel as a web page (Voila, 127.0.0.1)"),
     "doctor": ("kit.check.doctor", "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel "

@@ -24,14 +24,21 @@ from kit.errors import UserError
 #: what a torch build runs on: the CPU, CUDA (NVIDIA) or ROCm/HIP (AMD; still addressed as torch device "cuda")
 PLATFORMS = ("cpu", "cuda", "rocm")
 
-#: gfx architecture → (family, catalog names it covers). Source: ROCm "GPU hardware specifications" table
-#: (rocm.docs.amd.com, reference/gpu-arch-specs): gfx942 = MI300A/MI300X/MI325X, gfx950 = MI350X/MI355X.
-GFX_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "gfx942": ("MI300X/MI325X", ("MI300X", "MI325X")),
-    "gfx950": ("MI350X/MI355X", ("MI355X",)),
-    "gfx90a": ("MI200 (MI210/MI250X)", ()),
-    "gfx908": ("MI100", ()),
+#: gfx architecture → the Instinct parts built on it: (part, compute units, memory GiB). One arch covers several
+#: products, so a part is told apart by its compute-unit count and memory, never by the arch alone. Sources: ROCm
+#: "GPU hardware specifications" (rocm.docs.amd.com, reference/gpu-arch-specs): MI300X 304 CUs / 192 GiB, MI325X
+#: 304 / 256, MI300A 228 / 128 (gfx942); MI350X and MI355X 256 / 288 (gfx950: the two differ only in clocks and
+#: power, which torch does not report).
+GFX_PARTS: dict[str, tuple[tuple[str, int, int], ...]] = {
+    "gfx942": (("MI300X", 304, 192), ("MI325X", 304, 256), ("MI300A", 228, 128)),
+    "gfx950": (("MI350X", 256, 288), ("MI355X", 256, 288)),
+    "gfx90a": (("MI210", 104, 64), ("MI250X", 220, 128)),
+    "gfx908": (("MI100", 120, 32),),
 }
+#: a part matches when its memory is within this fraction of the detected memory (the driver reserves some)
+PART_MEMORY_TOLERANCE = 0.1
+#: marketing-name keys that map straight to a catalog accelerator (a real name beats any inference)
+NAME_KEYS = ("GB300", "GB200", "B300", "B200", "H200", "H100", "MI355X", "MI350X", "MI325X", "MI300X", "MI300A")
 
 
 @dataclass
@@ -46,6 +53,11 @@ class DeviceInfo:
     gfx_arch: str | None = None
     family: str | None = None
     catalog_name: str | None = None
+    compute_units: int | None = None
+    #: how the part was named: from the device name, from arch + compute units + memory, or why it could not be
+    identity: str = ""
+    #: which devices this process may see and why (:func:`visible_devices`)
+    visibility: str = ""
     torch_version: str = field(default_factory=lambda: torch.__version__)
     cuda_version: str | None = None
     hip_version: str | None = None
@@ -68,15 +80,49 @@ def gfx_arch(props) -> str | None:
     return arch or None
 
 
-def _match_catalog_name(name: str, family_names: tuple[str, ...] = ()) -> str | None:
-    """Best-effort map of a device name to a catalog accelerator name (e.g. 'NVIDIA H200' → 'H200')."""
-    up = name.upper().replace("-", " ")
-    for key in ("GB300", "GB200", "B300", "B200", "H200", "H100", "MI355X", "MI350X", "MI325X", "MI300X"):
-        if key in up.replace(" ", ""):
-            return "MI355X" if key == "MI350X" else key
-    if len(family_names) == 1:
-        return family_names[0]
-    return None
+def _catalog_names() -> set[str]:
+    from kit.catalog import load_catalog
+
+    return set(load_catalog().names)
+
+
+def identify_part(name: str, arch: str | None, compute_units: int | None, memory_gb: float) -> tuple[str | None, str]:
+    """Name the accelerator behind a device: ``(catalog name or None, how it was told)``.
+
+    A recognised marketing name ("NVIDIA H200", "AMD Instinct MI300X") maps directly. Otherwise, on ROCm, the gfx
+    arch's parts (:data:`GFX_PARTS`) are matched on compute units and memory (within
+    :data:`PART_MEMORY_TOLERANCE`). When no part matches, several do, or the part is not in the catalog, the
+    catalog name is None and the text says why (callers then use the measured memory and name the arch in any
+    error).
+
+    Args:
+        memory_gb: detected device memory, GB (1e9 bytes).
+    """
+    up = name.upper().replace("-", " ").replace(" ", "")
+    known = _catalog_names()
+    for key in NAME_KEYS:
+        if key in up:
+            if key in known:
+                return key, f"from the device name {name!r}"
+            return None, f"the device name {name!r} is a {key}, which is not in the accelerator catalog"
+    parts = GFX_PARTS.get(arch or "")
+    if not parts:
+        return None, (f"unknown gfx arch {arch!r} (no catalog part)" if arch else
+                      f"device name {name!r} matches no catalog accelerator")
+    mem_gib = memory_gb * 1e9 / 2**30
+    fits = [p for p in parts if (compute_units is None or p[1] == compute_units)
+            and abs(mem_gib - p[2]) <= PART_MEMORY_TOLERANCE * p[2]]
+    seen = f"{arch}, {compute_units if compute_units is not None else '?'} CUs, {mem_gib:.0f} GiB"
+    if not fits:
+        return None, (f"unknown {arch} part ({seen}; {arch} parts: "
+                      + ", ".join(f"{p} {c} CUs / {m} GiB" for p, c, m in parts) + "); the measured memory is used")
+    if len(fits) > 1:
+        return None, (f"cannot tell {' from '.join(p[0] for p in fits)} apart ({seen}: same compute units and "
+                      "memory); the measured memory is used; name the part with --accelerator")
+    part = fits[0][0]
+    if part not in known:
+        return None, f"{part} ({seen}) is not in the accelerator catalog; the measured memory is used"
+    return part, f"{part} from {seen}"
 
 
 def cpu_name() -> str:
@@ -89,6 +135,59 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+#: environment variables that decide which GPUs a process sees
+VISIBLE_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def visible_devices(platform: str | None = None, env=None) -> dict:
+    """Which GPUs this process may see, and why.
+
+    Rules (sources: ROCm docs "GPU isolation techniques"; CUDA C Programming Guide, "CUDA Environment
+    Variables"): on ROCm, ``ROCR_VISIBLE_DEVICES`` filters at the runtime level first, then
+    ``HIP_VISIBLE_DEVICES`` (for which HIP also accepts ``CUDA_VISIBLE_DEVICES``) indexes into what is left; on
+    CUDA only ``CUDA_VISIBLE_DEVICES`` counts. An empty value hides every device.
+
+    Args:
+        platform: ``"cuda"``, ``"rocm"`` or ``"cpu"`` (default: this torch build's).
+        env: mapping to read (default ``os.environ``).
+
+    Returns:
+        ``{"set": {var: value} (only the variables that are set), "explanation": text}``.
+
+    Raises:
+        UserError: on ROCm, ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` both set to different lists (which
+            one HIP obeys depends on its version: the kit refuses to guess which device it measures).
+    """
+    env = os.environ if env is None else env
+    platform = platform or platform_of_build()
+    found = {v: env[v] for v in VISIBLE_DEVICE_VARS if v in env}
+    norm = {k: ",".join(x.strip() for x in v.split(",")) for k, v in found.items()}
+    notes = []
+    if platform == "rocm":
+        hip, cuda = norm.get("HIP_VISIBLE_DEVICES"), norm.get("CUDA_VISIBLE_DEVICES")
+        if hip is not None and cuda is not None and hip != cuda:
+            raise UserError(f"HIP_VISIBLE_DEVICES={found['HIP_VISIBLE_DEVICES']!r} and "
+                            f"CUDA_VISIBLE_DEVICES={found['CUDA_VISIBLE_DEVICES']!r} disagree on this ROCm machine; "
+                            "set one of them (HIP_VISIBLE_DEVICES), or both to the same list")
+        if "ROCR_VISIBLE_DEVICES" in norm:
+            notes.append(f"ROCR_VISIBLE_DEVICES={found['ROCR_VISIBLE_DEVICES']!r} filters first")
+        sel = hip if hip is not None else cuda
+        if sel is not None:
+            var = "HIP_VISIBLE_DEVICES" if hip is not None else "CUDA_VISIBLE_DEVICES (read by HIP)"
+            notes.append(f"{var}={sel!r} selects " + ("no device" if sel == "" else "from what is left"))
+    elif platform == "cuda":
+        if "CUDA_VISIBLE_DEVICES" in norm:
+            sel = norm["CUDA_VISIBLE_DEVICES"]
+            notes.append(f"CUDA_VISIBLE_DEVICES={found['CUDA_VISIBLE_DEVICES']!r} selects "
+                         + ("no device" if sel == "" else "these devices"))
+        ignored = [v for v in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if v in norm]
+        if ignored:
+            notes.append(f"{', '.join(ignored)} set but ignored by a CUDA build")
+    elif found:
+        notes.append(f"{', '.join(found)} set; this torch build sees no GPU, so they change nothing")
+    return {"set": found, "explanation": "; ".join(notes) or "no visibility variable set: every device is visible"}
 
 
 def detect(device: str | None = None) -> DeviceInfo:
@@ -112,28 +211,39 @@ def detect(device: str | None = None) -> DeviceInfo:
     have = platform_of_build()
     if want == "auto":
         want = have
+    vis = visible_devices(have)  # a conflicting setting is an error before any device is used
     if want in ("cuda", "rocm"):
         if have == "cpu":
+            why = f"; {vis['explanation']}" if vis["set"] else ""
             raise UserError(f"device={device!r} requested but torch {torch.__version__} sees no GPU "
-                             f"(torch.cuda.is_available() is False); use device='cpu'")
+                             f"(torch.cuda.is_available() is False{why}); use device='cpu'")
         if want != have:
             raise UserError(f"device={device!r} requested but this torch build is {have} "
                              f"(torch.version.hip={getattr(torch.version, 'hip', None)!r}); use device={have!r}")
     if want == "cpu":
         mem = _cpu_total_gb()
         return DeviceInfo(platform="cpu", device="cpu", name=cpu_name(), count=1, memory_gb=mem,
-                          catalog_name="CPU", cuda_version=None, hip_version=None)
+                          catalog_name="CPU", compute_units=os.cpu_count(), identity="the host CPU",
+                          visibility=vis["explanation"],
+                          cuda_version=None, hip_version=None)
     props = torch.cuda.get_device_properties(0)
     name = getattr(props, "name", "") or ""
     arch = gfx_arch(props) if want == "rocm" else None
-    family, fam_names = GFX_FAMILIES.get(arch, (None, ())) if arch else (None, ())
-    generic = not name.strip() or name.strip() in ("AMD", "Device") or ("Radeon" in name and family is not None)
+    parts = GFX_PARTS.get(arch or "", ())
+    family = "/".join(p[0] for p in parts) or None
+    cus = getattr(props, "multi_processor_count", None)
+    cus = int(cus) if isinstance(cus, int) else None
+    mem_gb = props.total_memory / 1e9
+    generic = not name.strip() or name.strip() in ("AMD", "Device") or "Radeon" in name
     if want == "rocm" and generic:  # Instinct parts can report an empty or a consumer-style marketing name
-        name = f"AMD {family}" if family else f"AMD {arch or 'GPU'}"
+        name = f"AMD {arch or 'GPU'} ({family})" if family else f"AMD {arch or 'GPU'}"
+        catalog_name, identity = identify_part("", arch, cus, mem_gb)
+    else:
+        catalog_name, identity = identify_part(name, arch, cus, mem_gb)
     return DeviceInfo(
-        platform=want, device="cuda", name=name, count=torch.cuda.device_count(),
-        memory_gb=props.total_memory / 1e9, gfx_arch=arch, family=family,
-        catalog_name=_match_catalog_name(name, fam_names) or (fam_names[0] if fam_names else None),
+        platform=want, device="cuda", name=name, count=torch.cuda.device_count(), memory_gb=mem_gb, gfx_arch=arch,
+        family=family, catalog_name=catalog_name, compute_units=cus, identity=identity,
+        visibility=vis["explanation"],
         cuda_version=getattr(torch.version, "cuda", None), hip_version=getattr(torch.version, "hip", None),
     )
 
@@ -145,6 +255,38 @@ def _cpu_total_gb() -> float:
         return psutil.virtual_memory().total / 1e9
     except Exception:  # pragma: no cover - psutil is a dependency
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+
+
+#: a core counts as busy when other work uses at least this fraction of it (sampled at the start of a sweep)
+BUSY_CORE_FRACTION = 0.5
+
+
+def cpu_threads_for_timing(sample_s: float = 0.3) -> tuple[int, str, float]:
+    """How many torch threads a CPU measurement should use: one per core that is free now.
+
+    On a shared CPU, torch's default (one thread per core) makes every step wait for whichever thread the OS has
+    descheduled: steps then scatter 10–100× and throughput drops by half with one busy process beside it. This
+    samples per-core use for ``sample_s`` seconds (``psutil.cpu_percent``) over the cores this process may run on
+    and keeps one thread per core below :data:`BUSY_CORE_FRACTION` busy (at least one).
+
+    Returns:
+        ``(threads, reason, busy_cores)``: the count, a one-line reason for the row, and the cores' worth of
+        other work seen (e.g. 1.0 when one other process keeps a core busy).
+    """
+    import psutil
+
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = list(range(psutil.cpu_count() or 1))
+    use = psutil.cpu_percent(interval=sample_s, percpu=True)
+    mine = [use[c] / 100.0 for c in cores if c < len(use)] or [0.0]
+    busy = sum(mine)
+    free = sum(1 for u in mine if u < BUSY_CORE_FRACTION)
+    threads = max(1, free)
+    reason = (f"{threads} of {len(cores)} cores free at the start ({busy:.1f} cores busy with other work)"
+              if busy >= BUSY_CORE_FRACTION else f"{len(cores)} cores, all free at the start")
+    return threads, reason, busy
 
 
 def synchronize(device: str | torch.device = "cpu") -> None:

@@ -29,7 +29,7 @@ SMALL: dict[str, dict] = {
     "tutorials/01-first-sweep.ipynb": {**TINY_GRID, "decode_steps": 3, "repeats": 1, "device": "cpu"},
     # kernel/dtype sanity set: one dtype, both modes (each compiled graph costs seconds on CPU)
     "how-to/check-a-sampling-op.ipynb": {"dtypes": ["float32"], "modes": ["eager", "compile"], "draws": 600},
-    "how-to/is-this-machine-ready.ipynb": {"device": "cpu", "check_compile": False},
+    "how-to/is-this-machine-ready.ipynb": {"device": "cpu", "compile_check": False},
     "explanation/fp8-formats.ipynb": {},
     # planner and cost
     "how-to/will-this-model-fit.ipynb": {},

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import socket
 import sys
 import threading
 import time
@@ -35,6 +36,8 @@ import time
 from aiohttp import web
 
 GAP_MS = 5.0
+#: ``app[REQUESTS]``: the log of generation requests a server received
+REQUESTS = web.AppKey("requests", list)
 
 
 def _chunk(obj_id: str, text: str | None = None, *, chat: bool, role: bool = False, finish: str | None = None,
@@ -95,7 +98,10 @@ HTML_502 = ("<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n
 
 
 def make_app(gap_ms: float = GAP_MS) -> web.Application:
+    """The scripted server's routes; ``app[REQUESTS]`` logs every generation request received (``model``,
+    ``max_tokens``, ``path``), so a test can tell which requests a client sent."""
     counter = itertools.count()
+    received: list[dict] = []
 
     async def models(_req):
         return web.json_response({"object": "list", "data": [{"id": s, "object": "model"} for s in
@@ -108,6 +114,7 @@ def make_app(gap_ms: float = GAP_MS) -> web.Application:
         chat = req.path.endswith("/chat/completions")
         body = await req.json()
         name = body.get("model", "normal")
+        received.append({"model": name, "max_tokens": body.get("max_tokens"), "path": req.path})
         if name not in SCENARIOS:
             return web.json_response({"error": {"message": f"unknown model {name!r}"}}, status=404)
         k = next(counter)
@@ -133,6 +140,7 @@ def make_app(gap_ms: float = GAP_MS) -> web.Application:
         return resp
 
     app = web.Application()
+    app[REQUESTS] = received
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", generate)
@@ -154,8 +162,8 @@ class ThreadServer:
     def _main(self):
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(make_app(self._gap), access_log=None, shutdown_timeout=0.5,
-                                     handler_cancellation=True)
+        self.app = make_app(self._gap)
+        self.runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=0.5, handler_cancellation=True)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", self._port)
         self.loop.run_until_complete(site.start())
@@ -166,6 +174,11 @@ class ThreadServer:
         self.loop.run_until_complete(self.runner.cleanup())
         self.loop.close()
 
+    @property
+    def requests(self) -> list[dict]:
+        """Every generation request received so far (see :func:`make_app`)."""
+        return list(self.app[REQUESTS])
+
     def stop(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
@@ -174,6 +187,41 @@ class ThreadServer:
 def start_in_thread(port: int = 0, gap_ms: float = GAP_MS) -> ThreadServer:
     """Start the scripted server in a background thread; call ``.stop()`` when done."""
     return ThreadServer(port, gap_ms)
+
+
+def chars(text: str) -> int:
+    """Stand-in tokenizer for the scripted cases: one token per non-space character."""
+    return len(text.strip())
+
+
+def dead_url() -> str:
+    """The URL of a local port with nothing listening (bound and released a moment ago)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+class SilentServer:
+    """A port that accepts TCP connections (kernel backlog) but never answers; :meth:`pending` says whether a
+    client connected. ``close()`` when done."""
+
+    def __init__(self):
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def pending(self) -> bool:
+        self._sock.setblocking(False)
+        try:
+            conn, _ = self._sock.accept()
+        except BlockingIOError:
+            return False
+        conn.close()
+        return True
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 async def _raw_fast(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

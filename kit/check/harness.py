@@ -15,8 +15,8 @@ implementation's own rounding plus any bug.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -190,7 +190,7 @@ class CheckReport:
     op: str
     impl: str
     device: str
-    df: "object"
+    df: object
 
     @property
     def passed(self) -> bool:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 

@@ -1,8 +1,9 @@
 """Reference sampling ops in pure torch (any device, eager or ``torch.compile``), with their semantics written down.
 
 These are the slow-but-obvious versions of the fused sampling kernels that serving engines import from
-flashinfer, sgl_kernel or aiter. They exist so that a kernel can be checked against them (:mod:`kit.check.harness`) and so
-that a missing kernel has a correct fallback (:func:`kit.check.resolver.resolve_op`).
+flashinfer, sgl_kernel or aiter. They exist so that a kernel can be checked against them
+(:mod:`kit.check.harness`) and so that a missing kernel has a correct fallback
+(:func:`kit.check.resolver.resolve_op`).
 
 Shapes: ``probs`` / ``logits`` are ``(batch, vocab)``; per-row parameters (``top_k``, ``top_p``, ``min_p``,
 ``temperature``, ``uniform``) are a Python scalar (same for every row), a 0-d tensor, or a tensor of shape
@@ -36,6 +37,7 @@ from __future__ import annotations
 import numbers
 
 import torch
+
 from kit.errors import UserError
 
 __all__ = [

@@ -14,7 +14,7 @@ pytest is imported only by the functions that build ``pytest.param`` objects.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

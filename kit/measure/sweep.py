@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,8 @@ from kit.measure.grid import GridPoint, run_grid
 from kit.cli import config_field, config_flag, int_list_arg
 from kit.dtypes import MODEL_DTYPES
 from kit.results import run_metadata
+
+log = logging.getLogger("kit")
 
 def _str_list(text: str) -> list[str]:
     """argparse type of ``--dtype``: a comma list of names (each checked by :meth:`SweepConfig.validate`)."""
@@ -67,8 +70,8 @@ class SweepConfig:
     seed: int = config_field(0, help="seed for weights and token ids")
     accelerator: str | None = config_field(None, help="catalog accelerator for cost columns (default: the "
                                            "detected device)")
-    threads: int | None = config_field(None, help="CPU only: torch threads (default: torch's choice); 1 gives "
-                                       "steadier timings on a busy shared machine")
+    threads: int | None = config_field(None, help="CPU only: torch threads (default: one per core that is free "
+                                       "at the start, recorded per row); 1 is steadiest on a busy shared machine")
 
     def points(self) -> list[tuple[str, PointConfig]]:
         """The grid as (dtype, PointConfig), ordered dtype → KV length → concurrency."""
@@ -166,9 +169,19 @@ class EngineBackend:
 
     @contextlib.contextmanager
     def session(self):
+        """CPU: torch threads from ``config.threads``, else one per core free at the start (recorded per row as
+        ``x_threads`` / ``x_threads_reason``; a busy machine is logged as a warning). Restored on exit."""
         threads_before = torch.get_num_threads()
-        if self.config.threads and self.info.device == "cpu":
-            torch.set_num_threads(self.config.threads)
+        self.thread_columns = {}
+        if self.info.device == "cpu":
+            if self.config.threads:
+                n, why = self.config.threads, "--threads"
+            else:
+                n, why, busy = hardware.cpu_threads_for_timing()
+                if busy >= hardware.BUSY_CORE_FRACTION:
+                    log.warning("busy machine: %s; timings use %d torch threads (override with --threads)", why, n)
+            torch.set_num_threads(n)
+            self.thread_columns = {"x_threads": n, "x_threads_reason": why}
         try:
             yield self
         finally:
@@ -180,7 +193,7 @@ class EngineBackend:
         model = get_model(self.config.model, dt, dev, self.config.seed)
         if model is not self._baseline_model:  # a new dtype builds a new model: a new baseline
             self._baseline_gb, self._baseline_model = hardware.allocated_gb(dev), model
-        return self.runner(model, p, dev, self.config.seed)
+        return {**self.runner(model, p, dev, self.config.seed), **self.thread_columns}
 
     def after_failure(self) -> dict:
         dev = self.info.device

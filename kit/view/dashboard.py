@@ -80,9 +80,9 @@ def write_notebook(out_dir: str | Path, config: SweepConfig | None = None) -> Pa
 
 def voila_server(notebook: str | Path, port: int, log_path: str | Path, open_browser: bool = False) -> Server:
     """A :class:`kit.serve.launch.Server` (not started) running Voilà on ``notebook`` at 127.0.0.1:``port``, its
-    output in ``log_path``, ready when :data:`READY_PATH` answers."""
+    output in ``log_path``, working directory the notebook's folder, ready when :data:`READY_PATH` answers."""
     return Server(argv=voila_command(notebook, port, open_browser), url=f"http://{HOST}:{int(port)}",
-                  log_path=log_path, env={"PYTHONUNBUFFERED": "1"}, ready_path=READY_PATH)
+                  log_path=log_path, env={"PYTHONUNBUFFERED": "1"}, ready_path=READY_PATH, cwd=Path(notebook).parent)
 
 
 def launch(out_dir: str | Path = DEFAULT_OUT, port: int = DEFAULT_PORT, timeout_s: float = READY_TIMEOUT_S,
@@ -101,14 +101,7 @@ def launch(out_dir: str | Path = DEFAULT_OUT, port: int = DEFAULT_PORT, timeout_
     """
     cfg = dataclasses.replace(config if config is not None else SweepConfig(), **settings)
     nb = write_notebook(out_dir, cfg)
-    srv = voila_server(nb, port or free_port(), log_path or nb.parent / "voila.log")
-    srv.start()
-    try:
-        srv.wait_ready(timeout_s)
-    except BaseException:
-        srv.stop()
-        raise
-    return srv
+    return voila_server(nb, port or free_port(), log_path or nb.parent / "voila.log").start_ready(timeout_s)
 
 
 # ------------------------------------------------------------------------------------------------ CLI

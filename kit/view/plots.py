@@ -85,7 +85,7 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, label: str | None = No
         xs = sorted(df[x].dropna().unique())
         ax.set_xticks(xs)
         ax.set_xticklabels([str(int(v)) if float(v).is_integer() else str(v) for v in xs])
-    if logy:
+    if logy and (pd.to_numeric(df[y], errors="coerce") > 0).any():  # log of nothing positive cannot be drawn
         ax.set_yscale("log")
     ax.set_xlabel(label_of(x))
     ax.set_ylabel(label_of(y))
@@ -245,8 +245,9 @@ def knee_plot(df: pd.DataFrame, knee: pd.DataFrame, y: str = "decode_tok_s"):
     fig = throughput_vs_concurrency(df, y=y)
     ax = fig.axes[0]
     for _, k in knee[knee["reached"].astype(bool)].iterrows():
-        ax.axvline(int(k["knee"]), color="grey", ls=":", lw=1)
-        ax.annotate(f"knee kv={k['context_len']}: B={k['knee']}", (int(k["knee"]), k["y_at_knee"]), fontsize=8,
+        b = int(k["knee"])
+        ax.axvline(b, color="grey", ls=":", lw=1)
+        ax.annotate(f"knee kv={int(k['context_len'])}: B={b}", (b, k["y_at_knee"]), fontsize=8,
                     textcoords="offset points", xytext=(4, -12))
     return fig
 
@@ -301,4 +302,164 @@ def plot_served(df, title: str | None = None):
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- planner figures
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"] == "ok"] if "status" in df.columns else df
+
+
+def overlay_figure(measured: pd.DataFrame, predicted: pd.DataFrame, x: str = "context_len", y: str = "tpot_ms_p50",
+                   hue: str = "concurrency"):
+    """Predicted (dashed) over measured (solid, markers) ``y`` vs ``x``, one colour per ``hue`` value; for TPOT the
+    per-point error in % (:func:`kit.plan.roofline.compare`) is annotated and its median is in the title.
+
+    Returns: the Figure. Raises: UserError for a missing column.
+    """
+    from matplotlib.ticker import ScalarFormatter
+
+    from kit.plan.roofline import compare
+
+    _check(measured, [x, y, hue])
+    _check(predicted, [x, y, hue])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    err = compare(measured, predicted, y) if y == "tpot_ms_p50" else None
+    m, p = _ok(measured), _ok(predicted)
+    for i, (hv, g) in enumerate(sorted(m.groupby(hue), key=lambda t: t[0])):
+        col = f"C{i % 10}"
+        g = g.sort_values(x)
+        ax.plot(g[x], g[y], "o-", color=col, label=f"{hue}={hv} measured")
+        gp = p[p[hue] == hv].sort_values(x)
+        ax.plot(gp[x], gp[y], "--", color=col, alpha=0.8, label=f"{hue}={hv} planner")
+        if err is not None:
+            for _, r in err[err[hue] == hv].iterrows():
+                ax.annotate(f"{r['error_pct']:+.0f}%", (r[x], r["measured"]), textcoords="offset points",
+                            xytext=(4, 4), fontsize=7, color=col)
+    ax.set_xscale("log", base=2)
+    xs = sorted(pd.to_numeric(m[x], errors="coerce").dropna().unique())
+    if xs:
+        ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.set(xlabel=label_of(x), ylabel=label_of(y))
+    title = "planner (dashed) vs measured (solid)"
+    if err is not None and len(err):
+        title += f": median |error| {err['error_pct'].abs().median():.0f}% (n={len(err)})"
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def stacked_bars(df: pd.DataFrame, label: str, parts: list[str], note: str | None = None,
+                 xlabel: str = "GB per GPU", title: str | None = None):
+    """Horizontal stacked bars: one bar per row (named by column ``label``), one segment per column of ``parts``
+    (e.g. the GB of :meth:`kit.plan.fit.FitResult.memory_parts`), ``note`` (a column) written after each bar.
+
+    Returns: the Figure. Raises: UserError for a missing column.
+    """
+    _check(df, [label, *parts, note])
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.7 * len(df)))
+    names = [str(v) for v in df[label]]
+    left = np.zeros(len(df))
+    for col in parts:
+        vals = df[col].astype(float).fillna(0).to_numpy()
+        ax.barh(names, vals, left=left, label=label_of(col).replace("_", " "))
+        left = left + vals
+    if note:
+        for i, v in enumerate(df[note]):
+            ax.text(left[i] * 1.01, i, str(v), va="center", fontsize=8)
+    ax.set_xlim(0, max(left.max(), 1e-9) * 1.2)
+    ax.invert_yaxis()
+    ax.set(xlabel=xlabel, title=title or f"{', '.join(parts)} per {label}")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(parts))
+    fig.tight_layout()
+    return fig
+
+
+def grouped_bars(df: pd.DataFrame, label: str, values: list[str], xlabel: str | None = None,
+                 title: str | None = None, logx: bool = False):
+    """Horizontal grouped bars: one group per row (named by ``label``), one bar per column of ``values`` (e.g. KV
+    bytes per token in bf16 and fp8, or per token in total and per GPU under TP), each labelled with its value.
+
+    Returns: the Figure. Raises: UserError for a missing column.
+    """
+    _check(df, [label, *values])
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * len(df) * len(values)))
+    y = np.arange(len(df))
+    h = 0.8 / len(values)
+    for i, col in enumerate(values):
+        vals = df[col].astype(float).to_numpy()
+        bars = ax.barh(y + i * h, vals, height=h, label=label_of(col))
+        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in vals], fontsize=7, padding=2)
+    ax.set_yticks(y + h * (len(values) - 1) / 2, [str(v) for v in df[label]])
+    ax.invert_yaxis()
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlim(right=ax.get_xlim()[1] * (3 if logx else 1.15))
+    ax.set(xlabel=xlabel or ", ".join(values), title=title or f"{', '.join(values)} per {label}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
+def curves(df: pd.DataFrame, x: str, y: str, hue: str, style: str | None = None, logx: bool = False,
+           logy: bool = True, title: str | None = None, ylabel: str | None = None, markers: bool = True, ax=None):
+    """One line of ``y`` over ``x`` per ``hue`` value (one colour each), and per ``style`` value one line style and
+    marker (e.g. ``source``: published vs planner); rows not ok are left out. Returns the Figure.
+
+    Raises: UserError for a missing column.
+    """
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    _check(df, [x, y, hue, style])
+    fig = ax.figure if ax is not None else plt.figure(figsize=(7, 4.2))
+    ax = ax or fig.add_subplot(111)
+    d = _ok(df)
+    colours = {h: f"C{i % 10}" for i, h in enumerate(sorted(d[hue].dropna().unique(), key=str))}
+    looks = ["o-", "s--", "^:", "d-."] if markers else ["-", "--", ":", "-."]
+    styles = {s: looks[i % 4] for i, s in enumerate(d[style].dropna().unique())} if style else {}
+    for keys, g in d.groupby([hue, style] if style else [hue]):
+        g = g.sort_values(x)
+        ax.plot(g[x].astype(float), g[y].astype(float), styles.get(keys[-1], looks[0]), color=colours[keys[0]],
+                label=" · ".join(str(k) for k in keys))
+    if logx:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if logy:
+        ax.set_yscale("log")
+    ax.set(xlabel=label_of(x), ylabel=ylabel or label_of(y), title=title or f"{label_of(y)} vs {label_of(x)}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def cost_vs_interactivity(df: pd.DataFrame, hue: str = "accelerator", x: str = "tok_s_per_stream",
+                          per_gpu: str = "tok_s_per_gpu", cost: str = "usd_per_mtok", title: str | None = None):
+    """Two panels over interactivity ``x``: the Pareto front of ``per_gpu`` (:func:`kit.plan.cost.pareto_front`) and
+    the cost ``cost`` ($/Mtok, log), one line per ``hue`` value. Returns the Figure.
+
+    Raises: UserError for a missing column.
+    """
+    from kit.plan.cost import pareto_front
+
+    _check(df, [hue, x, per_gpu, cost])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    fronts = pd.concat([pareto_front(g, x, per_gpu) for _, g in df.groupby(hue)], ignore_index=True)
+    curves(fronts, x, per_gpu, hue, logy=False, ax=a1, title="throughput vs interactivity (Pareto front)")
+    curves(df, x, cost, hue, ax=a2, title=title or "cost vs interactivity")
+    return fig
+
+
+def decode_panels(df: pd.DataFrame):
+    """:func:`throughput_vs_concurrency` and :func:`tpot_vs_context` side by side. Returns the Figure."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    throughput_vs_concurrency(df, ax=a1)
+    tpot_vs_context(df, ax=a2)
     return fig

@@ -3,8 +3,7 @@ e4m3fnuz, the native format per platform, the format table and the grids of repr
 import pytest
 import torch
 
-from kit.check.fp8 import (FP8_FORMAT_INFO, e4m3fn_to_e4m3fnuz, fp8_dtype, fp8_format_for, positive_values,
-                           to_fp8)
+from kit.check.fp8 import FP8_FORMAT_INFO, e4m3fn_to_e4m3fnuz, fp8_dtype, fp8_format_for, positive_values, to_fp8
 from kit.check.harness import compiled_call
 
 

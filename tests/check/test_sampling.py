@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from kit.check import sampling as S
-from kit.check.harness import DEFAULT_TOL, compiled_call, frequency_check
+from kit.check.harness import DEFAULT_TOL, compiled_call
+from kit.check.stats import frequency_check
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MODES = ["eager", pytest.param("compile", marks=pytest.mark.compile)]

@@ -27,6 +27,10 @@ def test_will_this_model_fit():
     groups = pd.read_csv(out / "weights_by_group.csv", index_col=0)
     assert groups.loc["routed_experts", "dtype"] == "mxfp4"
     assert (out / "memory_per_gpu.png").stat().st_size > 0
+    mem = pd.read_csv(out / "memory_per_gpu.csv")
+    assert len(mem) == len(fit) and list(mem.columns[1:5]) == ["weights", "reserve", "kv_at_max_users", "unused"]
+    assert (mem["weights"].round(6) == fit["weights_gb_per_gpu"].round(6)).all()
+    assert mem["users"].str.endswith(" users").all()
 
 
 def test_what_does_a_million_tokens_cost():
@@ -55,3 +59,22 @@ def test_kv_cache_memory_gqa_vs_mla():
     assert tps.loc["deepseek-v3", "split_factor"] == 1 and tps.loc["llama-3.1-70b", "split_factor"] == 8
     m = pd.read_csv(out / "measured_vs_formula.csv")
     assert (m.measured_B_per_token == m.formula_B_per_token).all() and set(m.attention) == {"GQA", "MLA"}
+    for png in ("kv_per_token.png", "kv_vs_context.png", "tp_sharding.png"):
+        assert (out / png).stat().st_size > 0
+
+
+def test_why_decode_is_memory_bound_planner_cells():
+    """The planner cells always run (no skip on error): the overlay of the measured grid and the catalog table."""
+    from kit.results import load_results
+
+    out = _run("explanation/why-decode-is-memory-bound.ipynb")
+    roof = pd.read_csv(out / "roofline.csv")
+    assert len(roof) == 4 and set(roof.x_bound) <= {"memory", "compute", "overhead"}
+    assert (roof.flops_per_byte > 0).all()
+    big = pd.read_csv(out / "roofline_big.csv")
+    assert list(big.concurrency) == [1, 4, 16, 64, 256]
+    assert big.loc[big.concurrency == 1, "x_bound"].iloc[0] == "memory"
+    stored = load_results(out / "roofline_big")  # stored like a measured sweep, by the one grid runner
+    assert len(stored) == 5 and set(stored.backend) == {"planner"} and set(stored.status) == {"ok"}
+    for png in ("planner_overlay.png", "roofline_big.png", "measured.png"):
+        assert (out / png).stat().st_size > 0

@@ -7,7 +7,6 @@ import json
 import jsonschema
 import pandas as pd
 import pytest
-
 from nbexec import execute, start_all
 
 pytestmark = pytest.mark.slow
@@ -55,7 +54,8 @@ def test_is_this_machine_ready(executed):
     out = executed["how-to/is-this-machine-ready.ipynb"].result()
     report = json.loads((out / "doctor.json").read_text())
     jsonschema.validate(report, SCHEMA, cls=jsonschema.Draft202012Validator)
-    assert report["ok"] and report["device"]["backend"] == "cpu" and not report["compile"]["checked"]
+    assert report["ok"] and report["device"]["platform"] == "cpu" and not report["compile"]["checked"]
+    assert [b["name"] for b in report["libraries"]] == ["flashinfer", "sgl_kernel", "aiter"]
     assert "verdict: ready" in (out / "doctor.txt").read_text()
 
 

@@ -7,7 +7,6 @@ is saved as ``test-artifacts/dashboard.png``.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -34,26 +33,15 @@ def _need_browser():
         pytest.skip(f"missing {missing} (bash .ci/setup.sh installs them)")
 
 
-def test_cli_print_command(tmp_path, capsys):
-    from kit.cli import main
-
-    assert main(["dashboard", "--print-command", "--port", "9999", "--out", str(tmp_path / "d")]) == 0
-    out = capsys.readouterr().out
-    assert "--Voila.ip=127.0.0.1" in out and "--port=9999" in out and "--Voila.port_retries=0" in out
-    assert (tmp_path / "d" / "dashboard.ipynb").exists()
-    assert main(["dashboard", "--model", "nope", "--out", str(tmp_path / "e")]) == 2
-    err = capsys.readouterr().err
-    assert "nope" in err and "tiny-llama" in err
-
-
 def test_dashboard_in_headless_chromium(tmp_path):
     _need_browser()
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
     out = tmp_path / "dash"
-    proc, url = launch(out_dir=out, port=0, log_path=tmp_path / "voila.log", kv_lens=[128], concurrencies=[8],
-                       decode_steps=8, repeats=2, device="cpu")
+    srv = launch(out_dir=out, port=0, log_path=tmp_path / "voila.log", kv_lens=[128], concurrencies=[8],
+                 decode_steps=8, repeats=2, device="cpu")
+    url = srv.url + "/"
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
@@ -84,11 +72,8 @@ def test_dashboard_in_headless_chromium(tmp_path):
             finally:
                 browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        srv.stop()
+    assert srv.proc.poll() is not None  # the launcher stopped Voilà's whole process group
     runs = list(out.glob("run-*"))
     assert len(runs) == 1
     df = load_results(runs[0])

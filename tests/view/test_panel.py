@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -12,11 +13,13 @@ import pandas as pd
 import pytest
 import torch
 
-from kit import metrics
+from kit.cli import parse_int_list
 from kit.measure.engine import run_point
+from kit.measure.sweep import SweepConfig
 from kit.results import load_results
-from kit.view.panel import (CompareView, ControlPanel, compare_frame, parse_int_list, plot_png, point_problems,
-                    results_table)
+from kit.view.panel import ControlPanel
+from kit.view.plots import panel_plot
+from kit.view.render import point_problems, results_table
 
 PNG = b"\x89PNG"
 
@@ -30,6 +33,34 @@ def small_panel(tmp_path, **kw):
     p.repeats.value = 1
     p.device.value = "cpu"
     return p
+
+
+def test_panel_defaults_are_sweep_config_defaults(tmp_path):
+    """One source of defaults: every initial widget value is SweepConfig()'s; overrides are SweepConfig fields."""
+    d = SweepConfig()
+    p = ControlPanel(out_dir=tmp_path / "p", threaded=False)
+    assert p.initial == d
+    assert p.model.value == d.model and list(p.dtypes.value) == d.dtypes and p.device.value == d.device
+    assert parse_int_list(p.kv_lens.value) == d.kv_lens and parse_int_list(p.concurrencies.value) == d.concurrencies
+    assert (p.decode_steps.value, p.warmup_steps.value, p.repeats.value, p.kv_fill.value) == \
+        (d.decode_steps, d.warmup_steps, d.repeats, d.kv_fill)
+    cfg = p.config()
+    for f in dataclasses.fields(SweepConfig):
+        if f.name != "accelerator":  # validate() resolves it against the catalog
+            assert getattr(cfg, f.name) == getattr(d, f.name), f.name
+    # a field without a widget is carried into every run's config; an unknown name is refused
+    q = ControlPanel(out_dir=tmp_path / "q", threaded=False, kv_lens=[16], threads=1, dtypes=["bf16"])
+    assert q.kv_lens.value == "16" and q.dtypes.value == ("bfloat16",) and q.config().threads == 1
+    with pytest.raises(TypeError):
+        ControlPanel(out_dir=tmp_path / "r", threaded=False, kv_len=[16])
+
+
+def test_out_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    p = small_panel(tmp_path)
+    p.out_dir.value = str(tmp_path / "file")
+    p.on_run()
+    assert p.state == "failed" and "is a file" in p.last_error and p.run_dir is None
 
 
 def test_parse_int_list():
@@ -172,69 +203,6 @@ def test_non_finite_logits_flagged():
                        {"status": "ok", "dtype": "float32", "context_len": 16, "concurrency": 1, "error": None}])
     probs = point_problems(df)
     assert len(probs) == 1 and "float16" in probs[0] and "non-finite" in probs[0]
-    assert results_table(pd.DataFrame()).empty and plot_png(pd.DataFrame()) is None
+    assert results_table(pd.DataFrame()).empty and panel_plot(pd.DataFrame()) is None
     with pytest.raises(ValueError, match="allowed"):
-        plot_png(df, "pie chart")
-
-
-def _fake_set(accel: str, tok_s: float) -> pd.DataFrame:
-    rows = [{"status": "ok", "model": "m", "dtype": "bfloat16", "accelerator": accel, "n_gpus": 1,
-             "context_len": c, "concurrency": b, "decode_tok_s": tok_s * b, "tpot_ms_p50": 1000 / tok_s}
-            for c in (128, 512) for b in (1, 4)]
-    return pd.DataFrame(rows)
-
-
-def test_compare_frame_prices_from_catalog_and_user(tmp_path):
-    from kit.catalog import load_catalog
-
-    a, b = _fake_set("MI355X", 100.0), _fake_set("B300", 150.0)
-    df = compare_frame({"mi355x": a, "b300": b}, prices={"b300": 6.0})
-    assert set(df["label"]) == {"mi355x", "b300"} and len(df) == 8
-    cat_price = load_catalog().price("MI355X", "tco").usd_per_gpu_hr
-    r = df[(df.label == "mi355x") & (df.concurrency == 4) & (df.context_len == 128)].iloc[0]
-    assert r.usd_per_gpu_hr == cat_price and r.price_basis == "tco"
-    assert r.usd_per_mtok == pytest.approx(metrics.usd_per_mtok(400.0, cat_price))
-    r = df[(df.label == "b300") & (df.concurrency == 1)].iloc[0]
-    assert r.price_basis == "user" and r.usd_per_mtok == pytest.approx(6.0 / (150 * 3600) * 1e6)
-    # no price for a CPU run on the catalog → NaN cost, no error
-    cpu = compare_frame({"cpu": _fake_set("CPU", 10.0), "b300": b})
-    assert cpu[cpu.label == "cpu"]["usd_per_mtok"].isna().all()
-    with pytest.raises(ValueError, match="must be > 0"):
-        compare_frame({"x": a}, prices={"x": 0})
-
-
-def test_compare_view_handlers(tmp_path):
-    from kit.results import save_results
-
-    pa = save_results(_fake_set("MI355X", 100.0), tmp_path / "a")
-    pb = save_results(_fake_set("B300", 150.0), tmp_path / "b")
-    v = CompareView()
-    v.on_compare()
-    assert "at least two" in v.last_error and "at least two" in v.message.value
-    (p1, l1, _), (p2, l2, price2) = v.rows
-    p1.value, l1.value = str(pa), "MI355X run"
-    p2.value, l2.value = str(tmp_path / "missing"), "B300 run"
-    v.on_compare()
-    assert "missing" in v.message.value
-    p2.value, price2.value = str(pb), 6.0
-    v.on_compare()
-    assert v.last_error is None and len(v.frame) == 8
-    assert v.plot.value.tobytes().startswith(PNG) and v.table.value.count("<tr") == 9
-    v.y.value = "usd_per_mtok"
-    assert v.plot.value.tobytes().startswith(PNG)
-    l2.value = "MI355X run"
-    v.on_compare()
-    assert "used twice" in v.last_error
-
-
-def test_compare_frame_unpriced_rows_do_not_blank_or_break_their_set():
-    """A set mixing a priced (MI355X) and an unpriced (CPU) accelerator keeps the MI355X price; a served set with no
-    accelerator column is compared on speed with NaN cost instead of failing the whole comparison."""
-    mixed = pd.concat([_fake_set("MI355X", 100.0), _fake_set("CPU", 10.0)], ignore_index=True)
-    served = _fake_set("B300", 150.0).drop(columns=["accelerator"])
-    df = compare_frame({"mixed": mixed, "served": served})
-    m = df[df.label == "mixed"]
-    assert m[m.accelerator == "MI355X"]["usd_per_mtok"].notna().all()
-    assert m[m.accelerator == "CPU"]["usd_per_mtok"].isna().all()
-    s = df[df.label == "served"]
-    assert len(s) == 4 and s["usd_per_mtok"].isna().all() and s["decode_tok_s"].notna().all()
+        panel_plot(df, "pie chart")

@@ -55,3 +55,63 @@ def test_compare_by_label_and_errors():
 def test_save_standard_plots(tmp_path):
     paths = plots.save_standard_plots(_frame(), tmp_path)
     assert len(paths) == 3 and all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_panel_plot_every_kind_and_errors():
+    df = _frame()
+    for kind in plots.PANEL_PLOTS:
+        fig = plots.panel_plot(df, kind)
+        assert fig.axes, kind
+    assert plots.panel_plot(pd.DataFrame()) is None and plots.panel_plot(None) is None
+    with pytest.raises(ValueError, match="allowed"):
+        plots.panel_plot(df, "pie chart")
+    # several dtypes: told apart by line style; the heatmap takes the first dtype only (one row per cell)
+    b = _frame()
+    b["dtype"] = "bfloat16"
+    both = pd.concat([df, b], ignore_index=True)
+    lines = [l.get_label() for l in plots.panel_plot(both).axes[0].get_lines()]
+    assert any("bfloat16" in l for l in lines) and any("float32" in l for l in lines)
+    assert len(plots.panel_plot(both, "decode tok/s heatmap").axes[0].texts) == 6
+
+
+def test_compare_plot_one_style_per_label():
+    a, b = _frame(), _frame()
+    a["label"], b["label"] = "MI355X", "B300"
+    fig = plots.compare_plot(pd.concat([a, b], ignore_index=True))
+    ax = fig.axes[0]
+    assert "MI355X vs B300" in ax.get_title() and ax.get_yscale() == "log"
+    styles = {l.get_linestyle() for l in ax.get_lines() if l.get_marker() == "o"}
+    assert len(styles) == 2
+    with pytest.raises(ValueError, match="label"):
+        plots.compare_plot(_frame())
+
+
+def test_dtype_plot_draws_non_finite_points_as_not_measured():
+    a, b = _frame(), _frame()
+    b["dtype"] = "float16"
+    b["x_logits_finite"] = [True, True, False, True, True, None]  # float16 kv=128 B=16 overflowed
+    a["x_logits_finite"] = True
+    fig = plots.dtype_plot(pd.concat([a, b], ignore_index=True))
+    ax = fig.axes[0]
+    red = [l for l in ax.get_lines() if l.get_marker() == "x" and len(l.get_xdata())]
+    assert sorted(x for l in red for x in l.get_xdata()) == [16, 16, 16]  # the two OOMs and the overflow
+    f16_128 = [l for l in ax.get_lines() if l.get_label() == "KV-cache length 128 · float16"][0]
+    assert list(f16_128.get_xdata()) == [1, 4]
+
+
+def test_knee_plot_marks_reached_knees(tmp_path):
+    from kit.view.analysis import concurrency_knee
+
+    df = _frame()
+    knee = pd.DataFrame([{"context_len": 128, "knee": 4, "reached": True, "y_at_knee": 1000.0},
+                         {"context_len": 512, "knee": None, "reached": False, "y_at_knee": float("nan")}])
+    fig = plots.knee_plot(df, knee)
+    ax = fig.axes[0]
+    notes = [t.get_text() for t in ax.texts]
+    assert notes == ["knee kv=128: B=4"]
+    vlines = [l for l in ax.get_lines() if list(l.get_xdata()) == [4, 4]]
+    assert len(vlines) == 1
+    fig.savefig(tmp_path / "knee.png")
+    assert plots.knee_plot(df, concurrency_knee(df)).axes  # straight from the analysis
+    with pytest.raises(ValueError, match="reached"):
+        plots.knee_plot(df, knee.drop(columns=["reached"]))
