@@ -95,6 +95,23 @@ def _before_napoleon(app, what, name, obj, options, lines):
         lines[0] = ": " + lines[0]  # napoleon reads "text: more" as "type: description"; an empty type instead
 
 
+def _unique_short_name(app, env, node, contnode):
+    """Resolve an unqualified Python reference that names exactly one documented object anywhere in the kit (a type
+    hint ``Case`` in :mod:`kit.check.harness` is :class:`kit.check.cases.Case`). A short name documented in two
+    places, or nowhere, stays unresolved, and ``-n`` reports it."""
+    if node.get("refdomain") != "py" or "." in node.get("reftarget", ""):
+        return None
+    from sphinx.util.nodes import make_refnode
+
+    target = node["reftarget"]
+    hits = [(name, obj) for name, obj in env.get_domain("py").objects.items() if name.endswith("." + target)]
+    if len(hits) != 1:
+        return None
+    name, obj = hits[0]
+    return make_refnode(app.builder, node["refdoc"], obj.docname, obj.node_id, contnode, name)
+
+
 def setup(app):
     app.connect("autodoc-process-docstring", _before_napoleon, priority=100)
     app.connect("autodoc-process-docstring", _plain_text_docstrings, priority=900)
+    app.connect("missing-reference", _unique_short_name)

@@ -116,6 +116,48 @@ COLUMN_NAMES = tuple(c.name for c in COLUMNS)
 _DTYPES = {c.name: c.dtype for c in COLUMNS}
 
 
+#: columns that mark a finished row as untrustworthy → (the value that means "problem", what it means). A row
+#: whose status is ``ok`` but that carries one of these is *flagged*: shown as such in every summary, table, panel,
+#: export and compare, and never counted ok (:func:`ok_mask`).
+PROBLEM_FLAGS: dict[str, tuple[object, str]] = {
+    "x_logits_finite": (False, "non-finite logits (dtype overflow?): speed figures are not trustworthy"),
+    "x_valid": (False, "failed the validity checks of its backend"),
+}
+
+
+def _is_problem(value, bad) -> bool:
+    if value is None or (isinstance(value, float) and value != value) or value is pd.NA:
+        return False
+    try:
+        return bool(value) == bool(bad)
+    except (TypeError, ValueError):
+        return False
+
+
+def row_problems(row) -> list[str]:
+    """The problem flags a row carries (a dict or a DataFrame row), as text; ``[]`` for a clean row."""
+    get = row.get if hasattr(row, "get") else (lambda k, d=None: getattr(row, k, d))
+    return [why for col, (bad, why) in PROBLEM_FLAGS.items() if _is_problem(get(col, None), bad)]
+
+
+def ok_mask(df: pd.DataFrame) -> pd.Series:
+    """Boolean Series: the rows that count as ok — status ``ok`` and no problem flag (:data:`PROBLEM_FLAGS`).
+    The one definition every summary, table, export and compare uses."""
+    if df.empty:
+        return pd.Series([], dtype=bool, index=df.index)
+    clean = pd.Series(True, index=df.index)
+    for col, (bad, _) in PROBLEM_FLAGS.items():
+        if col in df.columns:
+            clean &= ~df[col].map(lambda v, b=bad: _is_problem(v, b)).astype(bool)
+    return (df["status"] == "ok") & clean
+
+
+def verdict(df: pd.DataFrame) -> pd.Series:
+    """Per row: ``ok``, ``flagged`` (status ok with a problem flag) or the status (``oom``, ``error``, ...)."""
+    ok = ok_mask(df)
+    return df["status"].astype(object).where(~(df["status"] == "ok") | ok, "flagged")
+
+
 def schema_table() -> pd.DataFrame:
     """The schema as a DataFrame (column, dtype, meaning), for docs and the reference notebook."""
     return pd.DataFrame([{"column": c.name, "dtype": c.dtype, "meaning": c.doc} for c in COLUMNS])

@@ -193,3 +193,33 @@ def test_sweep_exit_codes_no_point_ok_and_strict(tmp_path, monkeypatch, capsys):
     assert cli.main(["sweep", *SMALL_ARGS, "--out", str(tmp_path / "some")]) == 0  # one ok is enough by default
     assert cli.main(["sweep", *SMALL_ARGS, "--strict", "--out", str(tmp_path / "some")]) == 1
     assert "1 points are not ok (--strict)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ flagged rows
+def test_a_flagged_row_is_never_counted_ok(tmp_path, capsys):
+    """A float16 run whose logits overflow (lm_head scaled past float16's 65,504) is flagged in the table, the
+    summary, --json and --strict, while float32 of the same checkpoint is ok."""
+    import json
+
+    import torch
+
+    from kit.models import build_model, save_checkpoint
+
+    m = build_model("tiny-llama", "float32", "cpu")
+    with torch.no_grad():
+        m.lm_head.weight.mul_(1e6)
+    ckpt = save_checkpoint(m, tmp_path / "hot")
+    args = ["sweep", "--model", str(ckpt), "--dtype", "float32,float16", "--kv", "16", "--concurrency", "1",
+            "--decode-steps", "2", "--warmup-steps", "0", "--repeats", "1", "--no-plots"]
+    assert cli.main([*args, "--out", str(tmp_path / "o")]) == 0  # one ok row: exit 0 without --strict
+    out = capsys.readouterr().out
+    assert "2 points (1 ok, 1 not ok)" in out and "flagged: kv=16 B=1 float16: non-finite logits" in out
+    f16 = [line for line in out.splitlines() if line.strip().startswith("float16")]
+    assert len(f16) == 1 and "flagged" in f16[0] and f16[0].split().count("-") >= 5  # no speed figures shown
+    assert cli.main([*args, "--strict", "--json", "--out", str(tmp_path / "o")]) == 1
+    js = json.loads(capsys.readouterr().out)
+    assert js["ok"] == 1 and js["not_ok"] == 1
+    from kit.results import load_results, ok_mask, verdict
+
+    df = load_results(tmp_path / "o")
+    assert list(verdict(df)) == ["ok", "flagged"] and list(ok_mask(df)) == [True, False]

@@ -60,3 +60,20 @@ def test_store_refuses_a_file(tmp_path):
 def test_schema_table_documents_every_column():
     t = results.schema_table()
     assert len(t) == len(results.COLUMNS) and t.meaning.str.len().min() > 5
+
+
+def test_one_definition_of_ok_flagged_rows_are_never_ok():
+    from kit.results import ok_mask, row_problems, to_frame, verdict
+
+    df = to_frame([
+        {"backend": "engine", "status": "ok", "x_logits_finite": True},
+        {"backend": "engine", "status": "ok", "x_logits_finite": False, "error": "non-finite logits"},
+        {"backend": "engine", "status": "oom"},
+        {"backend": "openai", "status": "ok", "x_valid": False},
+        {"backend": "planner", "status": "ok"},  # no flag columns at all: ok
+    ])
+    assert list(ok_mask(df)) == [True, False, False, False, True]
+    assert list(verdict(df)) == ["ok", "flagged", "oom", "flagged", "ok"]
+    assert row_problems(df.iloc[1]) and "non-finite" in row_problems(df.iloc[1])[0]
+    assert row_problems({"x_logits_finite": None}) == [] and row_problems(df.iloc[0]) == []
+    assert ok_mask(to_frame([])).empty

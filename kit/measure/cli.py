@@ -15,6 +15,7 @@ import pandas as pd
 
 from kit._io import check_out_dir
 from kit.cli import DefaultsHelpFormatter, add_config_args, config_from_args
+from kit.results import ok_mask, verdict
 from kit.measure.sweep import SweepConfig, current_rows, noise_warning, run_sweep, summary_table
 
 
@@ -60,8 +61,9 @@ def _cli_sweep(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     cur = current_rows(df, cfg)
     others = df["point_id"].nunique() - cur["point_id"].nunique()
-    n_ok = int((cur["status"] == "ok").sum())
-    bad = cur[cur["status"] != "ok"]
+    ok = ok_mask(cur)
+    n_ok = int(ok.sum())
+    bad = cur[~ok].assign(verdict=verdict(cur[~ok]))
     plots = []
     if not args.no_plots:
         from kit.view.plots import save_standard_plots
@@ -82,7 +84,7 @@ def _cli_sweep(args: argparse.Namespace) -> int:
         print(f"note: {out} also holds {others} points of other settings (earlier runs); the table and plots above "
               "show this sweep only")
     for _, r in bad.iterrows():
-        print(f"  {r['status']}: kv={r['context_len']} B={r['concurrency']} {r['dtype']}: {r['error']}")
+        print(f"  {r['verdict']}: kv={r['context_len']} B={r['concurrency']} {r['dtype']}: {r['error']}")
     warn = noise_warning(cur)
     if warn:
         print(f"warning: {warn}")

@@ -32,7 +32,7 @@ from kit.measure.engine import KV_FILLS, PointConfig, run_point
 from kit.measure.grid import GridPoint, run_grid
 from kit.cli import config_field, config_flag, int_list_arg
 from kit.dtypes import MODEL_DTYPES
-from kit.results import run_metadata
+from kit.results import run_metadata, verdict
 
 log = logging.getLogger("kit")
 
@@ -232,12 +232,14 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
 
 
 def summary_table(df: pd.DataFrame) -> str:
-    """Text table: decode tok/s and TPOT p50 per (dtype, KV length, concurrency), OOM/errors marked."""
+    """Text table: decode tok/s and TPOT p50 per (dtype, KV length, concurrency). The status column is the row's
+    verdict (:func:`kit.results.verdict`): ``flagged`` rows (e.g. non-finite logits) show no speed figures."""
     rows = []
-    for _, r in df.sort_values(["dtype", "context_len", "concurrency"]).iterrows():
-        ok = r["status"] == "ok"
+    df = df.assign(_verdict=verdict(df)) if len(df) else df
+    for _, r in (df.sort_values(["dtype", "context_len", "concurrency"]).iterrows() if len(df) else ()):
+        ok = r["_verdict"] == "ok"
         fmt = (lambda v, f: f.format(v) if ok and v is not None and not pd.isna(v) else "-")
-        rows.append({"dtype": r["dtype"], "kv": r["context_len"], "B": r["concurrency"], "status": r["status"],
+        rows.append({"dtype": r["dtype"], "kv": r["context_len"], "B": r["concurrency"], "status": r["_verdict"],
                      "ttft_ms": fmt(r["ttft_ms"], "{:.1f}"), "tpot_p50_ms": fmt(r["tpot_ms_p50"], "{:.2f}"),
                      "tpot_min_ms": fmt(r["tpot_ms_min"], "{:.2f}"), "n": r["tpot_n"] if ok else "-",
                      "decode_tok_s": fmt(r["decode_tok_s"], "{:.0f}"), "tok_s/stream": fmt(r["tok_s_per_stream"],

@@ -182,7 +182,8 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
                      workload: Sequence[RequestInput] | None = None, extra: dict | None = None,
                      metadata: dict | None = None, resume: bool = True, progress: bool = True,
                      on_point: Callable[[dict, pd.DataFrame], None] | None = None,
-                     should_stop: Callable[[], bool] | None = None, model_error: str | None = None) -> pd.DataFrame:
+                     should_stop: Callable[[], bool] | None = None, model_error: str | None = None,
+                     on_progress: Callable[[int, bool], None] | None = None) -> pd.DataFrame:
     """A concurrency sweep against one server through the grid runner (:class:`ServedBackend`,
     :func:`kit.measure.grid.run_grid`: append-on-finish, resume, Ctrl-C).
 
@@ -192,7 +193,7 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
         progress: a progress bar and the resume notice.
         on_point: called after each measured point with (row, frame of every row so far).
         should_stop: polled before each point; True ends the sweep (finished points kept).
-        tokenizer, workload, extra, metadata, model_error: see :class:`ServedBackend`.
+        tokenizer, workload, extra, metadata, model_error, on_progress: see :class:`ServedBackend`.
 
     Returns: this sweep's rows in concurrency order (the latest row of each of its points, also those a resume
     skipped); every row of ``out_dir`` stays in ``out_dir/results.parquet``.
@@ -203,7 +204,7 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
     """
     out = check_out_dir(out_dir)
     backend = ServedBackend(cfg, concurrencies, out, tokenizer=tokenizer, workload=workload, extra=extra,
-                            metadata=metadata, model_error=model_error)
+                            metadata=metadata, model_error=model_error, on_progress=on_progress)
     if not resume:  # the runner archives its files; the detail files of that run go with them
         dest = archive_previous(out)
         for f in sorted(out.glob("requests-*.jsonl")) if dest else ():

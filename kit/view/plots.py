@@ -388,7 +388,7 @@ def grouped_bars(df: pd.DataFrame, label: str, values: list[str], xlabel: str | 
     Returns: the Figure. Raises: UserError for a missing column.
     """
     _check(df, [label, *values])
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * len(df) * len(values)))
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.3 * len(df) * len(values)))
     y = np.arange(len(df))
     h = 0.8 / len(values)
     for i, col in enumerate(values):
@@ -414,7 +414,7 @@ def curves(df: pd.DataFrame, x: str, y: str, hue: str, style: str | None = None,
 
     Raises: UserError for a missing column.
     """
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     _check(df, [x, y, hue, style])
     fig = ax.figure if ax is not None else plt.figure(figsize=(7, 4.2))
@@ -427,12 +427,12 @@ def curves(df: pd.DataFrame, x: str, y: str, hue: str, style: str | None = None,
         g = g.sort_values(x)
         ax.plot(g[x].astype(float), g[y].astype(float), styles.get(keys[-1], looks[0]), color=colours[keys[0]],
                 label=" · ".join(str(k) for k in keys))
-    if logx:
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    if logy:
-        ax.set_yscale("log")
+    for on, axis, scale in ((logx, ax.xaxis, ax.set_xscale), (logy, ax.yaxis, ax.set_yscale)):
+        if on:  # plain numbers at 1, 2, 5 × 10^k
+            scale("log")
+            axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
     ax.set(xlabel=label_of(x), ylabel=ylabel or label_of(y), title=title or f"{label_of(y)} vs {label_of(x)}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)

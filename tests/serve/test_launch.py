@@ -1,5 +1,6 @@
 """kit.serve.launch: recipe commands and environments for vLLM / SGLang on ROCm and CUDA and transformers serve;
-the Server process wrapper (readiness, early exit, timeout, stop by process group)."""
+the Server process wrapper (readiness by HTTP path or open port, early exit, timeout, stop by process group), also
+for a generic argv such as the dashboard's Voila."""
 import sys
 import time
 from pathlib import Path
@@ -105,16 +106,16 @@ def test_transformers_cpu_recipe():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(engine="tgi"), "engine='tgi'"),
+    (dict(server="tgi"), "server='tgi'"),
     (dict(accelerator="A100"), "accelerator='A100'"),
-    (dict(engine="vllm", accelerator="CPU"), "not accelerator='CPU'"),
+    (dict(server="vllm", accelerator="CPU"), "not accelerator='CPU'"),
     (dict(tp=0), "tp=0"),
     (dict(nnodes=2), "master_addr"),
     (dict(nnodes=2, node_rank=2, master_addr="x"), "node_rank=2"),
     (dict(dtype="fp8"), "dtype='fp8'"),
 ])
 def test_bad_specs_name_the_value(kw, match):
-    base = dict(engine="transformers", model="m", accelerator="CPU")
+    base = dict(server="transformers", model="m", accelerator="CPU")
     base.update(kw)
     with pytest.raises(ValueError, match=match):
         L.LaunchSpec(**base).validate()
@@ -126,7 +127,7 @@ def test_server_ready_and_stop_by_process_group(tmp_path):
                    url=f"http://127.0.0.1:{port}", log_path=tmp_path / "s.log")
     with srv:
         waited = srv.wait_ready(30, poll_s=0.1)
-        assert waited < 30 and L._get(srv.url + "/health", 2) == 200
+        assert waited < 30 and L.http_status(srv.url + "/health", 2) == 200
         pid = srv.proc.pid
     assert srv.proc.returncode is not None and live_in_group(pid) == []
     assert "sse_server.py" in (tmp_path / "s.log").read_text()
@@ -148,5 +149,41 @@ def test_server_exits_early_or_never_ready(tmp_path):
     srv.stop(timeout_s=5)
     assert time.monotonic() - t < 25
     assert live_in_group(pid) == []
-    with pytest.raises(FileNotFoundError, match="no-such-engine"):
-        L.Server(argv=["no-such-engine"], url="http://x", log_path=tmp_path / "c.log").start()
+    with pytest.raises(FileNotFoundError, match="no-such-server"):
+        L.Server(argv=["no-such-server"], url="http://x", log_path=tmp_path / "c.log").start()
+
+
+def test_generic_argv_server_with_a_ready_path_cwd_and_env(tmp_path):
+    """The dashboard's use: any argv, its url, the path to poll (Voila: "/"), a working directory, a log file,
+    extra environment; stop ends the whole group."""
+    port = free_port()
+    (tmp_path / "index.html").write_text("hello")
+    srv = L.Server(argv=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                   url=f"http://127.0.0.1:{port}", ready_path="/index.html", cwd=tmp_path,
+                   env={"PYTHONUNBUFFERED": "1"}, log_path=tmp_path / "logs" / "http.log")
+    assert srv.ready_paths == ("/index.html",) and not srv.is_ready()
+    with srv.start_ready(timeout_s=30, poll_s=0.1):
+        assert L.http_status(srv.url + "/index.html") == 200  # served from cwd
+        assert L.http_status(srv.url + "/missing") == 404
+        pid = srv.proc.pid
+    assert srv.proc.returncode is not None and live_in_group(pid) == []
+    assert "http.server" in (tmp_path / "logs" / "http.log").read_text()
+    # ready_path=None: ready as soon as the port accepts a connection (nothing is fetched)
+    port = free_port()
+    srv = L.Server(argv=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                   url=f"http://127.0.0.1:{port}/", ready_path=None, log_path=tmp_path / "b.log")
+    with srv.start_ready(timeout_s=30, poll_s=0.1):
+        assert srv.url == f"http://127.0.0.1:{port}" and L.port_open(srv.url)
+        pid = srv.proc.pid
+    assert live_in_group(pid) == []
+    assert "GET" not in (tmp_path / "b.log").read_text()  # the readiness wait sent no request
+
+
+def test_start_ready_stops_a_server_that_never_gets_ready(tmp_path):
+    srv = L.Server(argv=["bash", "-c", "sleep 120 & sleep 120"], url=f"http://127.0.0.1:{free_port()}",
+                   ready_path="/", log_path=tmp_path / "n.log")
+    with pytest.raises(TimeoutError, match="not ready"):
+        srv.start_ready(timeout_s=0.5, poll_s=0.1)
+    assert srv.proc.returncode is not None and live_in_group(srv.proc.pid) == []
+    with pytest.raises(ValueError, match="url"):
+        L.Server(argv=["true"])

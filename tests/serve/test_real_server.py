@@ -1,5 +1,6 @@
-"""kit.serve.client against a real server: ``transformers serve --continuous-batching`` on CPU with a tiny
-random-weight Llama and a locally trained tokenizer (kit.serve.launch.build_tiny_checkpoint), on 127.0.0.1.
+"""The served view against a real server: ``transformers serve --continuous-batching`` on CPU with a tiny
+random-weight Llama and a locally trained tokenizer (kit.serve.checkpoint.build_tiny_checkpoint), on 127.0.0.1,
+started by kit.serve.launch.Server; points and sweeps through kit.serve.sweep.
 
 transformers serve streams ``data:`` events without a final ``[DONE]``, sends usage in its last chunk, and its
 chunks are decoded text, not tokens. One server per module (start-up ~10 s); the last test kills it mid-run.
@@ -10,11 +11,13 @@ import time
 
 import pytest
 
+from kit import results as R
 from kit._io import free_port
 from kit.serve import launch as L
-from kit import results as R
-from kit.serve import client as S
-from kit.serve import load
+from kit.serve.checkpoint import build_tiny_checkpoint
+from kit.serve.client import load_tokenizer
+from kit.serve.load import LoadConfig
+from kit.serve.sweep import run_load_point, run_served_sweep, served_point_id
 
 pytestmark = pytest.mark.slow
 
@@ -22,14 +25,14 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("tserve")
-    ckpt = L.build_tiny_checkpoint(d / "tiny-llama")
+    ckpt = build_tiny_checkpoint(d / "tiny-llama")
     spec = L.LaunchSpec("transformers", str(ckpt), "CPU", port=free_port(), max_model_len=256, max_num_seqs=16,
                         max_batch_tokens=512)
     srv = L.Server(spec, log_path=d / "server.log")
     srv.start()
     try:
         srv.wait_ready(120, poll_s=0.25)
-        yield srv, str(ckpt), S.load_tokenizer(str(ckpt))
+        yield srv, str(ckpt), load_tokenizer(str(ckpt))
     finally:
         srv.stop()
 
@@ -37,9 +40,9 @@ def server(tmp_path_factory):
 def test_completions_and_chat_stream(server, tmp_path):
     srv, model, tok = server
     for endpoint in ("completions", "chat"):
-        cfg = S.LoadConfig(url=srv.url, endpoint=endpoint, isl=32, osl=12, num_requests=3, max_concurrency=3,
-                           warmup_requests=1)
-        row = load.run_point(cfg, tmp_path / endpoint, tokenizer=tok)
+        cfg = LoadConfig(url=srv.url, endpoint=endpoint, isl=32, osl=12, num_requests=3, max_concurrency=3,
+                         warmup_requests=1)
+        row = run_load_point(cfg, tmp_path / endpoint, tokenizer=tok)
         assert row["model"] == model  # from /v1/models
         assert row["completed"] == 3 and row["failed"] == 0, row["error"]
         assert row["x_output_tokens_estimated"] == 0  # usage came in the last chunk
@@ -51,8 +54,8 @@ def test_completions_and_chat_stream(server, tmp_path):
 def test_concurrency_sweep_throughput_rises(server, tmp_path):
     srv, _, tok = server
     # (concurrency 2, not 1, as the low point: transformers' CB on CPU is very slow with one request in flight)
-    cfg = S.LoadConfig(url=srv.url, isl=32, osl=24, num_requests=8, warmup_requests=2)
-    df = load.run_sweep(cfg, [2, 8], tmp_path, tokenizer=tok, progress=False)
+    cfg = LoadConfig(url=srv.url, isl=32, osl=24, num_requests=8, warmup_requests=2)
+    df = run_served_sweep(cfg, [2, 8], tmp_path, tokenizer=tok, progress=False)
     assert (df["failed"] == 0).all() and (df["completed"] == 8).all()
     tps = df.set_index("concurrency")["output_tok_s"]
     assert tps[8] > 1.5 * tps[2], tps.to_dict()  # continuous batching: more in flight, more tok/s
@@ -61,24 +64,28 @@ def test_concurrency_sweep_throughput_rises(server, tmp_path):
 
 def test_ignore_eos_rejected_is_counted_not_raised(server, tmp_path):
     srv, _, tok = server
-    cfg = S.LoadConfig(url=srv.url, isl=8, osl=4, num_requests=2, warmup_requests=0, ignore_eos=True)
-    row = load.run_point(cfg, tmp_path, tokenizer=tok)
+    cfg = LoadConfig(url=srv.url, isl=8, osl=4, num_requests=2, warmup_requests=0, ignore_eos=True)
+    row = run_load_point(cfg, tmp_path, tokenizer=tok)
     assert row["failed"] == 2 and "HTTP 422" in row["error"] and "ignore_eos" in row["error"]
 
 
 def test_server_killed_mid_run(server, tmp_path):
     srv, _, tok = server
-    cfg = S.LoadConfig(url=srv.url, isl=16, osl=128, num_requests=24, max_concurrency=2, warmup_requests=0,
-                       timeout_s=20, stall_timeout_s=5)
-    detail = tmp_path / f"requests-{load.point_id(cfg)}.jsonl"
+    cfg = LoadConfig(url=srv.url, isl=16, osl=128, num_requests=24, max_concurrency=2, warmup_requests=0,
+                     timeout_s=20, stall_timeout_s=5)
+    detail = tmp_path / f"requests-{served_point_id(cfg)}.jsonl"
 
     def kill_after_two_finished(n_done: int, ok: bool) -> None:
         if n_done == 2:
             os.killpg(srv.proc.pid, signal.SIGKILL)  # killed, not shut down gracefully
 
     t = time.perf_counter()
-    row = load.run_point(cfg, tmp_path, tokenizer=tok, on_progress=kill_after_two_finished)
+    rows = []
+    run_served_sweep(cfg, [2], tmp_path, tokenizer=tok, progress=False, on_progress=kill_after_two_finished,
+                     on_point=lambda rec, frame: rows.append(rec))
+    row = rows[0]
     assert time.perf_counter() - t < 40
     assert row["completed"] >= 2 and row["failed"] >= 1 and row["completed"] + row["failed"] == 24
     assert len(detail.read_text().splitlines()) == 24
     assert int(R.load_results(tmp_path)["failed"].iloc[0]) == row["failed"]
+    assert row["x_detail_file"] == str(detail)

@@ -43,5 +43,13 @@ def test_docs_build_nitpicky_warnings_as_errors(tmp_path):
         text = page.read_text()
         assert "cell_output" in text, f"{rel} rendered without outputs"
     api = (html / "api.html").read_text()
-    for name in ("kit.view.panel.ControlPanel", "kit.measure.sweep.run_sweep", "kit.metrics.usd_per_mtok", "kit.results.schema_table"):
+    for name in ("kit.view.panel.ControlPanel", "kit.measure.sweep.run_sweep", "kit.metrics.usd_per_mtok",
+                 "kit.results.schema_table", "kit.view.compare_view.CompareView", "kit.view.plots.knee_plot",
+                 "kit.serve.launch.Server", "kit.plan.cost", "kit.check.sampling", "kit.measure.grid.run_grid",
+                 "kit.errors.UserError", "kit.dtypes.canonical"):
         assert name in api, name
+    assert "kit._io" not in api  # private
+    for mod in build.api_modules():  # every public module of every subpackage has its section
+        assert f'id="module-{mod}"' in api, mod
+    arch = (html / "architecture.html").read_text()
+    assert "architecture.html" in index and "<h1>" in arch
