@@ -1,4 +1,4 @@
-"""Load-generator benchmark: how many streamed chunks/s kit.serve.client's client sustains on one core, and what
+"""Load-generator benchmark: how many streamed chunks/s kit.serve's client sustains on one core, and what
 time-stamping and parsing cost per chunk. Not a test: it prints figures.
 
 The scripted SSE server (tests/sse_server.py ``--raw-fast``: a minimal asyncio HTTP server streaming one-token
@@ -10,7 +10,7 @@ server under load. For each concurrency, ``--repeats`` runs; the table shows med
 - ``client CPU``: client process CPU time / wall time (1.0 = the client's core was saturated, so chunks/s is
   the client's limit; lower means the server was the bottleneck);
 - ``chunks/CPU-s``: chunks / client CPU seconds: the client's capacity on one core, whoever was the bottleneck;
-- ``loop lag p99``: the event-loop lag probe of the run (kit.serve.client's self-check).
+- ``loop lag p99``: the event-loop lag probe of the run (the client self-check, kit.serve.selfcheck).
 
 Then micro-benchmarks per chunk: ``time.perf_counter()`` (the time stamp itself) and the client's full
 per-chunk work (SSE framing + JSON parse + classify + record).
@@ -31,8 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit.serve import client as S  # noqa: E402
-from kit.serve import load
+from kit.serve.client import SSEParser, StreamCapture  # noqa: E402
+from kit.serve.load import LoadConfig, run_coro, run_load_async  # noqa: E402
+from kit.serve.workload import RequestInput  # noqa: E402
 
 
 def start_server(core: int | None) -> tuple[subprocess.Popen, str]:
@@ -47,11 +48,11 @@ def start_server(core: int | None) -> tuple[subprocess.Popen, str]:
 
 
 def one_run(url: str, conc: int, n_req: int, chunks: int) -> dict:
-    cfg = S.LoadConfig(url=url, model="fast", num_requests=n_req, max_concurrency=conc, warmup_requests=0,
-                       isl=1, osl=chunks, timeout_s=120, stall_timeout_s=30)
-    wl = [S.RequestInput("x", 1, chunks)]
+    cfg = LoadConfig(url=url, model="fast", num_requests=n_req, max_concurrency=conc, warmup_requests=0,
+                     isl=1, osl=chunks, timeout_s=120, stall_timeout_s=30)
+    wl = [RequestInput("x", 1, chunks)]
     cpu0, t0 = time.process_time(), time.perf_counter()
-    recs, info = load.run_coro(load.run_load_async(cfg, wl, tokenizer=None))
+    recs, info = run_coro(run_load_async(cfg, wl, tokenizer=None))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     n_chunks = sum(r.get("n_chunks") or 0 for r in recs)
     failed = sum(not r.get("ok") for r in recs)
@@ -69,7 +70,7 @@ def micro(n: int = 200_000) -> dict:
           "choices": [{"index": 0, "text": "t", "finish_reason": None}]}
     raw = f"data: {json.dumps(ev, separators=(',', ':'))}\n\n".encode()
     m = n // 4
-    cap, parser = S.StreamCapture(), S.SSEParser()
+    cap, parser = StreamCapture(), SSEParser()
     t = time.process_time()  # CPU time: other processes on a shared machine do not inflate it
     for _ in range(m):
         cap.add_events(parser.feed(raw), pc())

@@ -1,9 +1,10 @@
 """Planner accuracy: predicted vs measured decode step time (TPOT) on a sweep grid of this machine.
 
 Steps: (1) calibrate this device (as ``kit calibrate`` does: bandwidth, matmul TFLOPS, decode-attention rate,
-per-step overhead; stored in the output directory) unless a calibration file is given; (2) run a sweep (default: the kit's default CPU grid — tiny-llama, float32, KV
-128/512/2048 × concurrency 1/4/16, 16 decode steps); (3) predict every point with the planner from the calibration
-alone (no fitting to the sweep); (4) print the error per point and the median absolute error. Goal: ≤ 20 %.
+per-step overhead; stored in the output directory) unless a calibration file is given; (2) run a sweep
+(default: the kit's default CPU grid — tiny-llama, float32, KV 128/512/2048 × concurrency 1/4/16, 16 decode
+steps); (3) predict every point with the planner from the calibration alone (no fitting to the sweep); (4) print
+the error per point and the median absolute error. Goal: ≤ 20 %.
 
 This is a benchmark, not a test: the figure depends on the machine and on what else runs on it.
 
@@ -11,6 +12,7 @@ This is a benchmark, not a test: the figure depends on the machine and on what e
     .venv/bin/python benchmarks/planner_accuracy.py --calibration ~/.cache/kit/calibration-cpu.json \
         --sweep results/quickstart                                  # reuse both
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +32,13 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrencies", default=None, help="comma list (default: the sweep default)")
     ap.add_argument("--out", default=None, help="directory for the sweep, the table and the overlay PNG")
     ap.add_argument("--goal", type=float, default=20.0, help="median |error| goal, %%")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch CPU threads for calibration and sweep (default: torch's); 1 is steadier on a busy "
-                         "machine, where threads spin-wait on each other")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads for calibration and sweep (default: torch's); 1 is steadier on a busy "
+        "machine, where threads spin-wait on each other",
+    )
     args = ap.parse_args(argv)
     import os
 
@@ -41,14 +47,20 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"torch threads {torch.get_num_threads()}, cores {os.cpu_count()}, load average {load:.2f}"
-          + ("  (busy machine: timings will scatter; try --threads 1 or a quiet moment)"
-             if load > (os.cpu_count() or 1) else ""))
+    print(
+        f"torch threads {torch.get_num_threads()}, cores {os.cpu_count()}, load average {load:.2f}"
+        + (
+            "  (busy machine: timings will scatter; try --threads 1 or a quiet moment)"
+            if load > (os.cpu_count() or 1)
+            else ""
+        )
+    )
 
     from kit.measure import calibrate
-    from kit.plan import roofline as planner
-    from kit.results import load_results, save_results
     from kit.measure.sweep import SweepConfig, run_sweep
+    from kit.plan.roofline import compare, predict_like
+    from kit.results import load_results, save_results
+    from kit.view.plots import overlay_figure
 
     out = Path(args.out or tempfile.mkdtemp(prefix="planner-accuracy-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -57,10 +69,12 @@ def main(argv=None) -> int:
     else:
         cal = calibrate.calibrate(args.device)  # stored beside the results, not over the user's `kit calibrate`
         cal["path"] = str(calibrate.save_calibration(cal, out / "calibration.json"))
-    print(f"calibration: copy {cal['mem_bw_gb_s']:.1f} GB/s, matmul "
-          + ", ".join(f"{k} {v * 1e3:.0f} GFLOP/s" for k, v in cal["matmul_tflops"].items() if v)
-          + f", overhead {cal['overhead_ms_fixed']:.3f} ms + {cal['overhead_ms_per_layer']:.3f} ms/layer "
-          f"({cal.get('path', '')})")
+    print(
+        f"calibration: copy {cal['mem_bw_gb_s']:.1f} GB/s, matmul "
+        + ", ".join(f"{k} {v * 1e3:.0f} GFLOP/s" for k, v in cal["matmul_tflops"].items() if v)
+        + f", overhead {cal['overhead_ms_fixed']:.3f} ms + {cal['overhead_ms_per_layer']:.3f} ms/layer "
+        f"({cal.get('path', '')})"
+    )
     if args.sweep:
         measured = load_results(args.sweep)
     else:
@@ -75,9 +89,9 @@ def main(argv=None) -> int:
 
         sweep_dir = out / f"sweep-{_time.strftime('%Y%m%d-%H%M%S')}"  # a fresh run directory every time
         measured = run_sweep(SweepConfig(**kw), sweep_dir, resume=False, progress=False)
-    predicted = planner.predict_like(measured, "local", calibration=cal)
+    predicted = predict_like(measured, "local", calibration=cal)
     save_results(predicted, out / "planner.parquet")
-    err = planner.compare(measured, predicted, "tpot_ms_p50")
+    err = compare(measured, predicted, "tpot_ms_p50")
     if "tpot_ms_min" in measured.columns:  # the fastest step: the least disturbed by other load on the machine
         fast = measured[["model", "dtype", "concurrency", "context_len", "tpot_ms_min", "tpot_ms_p90", "tpot_n"]]
         err = err.merge(fast, on=["model", "dtype", "concurrency", "context_len"], how="left")
@@ -85,29 +99,39 @@ def main(argv=None) -> int:
         # a point whose p90 step is > 1.5x its median was disturbed (other load, frequency changes): flag it
         err["disturbed"] = err["tpot_ms_p90"] > 1.5 * err["measured"]
     err.to_csv(out / "planner_vs_measured.csv", index=False)
-    fig = planner.overlay_figure(measured, predicted)
+    fig = overlay_figure(measured, predicted)
     fig.savefig(out / "planner_vs_measured.png", dpi=110)
-    print(f"\n{'model':12s} {'dtype':8s} {'B':>4s} {'C':>6s} {'p50 ms':>8s} {'p90 ms':>8s} {'min ms':>8s} {'n':>4s} "
-          f"{'predicted':>9s} {'err p50':>8s} {'err min':>8s}  bound")
+    print(
+        f"\n{'model':12s} {'dtype':8s} {'B':>4s} {'C':>6s} {'p50 ms':>8s} {'p90 ms':>8s} {'min ms':>8s} {'n':>4s} "
+        f"{'predicted':>9s} {'err p50':>8s} {'err min':>8s}  bound"
+    )
     for _, r in err.iterrows():
-        print(f"{r['model']:12s} {r['dtype']:8s} {r['concurrency']:>4d} {r['context_len']:>6d} {r['measured']:>8.3f} "
-              f"{r.get('tpot_ms_p90', float('nan')):>8.3f} {r.get('tpot_ms_min', float('nan')):>8.3f} "
-              f"{r.get('tpot_n', 0):>4d} {r['predicted']:>9.3f} {r['error_pct']:>+7.1f}% "
-              f"{r.get('error_vs_min_pct', float('nan')):>+7.1f}%  {r.get('x_bound', '')}"
-              + ("  DISTURBED (p90 > 1.5 x p50)" if r.get("disturbed") else ""))
+        print(
+            f"{r['model']:12s} {r['dtype']:8s} {r['concurrency']:>4d} {r['context_len']:>6d} {r['measured']:>8.3f} "
+            f"{r.get('tpot_ms_p90', float('nan')):>8.3f} {r.get('tpot_ms_min', float('nan')):>8.3f} "
+            f"{r.get('tpot_n', 0):>4d} {r['predicted']:>9.3f} {r['error_pct']:>+7.1f}% "
+            f"{r.get('error_vs_min_pct', float('nan')):>+7.1f}%  {r.get('x_bound', '')}"
+            + ("  DISTURBED (p90 > 1.5 x p50)" if r.get("disturbed") else "")
+        )
     med = float(err["error_pct"].abs().median())
-    print(f"\nmedian |error| vs measured p50 TPOT = {med:.1f}% over n={len(err)} points (goal <= {args.goal:g}%): "
-          f"{'MET' if med <= args.goal else 'NOT MET'}")
+    print(
+        f"\nmedian |error| vs measured p50 TPOT = {med:.1f}% over n={len(err)} points (goal <= {args.goal:g}%): "
+        f"{'MET' if med <= args.goal else 'NOT MET'}"
+    )
     if "error_vs_min_pct" in err.columns:
         print(f"median |error| vs fastest step (min TPOT) = {err['error_vs_min_pct'].abs().median():.1f}%")
         calm = err[~err["disturbed"]]
-        print(f"median |error| over undisturbed points = "
-              + (f"{calm['error_pct'].abs().median():.1f}% (n={len(calm)} of {len(err)})" if len(calm) else "n/a (none)"))
+        print(
+            "median |error| over undisturbed points = "
+            + (f"{calm['error_pct'].abs().median():.1f}% (n={len(calm)} of {len(err)})" if len(calm) else "n/a (none)")
+        )
     if measured["prefill_ms"].notna().any():
-        pe = planner.compare(measured, predicted, "prefill_ms")
-        print(f"(secondary) prefill: median |error| {pe['error_pct'].abs().median():.1f}%, median signed error "
-              f"{pe['error_pct'].median():+.1f}% (n={len(pe)}; the planner counts matmul and attention FLOPs and weight/KV "
-              "bytes, not the activation traffic of norms, rotary and activations)")
+        pe = compare(measured, predicted, "prefill_ms")
+        print(
+            f"(secondary) prefill: median |error| {pe['error_pct'].abs().median():.1f}%, median signed error "
+            f"{pe['error_pct'].median():+.1f}% (n={len(pe)}; the planner counts matmul and attention FLOPs and "
+            "weight/KV bytes, not the activation traffic of norms, rotary and activations)"
+        )
     print(f"files: {out}/planner_vs_measured.csv, {out}/planner_vs_measured.png")
     return 0
 

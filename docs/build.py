@@ -5,8 +5,9 @@
     .venv/bin/python docs/build.py --no-execute         # render the committed notebooks without outputs
 
 The source tree is ``OUT/src``: ``docs/conf.py``, ``docs/*.md`` (``index.md``, ``architecture.md``), an API page
-generated from every public module of the ``kit`` package and its subpackages (:func:`api_modules`), and every notebook under ``notebooks/`` (the executed copy when there is one). HTML goes to ``OUT/html``
-(default ``OUT`` = ``docs/_build``). MyST-NB never executes anything (``nb_execution_mode = "off"``): a notebook is
+generated from every public module of the ``kit`` package and its subpackages (:func:`api_modules`), and every
+notebook under ``notebooks/`` (the executed copy when there is one). HTML goes to ``OUT/html`` (default ``OUT`` =
+``docs/_build``). MyST-NB never executes anything (``nb_execution_mode = "off"``): a notebook is
 executed once, by papermill, and a notebook whose execution fails fails the build.
 
 Exit code: 0 on success; non-zero when a notebook fails to execute or Sphinx reports a warning or an error.

@@ -66,7 +66,7 @@ def _plain_text_docstrings(app, what, name, obj, options, lines):
     a word ending in ``_`` (``x_`` columns) is an RST reference, and a list right after a ``Heading:`` line needs a
     blank line before it. Both are adjusted here (outside literal blocks), so the API pages render them as text."""
     out, in_literal = [], False
-    for i, line in enumerate(lines):
+    for line in lines:
         stripped = line.strip()
         if stripped.endswith("::"):
             in_literal = True

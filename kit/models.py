@@ -24,6 +24,7 @@ kimi-k2            Kimi K2 (1.03T, DeepSeek-V3 architecture)            planner 
 from __future__ import annotations
 
 import copy
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,11 +114,35 @@ def is_checkpoint_dir(model: str | os.PathLike) -> bool:
     return p.is_dir() and (p / "config.json").exists()
 
 
-def get_config(model: str):
-    """The ``transformers`` config of a preset name or a local checkpoint directory.
+def check_custom_code(path: str | os.PathLike, trust_remote_code: bool = False) -> None:
+    """Refuse a checkpoint that needs its own Python code (``auto_map`` in config.json) unless the user trusts it.
+
+    transformers would otherwise stop and ask "run the custom code? [y/N]" in the middle of a run, and a ``y``
+    runs the directory's Python. The kit never offers that: it passes ``trust_remote_code`` explicitly everywhere.
 
     Raises:
-        ValueError: unknown preset and not a checkpoint directory (lists the presets).
+        UserError: the checkpoint ships custom code and ``trust_remote_code`` is False.
+    """
+    cfg_file = Path(path) / "config.json"
+    try:
+        auto_map = json.loads(cfg_file.read_text()).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable configs are reported by transformers' own loader below
+    if auto_map and not trust_remote_code:
+        raise UserError(f"checkpoint {str(path)!r} needs its own Python code (config.json auto_map: "
+                        f"{sorted(auto_map)}); the kit does not run it unless you pass --trust-remote-code "
+                        "(trust_remote_code=True) after reading that code")
+
+
+def get_config(model: str, trust_remote_code: bool = False):
+    """The ``transformers`` config of a preset name or a local checkpoint directory.
+
+    Args:
+        trust_remote_code: allow a checkpoint's own Python code (see :func:`check_custom_code`).
+
+    Raises:
+        UserError: unknown preset and not a checkpoint directory (lists the presets); a checkpoint that needs
+            custom code without ``trust_remote_code``; a config.json transformers cannot read.
     """
     from transformers import AutoConfig
 
@@ -127,7 +152,11 @@ def get_config(model: str):
         cfg.name_or_path = p.name
         return cfg
     if is_checkpoint_dir(model):
-        return AutoConfig.from_pretrained(str(model), local_files_only=True)
+        check_custom_code(model, trust_remote_code)
+        try:
+            return AutoConfig.from_pretrained(str(model), local_files_only=True, trust_remote_code=trust_remote_code)
+        except (ValueError, KeyError, OSError) as e:
+            raise UserError(f"cannot read the config of checkpoint {str(model)!r}: {str(e).splitlines()[0]}") from e
     if Path(model).exists():
         raise UserError(f"model={model!r} is a path but holds no config.json; a checkpoint directory needs "
                          "config.json + *.safetensors")
@@ -159,7 +188,7 @@ def param_bytes(model: torch.nn.Module) -> int:
 
 
 def build_model(model: str = DEFAULT_PRESET, dtype: str | torch.dtype = "float32", device: str = "cpu",
-                seed: int = 0) -> torch.nn.Module:
+                seed: int = 0, trust_remote_code: bool = False) -> torch.nn.Module:
     """Build a preset with random weights (or load a local checkpoint) on ``device`` in ``dtype``, eval mode.
 
     Args:
@@ -167,6 +196,7 @@ def build_model(model: str = DEFAULT_PRESET, dtype: str | torch.dtype = "float32
         dtype: float32 | bfloat16 | float16 (aliases fp32, bf16, fp16).
         device: torch device string ("cpu", "cuda", "cuda:1"); ROCm uses "cuda".
         seed: seed for the random weights.
+        trust_remote_code: allow a checkpoint's own Python code (see :func:`check_custom_code`).
 
     Returns:
         a ``transformers`` causal-LM module with ``.config``; attention runs with the "sdpa" implementation.
@@ -178,7 +208,7 @@ def build_model(model: str = DEFAULT_PRESET, dtype: str | torch.dtype = "float32
 
     dt = dtypes.to_torch(dtype)
     if is_checkpoint_dir(model):
-        return load_checkpoint(model, dt, device)
+        return load_checkpoint(model, dt, device, trust_remote_code)
     cfg = get_config(model)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
@@ -187,11 +217,13 @@ def build_model(model: str = DEFAULT_PRESET, dtype: str | torch.dtype = "float32
     return m.eval()
 
 
-def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = "bfloat16", device: str = "cpu"):
+def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
+                    trust_remote_code: bool = False):
     """Load a causal LM from a local directory (config.json + safetensors); never touches the network.
 
     Raises:
-        ValueError: the directory has no config.json or no weights.
+        UserError: the directory has no config.json or no weights, or needs custom code without
+            ``trust_remote_code`` (:func:`check_custom_code`).
     """
     from transformers import AutoModelForCausalLM
 
@@ -200,8 +232,10 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = "bfloat1
         raise UserError(f"checkpoint path {str(p)!r} is not a directory with config.json")
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise UserError(f"checkpoint directory {str(p)!r} has config.json but no *.safetensors weights")
+    check_custom_code(p, trust_remote_code)
     m = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtypes.to_torch(dtype), device_map=str(torch.device(device)),
-                                             local_files_only=True, attn_implementation="sdpa")
+                                             local_files_only=True, attn_implementation="sdpa",
+                                             trust_remote_code=trust_remote_code)
     return m.eval()
 
 

@@ -5,12 +5,8 @@ level (``backend="openai"``) or an analytic prediction (``backend="planner"``). 
 so their rows concatenate and plot on the same axes. Units are in the column names; metric formulas are defined
 once in :mod:`kit.metrics`. Columns a backend does not produce are missing (NaN/None), never zero.
 
-Storage of a run directory ``DIR``:
-
-- ``DIR/points.jsonl``: the append log. Each finished point (ok, oom or error) is one JSON line, flushed and
-  fsync'd before the next point starts, so a crash, Ctrl-C or ``kill -9`` loses nothing that finished.
-- ``DIR/results.parquet`` + ``DIR/results.json`` (sidecar: run metadata and the schema): rewritten atomically
-  after every point, so they are always loadable.
+Storage of a run directory (the append log, its lock, crash recovery) is :mod:`kit.store`; this module holds
+the schema, validation, the Parquet + JSON round trip and the one definition of an ok row (:func:`ok_mask`).
 """
 from __future__ import annotations
 
@@ -27,7 +23,8 @@ from kit._io import atomic_write_bytes, atomic_write_with
 from kit.errors import InputNotFoundError, OutputPathError, UserError
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "oom", "error", "skipped")
+#: ``killed``: the process died while measuring the point (see :mod:`kit.store`)
+STATUSES = ("ok", "oom", "error", "killed", "skipped")
 BACKENDS = ("engine", "openai", "planner")
 
 
@@ -43,7 +40,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("run_id", "string", "id of the run (sweep) this row belongs to"),
     Column("point_id", "string", "stable key of the point's configuration; a resumed sweep skips finished ones"),
     Column("backend", "string", "engine (in-process torch) | openai (served endpoint) | planner (analytic)"),
-    Column("status", "string", "ok | oom | error | skipped"),
+    Column("status", "string", "ok | oom | error | killed | skipped"),
     Column("error", "string", "error text when status is not ok"),
     Column("timestamp", "string", "UTC ISO-8601 time the point finished"),
     # what ran
@@ -244,10 +241,12 @@ def run_metadata(**extra) -> dict:
     return meta
 
 
-def save_results(df: pd.DataFrame, path: str | Path, metadata: dict | None = None) -> Path:
+def save_results(df: pd.DataFrame, path: str | Path, metadata: dict | None = None,
+                 runs: list[dict] | None = None) -> Path:
     """Write ``df`` to ``path`` (a ``.parquet`` file, or a directory → ``results.parquet``) + a JSON sidecar.
 
-    The sidecar (same stem, ``.json``) holds ``metadata`` and the schema. Both writes are atomic.
+    The sidecar (same stem, ``.json``) holds ``metadata`` (the latest run's), ``runs`` (every run's metadata
+    that wrote rows here, oldest first) and the schema. Both writes are atomic.
 
     Returns: the Parquet path.
     """
@@ -257,7 +256,8 @@ def save_results(df: pd.DataFrame, path: str | Path, metadata: dict | None = Non
     path.parent.mkdir(parents=True, exist_ok=True)
     df = coerce(df)
     atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
-    side = {"metadata": metadata or {}, "schema_version": SCHEMA_VERSION,
+    side = {"metadata": metadata or {}, "runs": runs if runs is not None else ([metadata] if metadata else []),
+            "schema_version": SCHEMA_VERSION,
             "columns": {c: str(t) for c, t in df.dtypes.items()}}
     atomic_write_bytes(path.with_suffix(".json"), json.dumps(side, indent=2, default=str).encode())
     return path
@@ -266,7 +266,7 @@ def save_results(df: pd.DataFrame, path: str | Path, metadata: dict | None = Non
 def load_results(path: str | Path) -> pd.DataFrame:
     """Load results written by :func:`save_results` or a run directory (Parquet, or the JSONL log if newer).
 
-    ``df.attrs["metadata"]`` carries the sidecar metadata.
+    ``df.attrs["metadata"]`` carries the sidecar's metadata (the latest run's), ``df.attrs["runs"]`` every run's.
 
     Raises:
         FileNotFoundError: nothing loadable at ``path``.
@@ -275,6 +275,8 @@ def load_results(path: str | Path) -> pd.DataFrame:
     if path.is_dir():
         pq, log = path / "results.parquet", path / "points.jsonl"
         if log.exists() and (not pq.exists() or log.stat().st_mtime > pq.stat().st_mtime + 1e-6):
+            from kit.store import read_log
+
             df = to_frame(read_log(log))
             side = path / "results.json"
         elif pq.exists():
@@ -286,78 +288,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
     else:
         raise InputNotFoundError(f"results file {path} does not exist")
     if side.exists():
-        df.attrs["metadata"] = json.loads(side.read_text()).get("metadata", {})
+        doc = json.loads(side.read_text())
+        df.attrs["metadata"] = doc.get("metadata", {})
+        df.attrs["runs"] = doc.get("runs") or ([df.attrs["metadata"]] if df.attrs["metadata"] else [])
     return df
-
-
-def read_log(path: str | Path) -> list[dict]:
-    """Records from a ``points.jsonl`` append log; a torn last line (killed mid-write) is skipped."""
-    out = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
-
-
-class ResultStore:
-    """Append-on-finish storage for one run directory (see the module docstring for the files).
-
-    Raises:
-        NotADirectoryError: ``out_dir`` exists and is a file.
-    """
-
-    def __init__(self, out_dir: str | Path, metadata: dict | None = None):
-        self.dir = Path(out_dir)
-        if self.dir.exists() and not self.dir.is_dir():
-            raise OutputPathError(f"output directory {str(self.dir)!r} exists and is a file; "
-                                     "give a directory path (it will be created if missing)")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.log = self.dir / "points.jsonl"
-        self.metadata = metadata or {}
-        self._records = read_log(self.log) if self.log.exists() else []
-
-    @property
-    def records(self) -> list[dict]:
-        return list(self._records)
-
-    def finished_ids(self, statuses=("ok", "oom")) -> set[str]:
-        """point_ids already recorded with one of ``statuses`` (errors are retried on resume)."""
-        return {r.get("point_id") for r in self._records if r.get("status") in statuses}
-
-    def append(self, rec: dict) -> pd.DataFrame:
-        """Validate, append to the log (flush + fsync), then refresh Parquet + sidecar; returns every row so far."""
-        rec = validate_record(dict(rec))
-        rec.setdefault("timestamp", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-        line = json.dumps(rec, default=_json_default, allow_nan=True)
-        with open(self.log, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self._records.append(json.loads(line))
-        return self.flush()
-
-    def flush(self) -> pd.DataFrame:
-        """Rewrite results.parquet + results.json from every record so far; returns that frame."""
-        df = self.frame()
-        save_results(df, self.dir / "results.parquet", self.metadata)
-        return df
-
-    def frame(self) -> pd.DataFrame:
-        return to_frame(self._records)
-
-
-def _json_default(o):
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-    except Exception:
-        pass
-    return str(o)

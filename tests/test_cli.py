@@ -45,6 +45,7 @@ def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path):
     (["--accelerator", "nope"], "unknown accelerator 'nope'"),
     (["--model", "./no/such/ckpt"], "does not exist"),
     (["--threads", "0"], "threads=0"),
+    (["--threads", "100000"], "threads=100000 (--threads) must be an integer from 1 to"),
 ])
 def test_bad_input_clear_error(tmp_path, capsys, args, match):
     rc = cli.main(["sweep", *args, "--out", str(tmp_path / "o")])

@@ -43,7 +43,7 @@ def checked_dtype(d) -> str:
     Raises:
         UserError: any other dtype (int8, fp8, …); the message lists the allowed.
     """
-    if d is torch.float64 or str(d).strip().lower().removeprefix("torch.") in ("float64", "double"):
+    if d is torch.float64 or str(d).strip().lower() == "float64":
         return "float64"
     try:
         return model_dtype(d)
@@ -52,7 +52,7 @@ def checked_dtype(d) -> str:
                         f"{sorted(MODEL_DTYPES) + ['float64']}") from None
 
 
-def torch_dtype(name: str) -> torch.dtype:
+def checked_torch_dtype(name: str) -> torch.dtype:
     """The ``torch.dtype`` of a :func:`checked_dtype` name."""
     return torch.float64 if name == "float64" else to_torch(name)
 
@@ -288,7 +288,7 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
     tols = {**DEFAULT_TOL, **(tol or {})}
     rows = []
     for dname in names:
-        dtype = torch_dtype(dname)
+        dtype = checked_torch_dtype(dname)
         atol, rtol = tols[dname]
         base = {"op": op, "impl": impl_name, "device": str(device), "dtype": dname, "atol": atol, "rtol": rtol}
         try:

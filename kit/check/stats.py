@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import scipy.stats
 import torch
 
 from kit.errors import UserError
@@ -45,24 +46,13 @@ class FrequencyResult:
                 f"p={self.p_value:.3g} (alpha {self.alpha:g}), impossible draws={self.impossible}")
 
 
-def chi2_sf(chi2: float, dof: int) -> float:
-    """Survival function of the χ² distribution, P(X ≥ chi2) for ``dof`` ≥ 1 degrees of freedom.
-
-    = Q(dof/2, chi2/2), the regularised upper incomplete gamma function (NIST/SEMATECH e-Handbook of Statistical
-    Methods, "Chi-Square Goodness-of-Fit Test"; the same as ``scipy.stats.chi2.sf``), via
-    :func:`torch.special.gammaincc` in float64.
-    """
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(chi2 / 2, dtype=torch.float64)))
-
-
 def frequency_check(sampler: Callable[[torch.Tensor], torch.Tensor], probs, n_draws: int = 1000,
                     alpha: float = 1e-3) -> FrequencyResult:
     """Draw ``n_draws`` ids with ``sampler`` and test them against ``probs`` (Pearson's χ² test).
 
     The sampler is called once on ``probs`` repeated ``n_draws`` times, shape ``(n_draws, vocab)``, and must
     return ``(n_draws,)`` ids. This is how eager and compiled samplers are compared: their random streams differ,
-    their distributions must not (e.g. probs ``[.25, .25, .5]``, 1000 draws). p-value: :func:`chi2_sf` with
+    their distributions must not (e.g. probs ``[.25, .25, .5]``, 1000 draws). p-value: ``scipy.stats.chi2.sf`` with
     ``dof`` = (ids of non-zero probability) − 1; 1.0 when there is a single such id.
 
     Args:
@@ -97,6 +87,6 @@ def frequency_check(sampler: Callable[[torch.Tensor], torch.Tensor], probs, n_dr
     m = expected > 0
     chi2 = float(((counts[m] - expected[m]) ** 2 / expected[m]).sum())
     dof = int(m.sum()) - 1
-    pval = 1.0 if dof < 1 else chi2_sf(chi2, dof)
+    pval = 1.0 if dof < 1 else float(scipy.stats.chi2.sf(chi2, dof))
     return FrequencyResult([int(c) for c in counts.tolist()], expected.tolist(), chi2, dof, pval, alpha, impossible,
                            n_draws)

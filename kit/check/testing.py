@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kit import hardware
-from kit.check.harness import MODES, CheckReport, check_op, checked_dtype, torch_dtype
+from kit.check.harness import MODES, CheckReport, check_op, checked_dtype, checked_torch_dtype
 from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
 
@@ -39,7 +39,7 @@ def supported_dtypes(device: str = "cpu", dtypes: Sequence = MODEL_DTYPES) -> li
     for d in dtypes:
         name = checked_dtype(d)
         try:
-            hardware.check_dtype_supported(torch_dtype(name), device)
+            hardware.check_dtype_supported(checked_torch_dtype(name), device)
             ok.append(name)
         except UserError:
             pass

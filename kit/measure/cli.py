@@ -30,6 +30,8 @@ def add_cli(sub) -> None:
     p.add_argument("--out", default="results/sweep", help="output directory (created; a re-run resumes)")
     p.add_argument("--no-resume", action="store_true",
                    help="measure every point again (an earlier run's files move to OUT/previous/)")
+    p.add_argument("--retry-killed", action="store_true",
+                   help="measure again points an earlier run died on (recorded as killed, skipped by default)")
     p.add_argument("--no-plots", action="store_true", help="skip writing PNG plots")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (summary and every row of this sweep) instead of the text table")
@@ -47,7 +49,7 @@ def _cli_sweep(args: argparse.Namespace) -> int:
     cfg = config_from_args(SweepConfig, args)
     t0 = time.perf_counter()
     try:
-        df = run_sweep(cfg, out, resume=not args.no_resume, progress=not args.json)
+        df = run_sweep(cfg, out, resume=not args.no_resume, progress=not args.json, retry_killed=args.retry_killed)
     except KeyboardInterrupt:
         from kit.results import load_results
 

@@ -35,12 +35,15 @@ import pandas as pd
 
 from kit._io import check_out_dir
 from kit.measure.interrupts import InterruptGuard
-from kit.results import ResultStore
+from kit.store import ResultStore, run_lock
 
 log = logging.getLogger("kit")
 
-#: statuses a resumed grid does not measure again (errors are retried)
-FINISHED_STATUSES = ("ok", "oom")
+#: statuses a resumed grid does not measure again (errors are retried; ``killed`` points only when asked)
+FINISHED_STATUSES = ("ok", "oom", "killed")
+#: the text of torch's CPU allocator failure: a plain RuntimeError, so on CPU an out-of-memory is told by its
+#: message (torch c10/core/impl/alloc_cpu.cpp); on CUDA/HIP it is a type (:func:`oom_error_type`)
+CPU_ALLOC_FAILURE = "DefaultCPUAllocator: can't allocate memory"
 
 
 def oom_error_type() -> type[BaseException]:
@@ -49,6 +52,13 @@ def oom_error_type() -> type[BaseException]:
     import torch
 
     return getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation failure: ``torch.OutOfMemoryError`` (CUDA/HIP, by type), Python's
+    ``MemoryError``, or torch's CPU allocator failure (:data:`CPU_ALLOC_FAILURE`, by message: it has no type)."""
+    return (isinstance(e, (oom_error_type(), MemoryError))
+            or (isinstance(e, RuntimeError) and CPU_ALLOC_FAILURE in str(e)))
 
 
 @dataclass(frozen=True)
@@ -117,45 +127,49 @@ def failure_text(e: BaseException, limit: int = 1000) -> str:
 
 def run_grid(backend: GridBackend, out_dir: str | Path, *, resume: bool = True, progress: bool = True,
              on_point: Callable[[dict, pd.DataFrame], None] | None = None,
-             should_stop: Callable[[], bool] | None = None) -> pd.DataFrame:
+             should_stop: Callable[[], bool] | None = None, retry_killed: bool = False) -> pd.DataFrame:
     """Run every point of ``backend`` not already finished in ``out_dir``; return every row stored there.
 
     Args:
         backend: a :class:`GridBackend`.
-        out_dir: run directory (created); checked before any work.
-        resume: skip points recorded as ok/oom; False archives earlier files and measures every point again.
+        out_dir: run directory (created; locked while the grid runs); checked before any work.
+        resume: skip points recorded as ok/oom/killed; False archives earlier files and measures every point again.
         progress: show a tqdm progress bar (and the resume notice).
         on_point: called after each finished point with (record, frame of every row so far).
         should_stop: polled before each point; True ends the grid (finished points kept).
+        retry_killed: measure again points an earlier run died on (recorded ``killed``; skipped by default, so a
+            point that gets the process killed does not kill every re-run before the points after it).
 
     Returns:
         DataFrame of every row in ``out_dir`` (this grid's and earlier runs' of other settings); each row's
         ``backend`` column is ``backend.kind``.
 
     Raises:
-        OutputPathError: ``out_dir`` cannot be a directory (before any work).
+        OutputPathError: ``out_dir`` cannot be a directory or cannot be written (before any work).
+        UserError: another process is writing ``out_dir``.
         KeyboardInterrupt: Ctrl-C, re-raised after the finished points are saved.
     """
     from tqdm.auto import tqdm
 
     store_dir = check_out_dir(out_dir)
     points = backend.points()
-    if not resume:
-        archive_previous(store_dir)
-    meta = backend.metadata()
-    store = ResultStore(store_dir, meta)
-    done = store.finished_ids(FINISHED_STATUSES) if resume else set()
-    todo = [p for p in points if p.point_id not in done]
-    if len(todo) < len(points):
-        msg = (f"resuming: {len(points) - len(todo)} of {len(points)} points already recorded in {store_dir}; "
-               f"measuring the other {len(todo)} (--no-resume to measure all again)")
-        if progress:
-            tqdm.write(msg)
-        log.info(msg)
-    run_id = meta.get("created_utc")
-    oom_type = oom_error_type()
-    bar = tqdm(total=len(todo), desc=backend.description, disable=not progress, unit="pt")
-    with InterruptGuard() as guard, contextlib.ExitStack() as stack:
+    with run_lock(store_dir), InterruptGuard() as guard, contextlib.ExitStack() as stack:
+        if not resume:
+            archive_previous(store_dir)
+        meta = backend.metadata()
+        run_id = meta.get("created_utc")
+        store = ResultStore(store_dir, meta)
+        store.recover_killed(backend.kind, run_id)
+        finished = tuple(s for s in FINISHED_STATUSES if s != "killed" or not retry_killed)
+        done = store.finished_ids(finished) if resume else set()
+        todo = [p for p in points if p.point_id not in done]
+        if len(todo) < len(points):
+            msg = (f"resuming: {len(points) - len(todo)} of {len(points)} points already recorded in {store_dir}; "
+                   f"measuring the other {len(todo)} (--no-resume to measure all again)")
+            if progress:
+                tqdm.write(msg)
+            log.info(msg)
+        bar = tqdm(total=len(todo), desc=backend.description, disable=not progress, unit="pt")
         stack.callback(bar.close)
         stack.enter_context(backend.session())
         for point in todo:
@@ -163,23 +177,27 @@ def run_grid(backend: GridBackend, out_dir: str | Path, *, resume: bool = True, 
             if should_stop is not None and should_stop():
                 break
             bar.set_postfix_str(point.label)
+            store.mark_started(point.point_id, point.columns)
             rec, failure = None, None
             try:
                 rec = backend.measure(point)
-            except oom_type as e:
-                first = str(e).splitlines()[0][:300] if str(e) else "out of memory"
-                failure = ("oom", f"{type(e).__name__}: {first}")
             except KeyboardInterrupt:
+                store.mark_finished()  # interrupted, not killed: measured again on resume
                 raise
             except Exception as e:  # recorded, the grid continues
-                log.debug("point %s (%s) failed", point.point_id, point.label, exc_info=True)
-                failure = ("error", failure_text(e))
+                if is_out_of_memory(e):
+                    first = str(e).splitlines()[0][:300] if str(e) else "out of memory"
+                    failure = ("oom", f"{type(e).__name__}: {first}")
+                else:
+                    log.debug("point %s (%s) failed", point.point_id, point.label, exc_info=True)
+                    failure = ("error", failure_text(e))
             if failure is not None:
                 # outside the except block: the exception and its frames are gone, so their tensors can be freed
                 rec = {"status": failure[0], "error": failure[1], **(backend.after_failure() or {})}
             full = {"run_id": run_id, **point.columns, **rec, "point_id": point.point_id, "backend": backend.kind}
             frame = store.append(full)
+            store.mark_finished()
             bar.update(1)
             if on_point is not None:
                 on_point(full, frame)
-    return store.frame()
+        return store.frame()

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -70,6 +71,8 @@ class SweepConfig:
     seed: int = config_field(0, help="seed for weights and token ids")
     accelerator: str | None = config_field(None, help="catalog accelerator for cost columns (default: the "
                                            "detected device)")
+    trust_remote_code: bool = config_field(False, help="allow a local checkpoint's own Python code (config.json "
+                                           "auto_map); off: such a checkpoint is refused, never run")
     threads: int | None = config_field(None, help="CPU only: torch threads (default: one per core that is free "
                                        "at the start, recorded per row); 1 is steadiest on a busy shared machine")
 
@@ -80,7 +83,7 @@ class SweepConfig:
 
     def validate(self) -> "SweepConfig":
         """Check every setting before any work; raise ValueError naming the bad value and what is allowed."""
-        cfg = models.get_config(self.model)  # unknown preset → ValueError listing presets
+        cfg = models.get_config(self.model, self.trust_remote_code)  # unknown preset → UserError listing presets
         for name in ("dtypes", "kv_lens", "concurrencies"):
             v = getattr(self, name)
             if isinstance(v, (str, int)) or not list(v):
@@ -94,8 +97,10 @@ class SweepConfig:
                     raise UserError(f"{what} {v!r} in {name} ({config_flag(SweepConfig, name)}) must be an integer >= 1")
         if self.kv_fill not in KV_FILLS:
             raise UserError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise UserError(f"threads={self.threads!r} (--threads) must be an integer >= 1 or None")
+        cores = os.cpu_count() or 1
+        if self.threads is not None and (not isinstance(self.threads, int) or not 1 <= self.threads <= cores):
+            raise UserError(f"threads={self.threads!r} (--threads) must be an integer from 1 to {cores} (the cores "
+                            "of this machine), or None for one per free core")
         if self.accelerator is not None:
             from kit.catalog import load_catalog
 
@@ -112,22 +117,25 @@ class SweepConfig:
         return self
 
 
-def point_id(model: str, dtype: str, device: str, p: PointConfig) -> str:
-    """Stable key of a point's configuration (resume skips ids already recorded)."""
-    key = json.dumps([model, dtypes.name_of(dtype), device, asdict(p)], sort_keys=True)
+def point_id(config: SweepConfig, dtype: str, platform: str, p: PointConfig) -> str:
+    """Stable key of an in-process point: everything that changes what is measured (model, dtype, platform, the
+    point's settings, the seed of weights and ids, the requested torch threads). Resume skips ids already
+    recorded, so a re-run with other ``--threads`` or ``--seed`` measures again instead of showing old numbers."""
+    key = json.dumps([config.model, dtypes.name_of(dtype), platform, asdict(p), config.seed, config.threads],
+                     sort_keys=True)
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
 _MODEL_CACHE: dict = {}
 
 
-def get_model(model: str, dtype: str, device: str, seed: int = 0):
+def get_model(model: str, dtype: str, device: str, seed: int = 0, trust_remote_code: bool = False):
     """Build (or reuse the last built) model; one model is kept so notebooks and the panel re-run quickly."""
-    key = (model, dtypes.name_of(dtype), device, seed)
+    key = (model, dtypes.name_of(dtype), device, seed, trust_remote_code)
     if key not in _MODEL_CACHE:
         _MODEL_CACHE.clear()
         hardware.free_memory(device)
-        _MODEL_CACHE[key] = models.build_model(model, dtype, device, seed)
+        _MODEL_CACHE[key] = models.build_model(model, dtype, device, seed, trust_remote_code)
     return _MODEL_CACHE[key]
 
 
@@ -160,7 +168,7 @@ class EngineBackend:
             cols = {"model": cfg.model, "dtype": name, "device": info.platform, "device_name": info.name,
                     "accelerator": accel, "n_gpus": 1, "concurrency": p.concurrency, "context_len": p.context_len,
                     "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats}
-            out.append(GridPoint(point_id(cfg.model, dt, info.platform, p), cols,
+            out.append(GridPoint(point_id(cfg, dt, info.platform, p), cols,
                                  f"{name} kv={p.context_len} B={p.concurrency}", (dt, p)))
         return out
 
@@ -190,7 +198,7 @@ class EngineBackend:
     def measure(self, point: GridPoint) -> dict:
         dt, p = point.config
         dev = self.info.device
-        model = get_model(self.config.model, dt, dev, self.config.seed)
+        model = get_model(self.config.model, dt, dev, self.config.seed, self.config.trust_remote_code)
         if model is not self._baseline_model:  # a new dtype builds a new model: a new baseline
             self._baseline_gb, self._baseline_model = hardware.allocated_gb(dev), model
         return {**self.runner(model, p, dev, self.config.seed), **self.thread_columns}
@@ -206,7 +214,7 @@ class EngineBackend:
 def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, progress: bool = True,
               on_point: Callable[[dict, pd.DataFrame], None] | None = None,
               should_stop: Callable[[], bool] | None = None,
-              runner: Callable | None = None) -> pd.DataFrame:
+              runner: Callable | None = None, retry_killed: bool = False) -> pd.DataFrame:
     """Run every point of ``config`` in-process through the grid runner (:func:`kit.measure.grid.run_grid`:
     append-on-finish, resume, OOM and Ctrl-C handling); return every row in ``out_dir``.
 
@@ -218,6 +226,7 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
         on_point: called after each point with (record, frame of all rows so far): live plots, widgets.
         should_stop: polled between points; when it returns True the sweep ends after the current point.
         runner: ``runner(model, point, device, seed) -> record``; defaults to :func:`kit.measure.engine.run_point`.
+        retry_killed: measure again points an earlier run died on (recorded ``killed``; skipped by default).
 
     Returns:
         DataFrame in the :mod:`kit.results` schema (also in ``out_dir/results.parquet``).
@@ -228,7 +237,8 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
     """
     check_out_dir(out_dir)
     backend = EngineBackend(config, runner)
-    return run_grid(backend, out_dir, resume=resume, progress=progress, on_point=on_point, should_stop=should_stop)
+    return run_grid(backend, out_dir, resume=resume, progress=progress, on_point=on_point, should_stop=should_stop,
+                    retry_killed=retry_killed)
 
 
 def summary_table(df: pd.DataFrame) -> str:
@@ -251,7 +261,7 @@ def summary_table(df: pd.DataFrame) -> str:
 def current_rows(df: pd.DataFrame, config: SweepConfig) -> pd.DataFrame:
     """The latest row of each point of ``config`` (a run directory can also hold earlier runs' points)."""
     backend = hardware.detect(config.device).platform
-    ids = {point_id(config.model, dt, backend, p) for dt, p in config.points()}
+    ids = {point_id(config, dt, backend, p) for dt, p in config.points()}
     return df[df["point_id"].isin(ids)].drop_duplicates("point_id", keep="last")
 
 

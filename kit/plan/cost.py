@@ -11,24 +11,26 @@ Comparing systems: a bigger batch buys tok/s/GPU with tok/s/user. Compare system
 :func:`at_interactivity` interpolates along the front with :func:`numpy.interp` (piecewise linear between front
 points: monotone, never overshoots, never extrapolates — outside a front's range the answer is NaN).
 """
-from __future__ import annotations
 
-from importlib import resources
-from pathlib import Path
+from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from kit._io import data_path
-from kit.errors import UserError
 from kit import metrics
+from kit._io import data_path
 from kit.catalog import DEFAULT_BASIS, Catalog, Price, load_catalog
+from kit.errors import UserError
 
 TOK_S_COLUMNS = ("decode_tok_s", "output_tok_s", "total_tok_s")
 
 
-def get_price(accelerator: str, basis: str | None = DEFAULT_BASIS, usd_per_gpu_hr: float | None = None,
-              catalog: Catalog | None = None) -> Price:
+def get_price(
+    accelerator: str,
+    basis: str | None = DEFAULT_BASIS,
+    usd_per_gpu_hr: float | None = None,
+    catalog: Catalog | None = None,
+) -> Price:
     """The $/GPU-hour of ``accelerator`` on ``basis``, or the user's ``usd_per_gpu_hr`` (basis ``"user"`` unless
     another basis name is given with it).
 
@@ -49,9 +51,16 @@ def get_price(accelerator: str, basis: str | None = DEFAULT_BASIS, usd_per_gpu_h
     return cat.price(accelerator, basis or DEFAULT_BASIS)
 
 
-def add_cost_columns(df: pd.DataFrame, basis: str | None = DEFAULT_BASIS, usd_per_gpu_hr: float | None = None,
-                     accelerator: str | None = None, tok_s_col: str = "decode_tok_s", n_gpus: int | None = None,
-                     catalog: Catalog | None = None, missing_price: str = "raise") -> pd.DataFrame:
+def add_cost_columns(
+    df: pd.DataFrame,
+    basis: str | None = DEFAULT_BASIS,
+    usd_per_gpu_hr: float | None = None,
+    accelerator: str | None = None,
+    tok_s_col: str = "decode_tok_s",
+    n_gpus: int | None = None,
+    catalog: Catalog | None = None,
+    missing_price: str = "raise",
+) -> pd.DataFrame:
     """A copy of ``df`` with ``usd_per_gpu_hr``, ``price_basis``, ``tok_s_per_gpu``, ``usd_per_mtok``,
     ``tok_per_usd`` and ``tok_s_basis`` filled for every row.
 
@@ -131,8 +140,13 @@ def pareto_front(df: pd.DataFrame, x: str = "tok_s_per_stream", y: str = "tok_s_
     return d.loc[keep].sort_values(x).reset_index(drop=True)
 
 
-def at_interactivity(df: pd.DataFrame, targets, x: str = "tok_s_per_stream", y: str = "tok_s_per_gpu",
-                     usd_per_gpu_hr: float | None = None) -> pd.DataFrame:
+def at_interactivity(
+    df: pd.DataFrame,
+    targets,
+    x: str = "tok_s_per_stream",
+    y: str = "tok_s_per_gpu",
+    usd_per_gpu_hr: float | None = None,
+) -> pd.DataFrame:
     """``y`` at each target interactivity ``x`` (tok/s/user), interpolated along the Pareto front of ``df``.
 
     Piecewise-linear (monotone) interpolation between front points; NaN outside the front's x range. With
@@ -159,8 +173,9 @@ def at_interactivity(df: pd.DataFrame, targets, x: str = "tok_s_per_stream", y: 
     return out
 
 
-def compare_at_interactivity(systems: dict[str, pd.DataFrame], targets, x: str = "tok_s_per_stream",
-                             y: str = "tok_s_per_gpu") -> pd.DataFrame:
+def compare_at_interactivity(
+    systems: dict[str, pd.DataFrame], targets, x: str = "tok_s_per_stream", y: str = "tok_s_per_gpu"
+) -> pd.DataFrame:
     """Each system's tok/s/GPU and $/Mtok at the same interactivity targets, in one long table (system, x, y,
     usd_per_mtok, usd_per_gpu_hr, price_basis). Frames should already carry cost columns
     (:func:`add_cost_columns`)."""
@@ -197,12 +212,21 @@ def published_cost_table(bases=("assumed-rental", "tco", "on-demand"), catalog: 
                 continue
             for point, col in (("peak", "peak_aggregate_tok_s"), ("single-stream", "single_stream_tok_s")):
                 tok_s, n = float(r[col]), int(r["gpus"])
-                rows.append({"system": r["system"], "accelerator": p.accelerator, "point": point, "price_basis": basis,
-                             "usd_per_gpu_hr": p.usd_per_gpu_hr, "n_gpus": n, "tok_s": tok_s,
-                             "tok_s_per_gpu": metrics.tok_s_per_gpu(tok_s, n),
-                             "usd_per_mtok": metrics.usd_per_mtok(tok_s, p.usd_per_gpu_hr, n),
-                             "tok_per_usd": metrics.tok_per_usd(tok_s, p.usd_per_gpu_hr, n),
-                             "tok_s_basis": "output tokens"})
+                rows.append(
+                    {
+                        "system": r["system"],
+                        "accelerator": p.accelerator,
+                        "point": point,
+                        "price_basis": basis,
+                        "usd_per_gpu_hr": p.usd_per_gpu_hr,
+                        "n_gpus": n,
+                        "tok_s": tok_s,
+                        "tok_s_per_gpu": metrics.tok_s_per_gpu(tok_s, n),
+                        "usd_per_mtok": metrics.usd_per_mtok(tok_s, p.usd_per_gpu_hr, n),
+                        "tok_per_usd": metrics.tok_per_usd(tok_s, p.usd_per_gpu_hr, n),
+                        "tok_s_basis": "output tokens",
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -216,11 +240,23 @@ def published_as_results(basis: str = "assumed-rental", catalog: Catalog | None 
     recs = []
     for _, r in published_kimi_k3().iterrows():
         n = int(r["gpus"])
-        for conc, tok_s in ((1, float(r["single_stream_tok_s"])), (int(r["peak_concurrency"]),
-                                                                    float(r["peak_aggregate_tok_s"]))):
-            recs.append({"backend": "openai", "status": "ok", "model": "kimi-k3", "accelerator": r["accelerator"],
-                         "n_gpus": n, "concurrency": conc, "output_tok_s": tok_s,
-                         "x_system": r["system"], "x_source": r["source"]})
+        for conc, tok_s in (
+            (1, float(r["single_stream_tok_s"])),
+            (int(r["peak_concurrency"]), float(r["peak_aggregate_tok_s"])),
+        ):
+            recs.append(
+                {
+                    "backend": "openai",
+                    "status": "ok",
+                    "model": "kimi-k3",
+                    "accelerator": r["accelerator"],
+                    "n_gpus": n,
+                    "concurrency": conc,
+                    "output_tok_s": tok_s,
+                    "x_system": r["system"],
+                    "x_source": r["source"],
+                }
+            )
     df = to_frame(recs)
     # published figures carry no TPOT: the mean rate per user (aggregate / users) stands in for 1000 / TPOT
     df["tok_s_per_stream"] = df["output_tok_s"] / df["concurrency"]

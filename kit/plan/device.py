@@ -11,6 +11,7 @@ Not the detected device (that is :class:`kit.hardware.DeviceInfo`): a :class:`De
 - the **local device** (``"local"``): this machine's calibration, else its catalog row (a detected GPU) or the
   catalog's CPU placeholder (uncalibrated; flagged UNSURE).
 """
+
 from __future__ import annotations
 
 import math
@@ -80,8 +81,10 @@ def check_eff(name: str, v) -> float:
     except (TypeError, ValueError):
         raise UserError(f"{name}={v!r} must be a number in (0, 1]") from None
     if not 0 < f <= 1:
-        raise UserError(f"{name}={v!r} is outside the allowed range (0, 1]: an efficiency is a fraction of the "
-                        "peak figure (e.g. 0.7)")
+        raise UserError(
+            f"{name}={v!r} is outside the allowed range (0, 1]: an efficiency is a fraction of the "
+            "peak figure (e.g. 0.7)"
+        )
     return f
 
 
@@ -93,18 +96,28 @@ def from_calibration(cal: dict) -> DeviceModel:
         import torch
 
         if int(cal["threads"]) != torch.get_num_threads():
-            warnings.warn(f"calibration was measured with {cal['threads']} CPU threads but torch now uses "
-                          f"{torch.get_num_threads()}: predictions for this process may be off "
-                          "(rerun `kit calibrate --threads N`)", stacklevel=3)
+            warnings.warn(
+                f"calibration was measured with {cal['threads']} CPU threads but torch now uses "
+                f"{torch.get_num_threads()}: predictions for this process may be off "
+                "(rerun `kit calibrate --threads N`)",
+                stacklevel=3,
+            )
     return DeviceModel(
         name=cal.get("catalog_name") or ("CPU" if cal.get("device", "cpu") == "cpu" else "local"),
-        device=cal.get("device", "cpu"), mem_gb=float(cal.get("memory_gb") or 0) or 1.0,
-        mem_bw_gb_s=float(cal["mem_bw_gb_s"]), tflops=dict(cal["matmul_tflops"]), eff_bw=1.0, eff_flops=1.0,
+        device=cal.get("device", "cpu"),
+        mem_gb=float(cal.get("memory_gb") or 0) or 1.0,
+        mem_bw_gb_s=float(cal["mem_bw_gb_s"]),
+        tflops=dict(cal["matmul_tflops"]),
+        eff_bw=1.0,
+        eff_flops=1.0,
         overhead_ms_fixed=float(cal.get("overhead_ms_fixed", 0.0)),
         overhead_ms_per_layer=float(cal.get("overhead_ms_per_layer", 0.0)),
-        attn_tflops=float(cal["attn_tflops"]) if cal.get("attn_tflops") else None, scaleup_gb_s=None,
-        gpus_per_node=1, full_name=cal.get("device_name", ""),
-        source=f"calibration {cal.get('path', '')} ({cal.get('created_utc', '')})".strip())
+        attn_tflops=float(cal["attn_tflops"]) if cal.get("attn_tflops") else None,
+        scaleup_gb_s=None,
+        gpus_per_node=1,
+        full_name=cal.get("device_name", ""),
+        source=f"calibration {cal.get('path', '')} ({cal.get('created_utc', '')})".strip(),
+    )
 
 
 def from_catalog(accelerator: str, catalog=None) -> DeviceModel:
@@ -119,18 +132,29 @@ def from_catalog(accelerator: str, catalog=None) -> DeviceModel:
     from kit.catalog import load_catalog
 
     row = (catalog or load_catalog()).get(accelerator)
-    tfl = {"float32": row.get("fp32_tflops"), "bfloat16": row.get("bf16_tflops"), "float16": row.get("fp16_tflops"),
-           "fp8": row.get("fp8_tflops"), "fp4": row.get("fp4_tflops")}
+    tfl = {
+        "float32": row.get("fp32_tflops"),
+        "bfloat16": row.get("bf16_tflops"),
+        "float16": row.get("fp16_tflops"),
+        "fp8": row.get("fp8_tflops"),
+        "fp4": row.get("fp4_tflops"),
+    }
     tfl = {k: float(v) for k, v in tfl.items() if v is not None and pd.notna(v)}
     vendor = str(row.get("vendor", "")).upper()
     kind = "rocm" if vendor == "AMD" else "cpu" if row.name == "CPU" else "cuda"
     su = row.get("scaleup_gb_s")
     flags = row.get("flags")
-    dev = DeviceModel(name=str(row.name), device=kind, mem_gb=float(row["hbm_gb"]),
-                      mem_bw_gb_s=float(row["hbm_tb_s"]) * 1e3, tflops=tfl,
-                      scaleup_gb_s=float(su) if su is not None and pd.notna(su) else None,
-                      gpus_per_node=int(row["gpus_per_node"]), full_name=str(row.get("full_name", row.name)),
-                      source="catalog" + (f" [{flags}]" if isinstance(flags, str) and flags else ""))
+    dev = DeviceModel(
+        name=str(row.name),
+        device=kind,
+        mem_gb=float(row["hbm_gb"]),
+        mem_bw_gb_s=float(row["hbm_tb_s"]) * 1e3,
+        tflops=tfl,
+        scaleup_gb_s=float(su) if su is not None and pd.notna(su) else None,
+        gpus_per_node=int(row["gpus_per_node"]),
+        full_name=str(row.get("full_name", row.name)),
+        source="catalog" + (f" [{flags}]" if isinstance(flags, str) and flags else ""),
+    )
     if dev.name == "CPU":
         dev.eff_bw = dev.eff_flops = 1.0
         dev.overhead_ms_fixed, dev.overhead_ms_per_layer = UNCALIBRATED_CPU_OVERHEAD_MS
@@ -159,8 +183,10 @@ def local_device_model(accelerator: str = "local", catalog=None) -> DeviceModel:
         info = detect()
         if info.platform != "cpu":
             if not info.catalog_name:
-                raise InputNotFoundError(f"{info.name} has no calibration and no catalog row: run `kit calibrate` "
-                                         "or name a catalog accelerator")
+                raise InputNotFoundError(
+                    f"{info.name} has no calibration and no catalog row: run `kit calibrate` "
+                    "or name a catalog accelerator"
+                )
             return from_catalog(info.catalog_name, catalog)
     return from_catalog("CPU", catalog)
 

@@ -6,6 +6,7 @@ parallelism (:func:`parallel_layout`); users at a context = budget ÷ (context �
 state/seq/GPU). :func:`memory_fit` answers for one layout (:class:`FitResult`), :func:`min_gpus` finds the fewest
 accelerators that fit. Formulas: ``../shared/METRICS.md`` (Planner section).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -26,8 +27,9 @@ DEFAULT_MAX_BATCHED_TOKENS = 8192
 MIN_GPUS_MAX = 128  # most GPUs :func:`min_gpus` tries
 
 
-def parallel_layout(device: DeviceModel, n_gpus: int, tp: int | None, ep: int | None, pp: int | None,
-                    spec: ArchSpec) -> tuple[int, int, int, int]:
+def parallel_layout(
+    device: DeviceModel, n_gpus: int, tp: int | None, ep: int | None, pp: int | None, spec: ArchSpec
+) -> tuple[int, int, int, int]:
     """``(n_gpus, tp, ep, pp)`` settled from what is given: tp defaults to min(n_gpus, GPUs per node) and
     pp = n_gpus // tp (or tp = n_gpus // pp); ep defaults to tp for a MoE, 1 for a dense model.
 
@@ -48,21 +50,27 @@ def parallel_layout(device: DeviceModel, n_gpus: int, tp: int | None, ep: int | 
         tp = check_pos_int("tp", tp)
         pp = n_gpus // tp
     if given_tp is not None and given_pp is None and (tp < 1 or n_gpus % tp):
-        raise UserError(f"tp={tp} does not divide n_gpus={n_gpus}: the pipeline-parallel size is derived as "
-                         f"pp = n_gpus // tp, so n_gpus must be a multiple of tp; pass a tp that divides n_gpus "
-                         f"({', '.join(str(d) for d in divisors(n_gpus))}) or change the GPU count")
+        raise UserError(
+            f"tp={tp} does not divide n_gpus={n_gpus}: the pipeline-parallel size is derived as "
+            f"pp = n_gpus // tp, so n_gpus must be a multiple of tp; pass a tp that divides n_gpus "
+            f"({', '.join(str(d) for d in divisors(n_gpus))}) or change the GPU count"
+        )
     if given_pp is not None and given_tp is None and (pp < 1 or n_gpus % pp):
-        raise UserError(f"pp={pp} does not divide n_gpus={n_gpus}: the tensor-parallel size is derived as "
-                         f"tp = n_gpus // pp, so n_gpus must be a multiple of pp; pass a pp that divides n_gpus "
-                         f"({', '.join(str(d) for d in divisors(n_gpus))}) or change the GPU count")
+        raise UserError(
+            f"pp={pp} does not divide n_gpus={n_gpus}: the tensor-parallel size is derived as "
+            f"tp = n_gpus // pp, so n_gpus must be a multiple of pp; pass a pp that divides n_gpus "
+            f"({', '.join(str(d) for d in divisors(n_gpus))}) or change the GPU count"
+        )
     tp, pp = check_pos_int("tp", tp), check_pos_int("pp", pp)
     if tp * pp != n_gpus:
         raise UserError(f"tp={tp} × pp={pp} must equal n_gpus={n_gpus}")
     check_heads_split(spec, tp)
     if ep is not None and not spec.is_moe:
         if check_pos_int("ep", ep) != 1:
-            raise UserError(f"ep={ep}: expert parallelism applies only to MoE models, and {spec.name} is dense "
-                             "(no routed experts); leave ep unset (or 1)")
+            raise UserError(
+                f"ep={ep}: expert parallelism applies only to MoE models, and {spec.name} is dense "
+                "(no routed experts); leave ep unset (or 1)"
+            )
     if ep is None:
         ep = tp if spec.is_moe else 1
     ep = check_pos_int("ep", ep)
@@ -80,8 +88,10 @@ def check_context(spec: ArchSpec, context_len, name: str = "context_len") -> int
     c = check_pos_int(name, context_len)
     mp = spec.max_position_embeddings
     if mp and c > int(mp):
-        raise UserError(f"{name}={c:,} exceeds {spec.name}'s max_position_embeddings={int(mp):,}: the model "
-                         f"supports at most {int(mp):,} positions per sequence")
+        raise UserError(
+            f"{name}={c:,} exceeds {spec.name}'s max_position_embeddings={int(mp):,}: the model "
+            f"supports at most {int(mp):,} positions per sequence"
+        )
     return c
 
 
@@ -109,20 +119,31 @@ def check_heads_split(spec: ArchSpec, tp: int) -> None:
     if spec.attention != "mla" and nkv and nkv % tp and tp % nkv:
         why.append(f"{nkv} KV heads (GQA) neither divide nor are divisible by tp={tp}")
     if why:
-        good = [d for d in divisors(max(nq or 1, 1)) if d > 1 and (spec.attention == "mla" or not nkv
-                                                                    or nkv % d == 0 or d % nkv == 0)]
-        warnings.warn(f"{spec.name}: {'; '.join(why)}: serving engines such as vLLM reject this tensor-parallel "
-                      f"size (the planner counts ceil(kv heads / tp) per rank); TP sizes that split evenly: "
-                      f"{good[:8]}", UserWarning, stacklevel=3)
+        good = [
+            d
+            for d in divisors(max(nq or 1, 1))
+            if d > 1 and (spec.attention == "mla" or not nkv or nkv % d == 0 or d % nkv == 0)
+        ]
+        warnings.warn(
+            f"{spec.name}: {'; '.join(why)}: serving engines such as vLLM reject this tensor-parallel "
+            f"size (the planner counts ceil(kv heads / tp) per rank); TP sizes that split evenly: "
+            f"{good[:8]}",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
-def workspace_gb(spec: ArchSpec, tp: int = 1, max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
-                 act_dtype="bfloat16") -> float:
+def workspace_gb(
+    spec: ArchSpec, tp: int = 1, max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, act_dtype="bfloat16"
+) -> float:
     """Activation workspace of one forward over ``max_batched_tokens`` tokens on one rank, GB: hidden-sized
     buffers (residual, norm, attention in/out: ~6 × hidden) plus the widest MLP intermediate (gate and up, split
     over TP) per token. A coarse reserve (an assumption, printed with every fit)."""
-    widest = max(spec.intermediate_size or 0, (spec.moe_intermediate_size or 0) * max(1, spec.experts_per_token),
-                 spec.shared_expert_intermediate_size or 0)
+    widest = max(
+        spec.intermediate_size or 0,
+        (spec.moe_intermediate_size or 0) * max(1, spec.experts_per_token),
+        spec.shared_expert_intermediate_size or 0,
+    )
     per_tok = 6 * spec.hidden_size + 2 * widest / tp
     return max_batched_tokens * per_tok * dtypes.bytes_per_element(act_dtype) / 1e9
 
@@ -169,19 +190,25 @@ class FitResult:
         per_seq = (self.context_len or 0) * self.kv_bytes_per_token_per_gpu + self.state_bytes_per_seq_per_gpu
         kv = (self.max_concurrency or 0) * per_seq / 1e9 if self.context_len else 0.0
         used = self.weights_gb_per_gpu + self.reserve_gb_per_gpu + kv
-        return {"weights": self.weights_gb_per_gpu, "reserve": self.reserve_gb_per_gpu, "kv_at_max_users": kv,
-                "unused": max(0.0, self.mem_gb_per_gpu - used)}
+        return {
+            "weights": self.weights_gb_per_gpu,
+            "reserve": self.reserve_gb_per_gpu,
+            "kv_at_max_users": kv,
+            "unused": max(0.0, self.mem_gb_per_gpu - used),
+        }
 
     def __str__(self) -> str:
-        lines = [f"{self.model} on {self.n_gpus}×{self.accelerator} (TP{self.tp}, EP{self.ep}, PP{self.pp}): "
-                 f"{'FITS' if self.fits else 'DOES NOT FIT'}",
-                 f"  weights        {self.weights_gb_total:,.1f} GB total, {self.weights_gb_per_gpu:,.1f} GB/GPU "
-                 f"of {self.mem_gb_per_gpu:,.0f} GB ({self.usable_gb_per_gpu:,.1f} usable)",
-                 f"  reserve        {self.reserve_gb_per_gpu:,.1f} GB/GPU (runtime + activation workspace)",
-                 f"  KV budget      {self.kv_budget_gb_per_gpu:,.1f} GB/GPU; {self.kv_bytes_per_token:,.0f} B/token "
-                 f"({self.kv_dtype}), {self.kv_bytes_per_token_per_gpu:,.0f} B/token/GPU; "
-                 f"{self.state_bytes_per_seq_per_gpu / 1e6:,.1f} MB/seq/GPU constant state",
-                 f"  KV tokens left {self.kv_tokens_free:,.0f}"]
+        lines = [
+            f"{self.model} on {self.n_gpus}×{self.accelerator} (TP{self.tp}, EP{self.ep}, PP{self.pp}): "
+            f"{'FITS' if self.fits else 'DOES NOT FIT'}",
+            f"  weights        {self.weights_gb_total:,.1f} GB total, {self.weights_gb_per_gpu:,.1f} GB/GPU "
+            f"of {self.mem_gb_per_gpu:,.0f} GB ({self.usable_gb_per_gpu:,.1f} usable)",
+            f"  reserve        {self.reserve_gb_per_gpu:,.1f} GB/GPU (runtime + activation workspace)",
+            f"  KV budget      {self.kv_budget_gb_per_gpu:,.1f} GB/GPU; {self.kv_bytes_per_token:,.0f} B/token "
+            f"({self.kv_dtype}), {self.kv_bytes_per_token_per_gpu:,.0f} B/token/GPU; "
+            f"{self.state_bytes_per_seq_per_gpu / 1e6:,.1f} MB/seq/GPU constant state",
+            f"  KV tokens left {self.kv_tokens_free:,.0f}",
+        ]
         if self.context_len:
             lines.append(f"  max users at {self.context_len:,} tokens: {self.max_concurrency:,}")
         if self.concurrency:
@@ -190,12 +217,25 @@ class FitResult:
         return "\n".join(lines)
 
 
-def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: int | None = None,
-               concurrency: int | None = None, kv_dtype="bfloat16", state_dtype="bfloat16",
-               weight_dtypes: str | dict | None = None, tp: int | None = None, ep: int | None = None,
-               pp: int | None = None, mem_util: float = DEFAULT_MEM_UTIL, reserve_gb: float | None = None,
-               max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, device_model: DeviceModel | None = None,
-               catalog=None, calibration=None) -> FitResult:
+def memory_fit(
+    model,
+    accelerator: str = "local",
+    n_gpus: int = 1,
+    context_len: int | None = None,
+    concurrency: int | None = None,
+    kv_dtype="bfloat16",
+    state_dtype="bfloat16",
+    weight_dtypes: str | dict | None = None,
+    tp: int | None = None,
+    ep: int | None = None,
+    pp: int | None = None,
+    mem_util: float = DEFAULT_MEM_UTIL,
+    reserve_gb: float | None = None,
+    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+    device_model: DeviceModel | None = None,
+    catalog=None,
+    calibration=None,
+) -> FitResult:
     """Does ``model`` fit on ``n_gpus`` × ``accelerator``, and how much KV cache is left?
 
     Per GPU: ``usable = mem_gb × mem_util``; ``kv_budget = usable − weights − reserve`` with ``reserve`` = runtime
@@ -243,16 +283,34 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
     big_ctx = spec.max_position_embeddings or 10**7
     fits_w = budget_b > 0
     tokens_free = max(0.0, budget_b) / kv_tok if kv_tok else float("inf")
-    res = FitResult(model=spec.name, accelerator=dev.name, n_gpus=n_gpus, tp=tp, ep=ep, pp=pp,
-                    kv_dtype=dtypes.canonical(kv_dtype), weight_dtypes=dts, mem_gb_per_gpu=dev.mem_gb,
-                    usable_gb_per_gpu=usable, weights_gb_total=w_total / 1e9, weights_gb_per_gpu=w_gpu / 1e9,
-                    reserve_gb_per_gpu=reserve, kv_budget_gb_per_gpu=budget_b / 1e9,
-                    kv_bytes_per_token=kv_bytes_per_token(spec, kv_dtype, 1), kv_bytes_per_token_per_gpu=kv_tok,
-                    state_bytes_per_seq_per_gpu=state_bytes_per_seq(spec, context_len or big_ctx, kv_dtype,
-                                                                    state_dtype, tp) / pp,
-                    fits_weights=fits_w, kv_tokens_free=tokens_free, context_len=context_len, concurrency=concurrency)
-    per_seq = (context_len * kv_tok + state_bytes_per_seq(spec, context_len, kv_dtype, state_dtype, tp) / pp
-               if context_len else None)
+    res = FitResult(
+        model=spec.name,
+        accelerator=dev.name,
+        n_gpus=n_gpus,
+        tp=tp,
+        ep=ep,
+        pp=pp,
+        kv_dtype=dtypes.canonical(kv_dtype),
+        weight_dtypes=dts,
+        mem_gb_per_gpu=dev.mem_gb,
+        usable_gb_per_gpu=usable,
+        weights_gb_total=w_total / 1e9,
+        weights_gb_per_gpu=w_gpu / 1e9,
+        reserve_gb_per_gpu=reserve,
+        kv_budget_gb_per_gpu=budget_b / 1e9,
+        kv_bytes_per_token=kv_bytes_per_token(spec, kv_dtype, 1),
+        kv_bytes_per_token_per_gpu=kv_tok,
+        state_bytes_per_seq_per_gpu=state_bytes_per_seq(spec, context_len or big_ctx, kv_dtype, state_dtype, tp) / pp,
+        fits_weights=fits_w,
+        kv_tokens_free=tokens_free,
+        context_len=context_len,
+        concurrency=concurrency,
+    )
+    per_seq = (
+        context_len * kv_tok + state_bytes_per_seq(spec, context_len, kv_dtype, state_dtype, tp) / pp
+        if context_len
+        else None
+    )
     if context_len:
         res.max_concurrency = int(max(0.0, budget_b) // per_seq) if per_seq else None
     if concurrency:
@@ -266,27 +324,37 @@ def memory_fit(model, accelerator: str = "local", n_gpus: int = 1, context_len: 
         need = concurrency * per_seq
         res.need_gb_per_gpu = (w_gpu + need) / 1e9 + reserve
         res.fits = fits_w and need <= budget_b
-    res.assumptions = (f"mem_util={mem_util}; reserve={reserve:.2f} GB/GPU (runtime {runtime} GB + workspace for "
-                       f"{max_batched_tokens} tokens); kv {dtypes.canonical(kv_dtype)}, state "
-                       f"{dtypes.canonical(state_dtype)}; weights {weight_dtypes_summary(dts)}; device {dev.name} "
-                       f"({dev.source.split(' [')[0]})")
+    res.assumptions = (
+        f"mem_util={mem_util}; reserve={reserve:.2f} GB/GPU (runtime {runtime} GB + workspace for "
+        f"{max_batched_tokens} tokens); kv {dtypes.canonical(kv_dtype)}, state "
+        f"{dtypes.canonical(state_dtype)}; weights {weight_dtypes_summary(dts)}; device {dev.name} "
+        f"({dev.source.split(' [')[0]})"
+    )
     return res
 
 
 def weight_dtypes_summary(dts: dict) -> str:
-    """Per-group dtypes as short text: the most common one, then the exceptions (``"bfloat16 (routed_experts=mxfp4)"``)."""
+    """Per-group dtypes as short text: the most common one, then the exceptions
+    (``"bfloat16 (routed_experts=mxfp4)"``)."""
     base = Counter(dts.values()).most_common(1)[0][0]
     rest = [f"{g}={d}" for g, d in dts.items() if d != base]
     return f"{base}" + (f" ({', '.join(rest)})" if rest else "")
 
 
-def min_gpus(model, accelerator: str, context_len: int | None = None, concurrency: int | None = None,
-             max_gpus: int | None = None, **kw) -> int | None:
+def min_gpus(
+    model,
+    accelerator: str,
+    context_len: int | None = None,
+    concurrency: int | None = None,
+    max_gpus: int | None = None,
+    **kw,
+) -> int | None:
     """Fewest GPUs of ``accelerator`` on which ``model`` fits (with ``concurrency`` × ``context_len`` of KV when
     given): tries 1, 2, 4, ... up to a node, then whole nodes (TP within a node, PP across nodes). None if even
     ``max_gpus`` is not enough. Raises as :func:`memory_fit`."""
-    dev = kw.pop("device_model", None) or get_device_model(accelerator, catalog=kw.pop("catalog", None),
-                                                           calibration=kw.pop("calibration", None))
+    dev = kw.pop("device_model", None) or get_device_model(
+        accelerator, catalog=kw.pop("catalog", None), calibration=kw.pop("calibration", None)
+    )
     max_gpus = MIN_GPUS_MAX if max_gpus is None else max_gpus
     node = max(1, dev.gpus_per_node)
     cands = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < node] + list(range(node, max_gpus + 1, node))

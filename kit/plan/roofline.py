@@ -5,20 +5,21 @@
 ``t = max(bytes / (BW × eff_bw), flops / (peak × eff_flops))``, summed, ``+ t_comm + overhead``; bytes = weights
 touched (routed experts: E·(1−(1−1/E)^(B·k)) of E are touched per MoE layer) + KV reads. Rows use the schema of
 :mod:`kit.results` with ``backend="planner"`` and the assumptions in columns (``eff_bw``, ``eff_flops``, ``tp``,
-``assumptions``, ``x_*``) so predicted and measured points plot on the same axes (:func:`kit.view.plots.overlay_figure`).
+``assumptions``, ``x_*``) so predicted and measured points plot on the same axes
+(:func:`kit.view.plots.overlay_figure`).
 :func:`predict_grid` covers a grid (stored like a sweep with ``out_dir``), :func:`predict_like` the grid of a
 measured sweep, :func:`compare` adds the error per point.
 
-The memory fit it uses is :mod:`kit.plan.fit`; the bytes :mod:`kit.plan.sizes`. Formulas: ``../shared/METRICS.md``
-(Planner section). Expert coverage: expected number of distinct experts hit by B·k uniform draws.
+The memory fit it uses is :mod:`kit.plan.fit`; the bytes and FLOPs of a step :mod:`kit.plan.step`. Formulas:
+``../shared/METRICS.md`` (Planner section).
 """
+
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
-import math
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -28,101 +29,39 @@ from kit.errors import UserError
 from kit.measure.grid import GridPoint
 from kit.plan.device import DeviceModel, check_eff, get_device_model
 from kit.plan.fit import DEFAULT_MEM_UTIL, check_context, memory_fit, weight_dtypes_summary
-from kit.plan.sizes import check_pos_int, kv_bytes_per_token, shard_fraction, state_bytes_per_seq, weight_bytes
-from kit.plan.spec import ArchSpec, get_spec
+from kit.plan.sizes import check_pos_int, kv_bytes_per_token, state_bytes_per_seq
+from kit.plan.spec import get_spec
+from kit.plan.step import comm_ms, decode_terms, prefill_terms, roofline_times
 
 
-def expert_coverage(n_experts: int, tokens: float, k: int) -> float:
-    """Expected fraction of ``n_experts`` routed experts hit when ``tokens`` tokens each pick ``k``:
-    1 − (1 − 1/E)^(tokens·k) (uniform independent routing; ../shared/METRICS.md)."""
-    if n_experts <= 0:
-        return 0.0
-    return 1.0 - (1.0 - 1.0 / n_experts) ** (tokens * k)
-
-
-def _matmul_params_rank(spec: ArchSpec, tp: int, ep: int, include_lm_head: bool = True) -> tuple[float, float]:
-    """(dense params multiplied per token on one rank, routed-expert params per token on one rank on average)."""
-    dense = 0.0
-    for g, kind, n in spec.param_items():
-        if g in ("embed", "routed_experts", "norms") or (g == "lm_head" and not include_lm_head):
-            continue
-        dense += n * shard_fraction(kind, spec, tp, ep)
-    if spec.tie_word_embeddings and include_lm_head:
-        dense += spec.vocab_size * spec.hidden_size / tp
-    routed = spec.n_moe_layers * spec.experts_per_token * spec.expert_params / tp
-    return dense, routed
-
-
-def _attn_flops_per_ctx_token(spec: ArchSpec, tp: int, decode: bool) -> float:
-    """FLOPs per (query token × attended position) summed over full-attention layers, on one rank."""
-    if spec.attention == "mla":
-        heads = spec.num_attention_heads / tp
-        if decode:  # absorbed: scores over the (kv_lora + rope) latent, values in the kv_lora latent
-            per = 2 * (spec.kv_lora_rank + spec.qk_rope_head_dim) + 2 * spec.kv_lora_rank
-        else:
-            per = 2 * (spec.qk_nope_head_dim + spec.qk_rope_head_dim) + 2 * spec.v_head_dim
-        return heads * per
-    return 4 * (spec.num_attention_heads / tp) * spec.head_dim
-
-
-def _decode_terms(spec: ArchSpec, B: int, ctx: float, tp: int, ep: int, dts: dict, kv_dtype, state_dtype) -> dict:
-    wr = weight_bytes(spec, dts, tp, ep)
-    cov = expert_coverage(spec.n_routed_experts, B, spec.experts_per_token)
-    w_bytes = sum(v for g, v in wr.items() if g not in ("embed", "routed_experts"))
-    w_bytes += wr["routed_experts"] * cov
-    w_bytes += B * spec.hidden_size * dtypes.bytes_per_element(dts["embed"])  # embedding rows gathered
-    if spec.tie_word_embeddings:
-        w_bytes += wr["embed"]  # the tied matrix is read whole as the LM head
-    kv_tok = kv_bytes_per_token(spec, kv_dtype, tp)
-    kv_read = B * ctx * kv_tok
-    swa = state_bytes_per_seq(replace(spec, n_linear_layers=0, n_kv_layers=spec.n_kv_layers + spec.n_linear_layers)
-                              if spec.n_linear_layers else spec, ctx, kv_dtype, state_dtype, tp) if spec.n_swa_layers else 0
-    lin = (state_bytes_per_seq(spec, ctx, kv_dtype, state_dtype, tp) - swa) if spec.n_linear_layers else 0
-    kv_read += B * (swa + 2 * lin)  # SWA window read once; recurrent state read and written
-    dense_p, routed_p = _matmul_params_rank(spec, tp, ep)
-    lin_flops = 2 * B * (dense_p + routed_p)
-    attn_flops = B * spec.n_kv_layers * ctx * _attn_flops_per_ctx_token(spec, tp, decode=True)
-    if spec.n_swa_layers:
-        attn_flops += B * spec.n_swa_layers * min(ctx, spec.sliding_window) * _attn_flops_per_ctx_token(spec, tp, True)
-    if spec.n_linear_layers:
-        attn_flops += B * spec.n_linear_layers * 4 * math.ceil(spec.linear_num_heads / tp) * spec.linear_head_dim ** 2
-    return {"weight_bytes": w_bytes, "kv_bytes": kv_read, "linear_flops": lin_flops, "attn_flops": attn_flops,
-            "flops": lin_flops + attn_flops, "expert_coverage": cov}
-
-
-def _roofline(dev: DeviceModel, w_bytes: float, lin_flops: float, kv_bytes: float, attn_flops: float, compute_dtype,
-              eff_bw: float, eff_flops: float, decode: bool = True) -> dict:
-    """Per op class (linear layers; attention), time = max(bytes / (BW × eff_bw), flops / (rate × eff_flops)); the
-    classes run one after the other, so their times add. Decode attention's rate is the device's measured
-    decode-attention throughput when calibrated (``attn_tflops``), else the matmul peak; prefill attention (many
-    queries per key: GEMM-shaped) uses the matmul peak."""
-    bw = dev.mem_bw_gb_s * 1e9 * eff_bw
-    peak = dev.peak_tflops(compute_dtype) * 1e12 * eff_flops
-    arate = (dev.attn_tflops * 1e12 * eff_flops) if (dev.attn_tflops and decode) else peak
-    lm, lc = w_bytes / bw * 1e3, lin_flops / peak * 1e3
-    am, ac = kv_bytes / bw * 1e3, attn_flops / arate * 1e3
-    t_lin, t_att = max(lm, lc), max(am, ac)
-    mem = (t_lin if lm >= lc else 0.0) + (t_att if am >= ac else 0.0)
-    return {"t_linear": t_lin, "t_attn": t_att, "t_mem": lm + am, "t_compute": lc + ac, "mem_part": mem,
-            "compute_part": t_lin + t_att - mem}
-
-
-def _comm_ms(spec: ArchSpec, dev: DeviceModel, tokens: float, tp: int, act_dtype) -> float:
-    """Two all-reduces of tokens × hidden activations per layer over the scale-up link (nccl-tests bus-bandwidth
-    convention: time = bytes × 2(n−1)/n / busbw)."""
-    if tp <= 1 or not dev.scaleup_gb_s:
-        return 0.0
-    size = tokens * spec.hidden_size * dtypes.bytes_per_element(act_dtype)
-    return 2 * spec.num_layers * size * metrics.busbw_factor("all_reduce", tp) / (dev.scaleup_gb_s * 1e9) * 1e3
-
-
-def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrency: int = 1, context_len: int = 1024,
-                  *, dtype=None, kv_dtype=None, state_dtype="bfloat16", weight_dtypes=None, compute_dtype=None,
-                  act_dtype=None, tp: int | None = None, ep: int | None = None, pp: int | None = None,
-                  eff_bw: float | None = None, eff_flops: float | None = None, overhead_ms: float | None = None,
-                  attend_len: int | None = None, prefill: bool = True, mem_util: float = DEFAULT_MEM_UTIL,
-                  reserve_gb: float | None = None, device_model: DeviceModel | None = None, catalog=None, calibration=None,
-                  model_label: str | None = None) -> dict:
+def predict_point(
+    model,
+    accelerator: str = "local",
+    n_gpus: int = 1,
+    concurrency: int = 1,
+    context_len: int = 1024,
+    *,
+    dtype=None,
+    kv_dtype=None,
+    state_dtype="bfloat16",
+    weight_dtypes=None,
+    compute_dtype=None,
+    act_dtype=None,
+    tp: int | None = None,
+    ep: int | None = None,
+    pp: int | None = None,
+    eff_bw: float | None = None,
+    eff_flops: float | None = None,
+    overhead_ms: float | None = None,
+    attend_len: int | None = None,
+    prefill: bool = True,
+    mem_util: float = DEFAULT_MEM_UTIL,
+    reserve_gb: float | None = None,
+    device_model: DeviceModel | None = None,
+    catalog=None,
+    calibration=None,
+    model_label: str | None = None,
+) -> dict:
     """Predict one point — a batch prefill of ``concurrency`` × ``context_len`` tokens and one decode step at that
     context — as a record in the :mod:`kit.results` schema (``backend="planner"``).
 
@@ -164,75 +103,125 @@ def predict_point(model, accelerator: str = "local", n_gpus: int = 1, concurrenc
     kv_dtype = dtypes.canonical(kv_dtype or dtype or "bfloat16")
     act_dtype = dtypes.canonical(act_dtype or dtype or "bfloat16")
     compute_dtype = dtypes.canonical(compute_dtype or dts["attn"])
-    fit = memory_fit(spec, dev.name, n_gpus, C, B, kv_dtype, state_dtype, dts, tp, ep, pp, mem_util, reserve_gb,
-                     device_model=dev)  # also settles the parallel layout
+    fit = memory_fit(
+        spec, dev.name, n_gpus, C, B, kv_dtype, state_dtype, dts, tp, ep, pp, mem_util, reserve_gb, device_model=dev
+    )  # also settles the parallel layout
     n_gpus, tp, ep, pp = fit.n_gpus, fit.tp, fit.ep, fit.pp
     eb = check_eff("eff_bw", dev.eff_bw if eff_bw is None else eff_bw)
     ef = check_eff("eff_flops", dev.eff_flops if eff_flops is None else eff_flops)
-    ovh = (dev.overhead_ms_fixed + dev.overhead_ms_per_layer * spec.num_layers) if overhead_ms is None \
+    ovh = (
+        (dev.overhead_ms_fixed + dev.overhead_ms_per_layer * spec.num_layers)
+        if overhead_ms is None
         else float(overhead_ms)
+    )
     if ovh < 0:
         raise UserError(f"overhead_ms={overhead_ms!r} must be >= 0")
     att = check_pos_int("attend_len", attend_len) if attend_len is not None else C
-    d = _decode_terms(spec, B, att, tp, ep, dts, kv_dtype, state_dtype)
+    d = decode_terms(spec, B, att, tp, ep, dts, kv_dtype, state_dtype)
     bytes_step = d["weight_bytes"] + d["kv_bytes"]
-    rl = _roofline(dev, d["weight_bytes"], d["linear_flops"], d["kv_bytes"], d["attn_flops"], compute_dtype, eb, ef)
-    t_comm = _comm_ms(spec, dev, B, tp, act_dtype)
+    rl = roofline_times(
+        dev, d["weight_bytes"], d["linear_flops"], d["kv_bytes"], d["attn_flops"], compute_dtype, eb, ef
+    )
+    t_comm = comm_ms(spec, dev, B, tp, act_dtype)
     step_ms = rl["t_linear"] + rl["t_attn"] + t_comm + ovh
     bound = max((ovh, "overhead"), (rl["mem_part"], "memory"), (rl["compute_part"], "compute"))[1]
     rec: dict = {
-        "backend": "planner", "status": "ok", "model": model_label or spec.name, "dtype": compute_dtype,
-        "device": dev.device, "device_name": dev.full_name or dev.name, "accelerator": dev.name, "n_gpus": n_gpus,
-        "concurrency": B, "context_len": C, "tp": tp, "eff_bw": eb, "eff_flops": ef,
-        "peak_mem_method": "planner", "weights_gb": fit.weights_gb_total,
+        "backend": "planner",
+        "status": "ok",
+        "model": model_label or spec.name,
+        "dtype": compute_dtype,
+        "device": dev.device,
+        "device_name": dev.full_name or dev.name,
+        "accelerator": dev.name,
+        "n_gpus": n_gpus,
+        "concurrency": B,
+        "context_len": C,
+        "tp": tp,
+        "eff_bw": eb,
+        "eff_flops": ef,
+        "peak_mem_method": "planner",
+        "weights_gb": fit.weights_gb_total,
         "peak_mem_gb": fit.need_gb_per_gpu,
-        "kv_cache_gb": B * (C * kv_bytes_per_token(spec, kv_dtype) + state_bytes_per_seq(spec, C, kv_dtype,
-                                                                                          state_dtype)) / 1e9,
-        "tpot_ms_p50": step_ms, "decode_tok_s": metrics.decode_tok_s(B, step_ms),
+        "kv_cache_gb": B
+        * (C * kv_bytes_per_token(spec, kv_dtype) + state_bytes_per_seq(spec, C, kv_dtype, state_dtype))
+        / 1e9,
+        "tpot_ms_p50": step_ms,
+        "decode_tok_s": metrics.decode_tok_s(B, step_ms),
         "tok_s_per_stream": metrics.tok_s_per_stream(step_ms),
         "achieved_gb_s": metrics.achieved_gb_s(bytes_step * tp, step_ms / 1e3),
-        "x_bound": bound, "x_t_linear_ms": rl["t_linear"], "x_t_attn_ms": rl["t_attn"], "x_t_mem_ms": rl["t_mem"],
-        "x_t_compute_ms": rl["t_compute"], "x_t_comm_ms": t_comm, "x_overhead_ms": ovh,
-        "x_bytes_per_step": bytes_step, "x_flops_per_step": d["flops"], "x_expert_coverage": d["expert_coverage"],
-        "x_attend_len": att, "x_kv_dtype": kv_dtype, "x_compute_dtype": compute_dtype, "x_ep": ep, "x_pp": pp,
-        "x_weights_gb_per_gpu": fit.weights_gb_per_gpu, "x_kv_tokens_free": fit.kv_tokens_free,
-        "x_max_concurrency": fit.max_concurrency, "x_fits": fit.fits, "x_mem_bw_gb_s": dev.mem_bw_gb_s,
-        "x_peak_tflops": dev.peak_tflops(compute_dtype), "x_device_source": dev.source,
+        "x_bound": bound,
+        "x_t_linear_ms": rl["t_linear"],
+        "x_t_attn_ms": rl["t_attn"],
+        "x_t_mem_ms": rl["t_mem"],
+        "x_t_compute_ms": rl["t_compute"],
+        "x_t_comm_ms": t_comm,
+        "x_overhead_ms": ovh,
+        "x_bytes_per_step": bytes_step,
+        "x_flops_per_step": d["flops"],
+        "x_expert_coverage": d["expert_coverage"],
+        "x_attend_len": att,
+        "x_kv_dtype": kv_dtype,
+        "x_compute_dtype": compute_dtype,
+        "x_ep": ep,
+        "x_pp": pp,
+        "x_weights_gb_per_gpu": fit.weights_gb_per_gpu,
+        "x_kv_tokens_free": fit.kv_tokens_free,
+        "x_max_concurrency": fit.max_concurrency,
+        "x_fits": fit.fits,
+        "x_mem_bw_gb_s": dev.mem_bw_gb_s,
+        "x_peak_tflops": dev.peak_tflops(compute_dtype),
+        "x_device_source": dev.source,
     }
     if prefill:
-        T = B * C
-        wr = weight_bytes(spec, dts, tp, ep)
-        cov = expert_coverage(spec.n_routed_experts, T, spec.experts_per_token)
-        pbytes = sum(v for g, v in wr.items() if g != "routed_experts") + wr["routed_experts"] * cov \
-            + T * kv_bytes_per_token(spec, kv_dtype, tp)
-        dense_p, routed_p = _matmul_params_rank(spec, tp, ep, include_lm_head=False)
-        p_lin = 2 * T * (dense_p + routed_p) + 2 * B * spec.vocab_size * spec.hidden_size / tp
-        per_ctx = _attn_flops_per_ctx_token(spec, tp, decode=False)
-        causal = C * attend_len if attend_len is not None else C * (C + 1) / 2
-        p_att = B * spec.n_kv_layers * causal * per_ctx
-        if spec.n_swa_layers:
-            w = spec.sliding_window
-            p_att += B * spec.n_swa_layers * (C * min(C, w) - min(C, w) ** 2 / 2) * per_ctx
-        if spec.n_linear_layers:
-            p_att += T * spec.n_linear_layers * 4 * math.ceil(spec.linear_num_heads / tp) * spec.linear_head_dim ** 2
-        kv_w = T * kv_bytes_per_token(spec, kv_dtype, tp)
-        pr = _roofline(dev, pbytes - kv_w, p_lin, kv_w, p_att, compute_dtype, eb, ef, decode=False)
-        prefill_ms = pr["t_linear"] + pr["t_attn"] + _comm_ms(spec, dev, T, tp, act_dtype) + ovh
-        pm, pc, pflops = pr["mem_part"], pr["compute_part"], p_lin + p_att
-        rec.update({"prefill_ms": prefill_ms, "ttft_ms": prefill_ms,
-                    "prefill_tok_s": metrics.prefill_tok_s(B, C, prefill_ms), "x_prefill_bound":
-                    "memory" if pm >= pc else "compute", "x_prefill_flops": pflops})
-    rec["assumptions"] = (f"roofline per op class (linear, attention): max(bytes/(BW×{eb:g}), flops/(rate×{ef:g})), "
-                          f"summed, + comm + overhead "
-                          f"{ovh:.3f} ms; {dev.name} {dev.mem_bw_gb_s:,.0f} GB/s, {dev.peak_tflops(compute_dtype):,.3g} "
-                          f"TFLOPS {compute_dtype}" + (f", attention {dev.attn_tflops * 1e3:,.1f} GFLOP/s" if dev.attn_tflops else "")
-                          + f" ({dev.source.split(' [')[0]}); TP{tp} EP{ep} PP{pp}; KV {kv_dtype}; weights "
-                          f"{weight_dtypes_summary(dts)}; attends {att} positions; uniform expert routing")
+        t = prefill_terms(spec, B, C, attend_len, tp, ep, dts, kv_dtype)
+        pr = roofline_times(
+            dev,
+            t["weight_bytes"],
+            t["linear_flops"],
+            t["kv_bytes"],
+            t["attn_flops"],
+            compute_dtype,
+            eb,
+            ef,
+            decode=False,
+        )
+        prefill_ms = pr["t_linear"] + pr["t_attn"] + comm_ms(spec, dev, B * C, tp, act_dtype) + ovh
+        pm, pc, pflops = pr["mem_part"], pr["compute_part"], t["flops"]
+        rec.update(
+            {
+                "prefill_ms": prefill_ms,
+                "ttft_ms": prefill_ms,
+                "prefill_tok_s": metrics.prefill_tok_s(B, C, prefill_ms),
+                "x_prefill_bound": "memory" if pm >= pc else "compute",
+                "x_prefill_flops": pflops,
+            }
+        )
+    rec["assumptions"] = (
+        f"roofline per op class (linear, attention): max(bytes/(BW×{eb:g}), flops/(rate×{ef:g})), "
+        f"summed, + comm + overhead "
+        f"{ovh:.3f} ms; {dev.name} {dev.mem_bw_gb_s:,.0f} GB/s, {dev.peak_tflops(compute_dtype):,.3g} "
+        f"TFLOPS {compute_dtype}"
+        + (f", attention {dev.attn_tflops * 1e3:,.1f} GFLOP/s" if dev.attn_tflops else "")
+        + f" ({dev.source.split(' [')[0]}); TP{tp} EP{ep} PP{pp}; KV {kv_dtype}; weights "
+        f"{weight_dtypes_summary(dts)}; attends {att} positions; uniform expert routing"
+    )
     if not fit.fits:
-        rec.update({"status": "oom", "error": f"predicted not to fit: needs {fit.need_gb_per_gpu or 0:,.1f} GB/GPU, "
-                    f"{fit.usable_gb_per_gpu:,.1f} GB usable (weights {fit.weights_gb_per_gpu:,.1f} GB/GPU)"})
-        for k in ("tpot_ms_p50", "decode_tok_s", "tok_s_per_stream", "achieved_gb_s", "prefill_ms", "ttft_ms",
-                  "prefill_tok_s"):
+        rec.update(
+            {
+                "status": "oom",
+                "error": f"predicted not to fit: needs {fit.need_gb_per_gpu or 0:,.1f} GB/GPU, "
+                f"{fit.usable_gb_per_gpu:,.1f} GB usable (weights {fit.weights_gb_per_gpu:,.1f} GB/GPU)",
+            }
+        )
+        for k in (
+            "tpot_ms_p50",
+            "decode_tok_s",
+            "tok_s_per_stream",
+            "achieved_gb_s",
+            "prefill_ms",
+            "ttft_ms",
+            "prefill_tok_s",
+        ):
             rec[k] = None
     return rec
 
@@ -255,11 +244,19 @@ class PlannerBackend:
 
     kind = "planner"
 
-    def __init__(self, model, accelerator: str = "local", concurrencies=(1, 4, 16), context_lens=(128, 512, 2048),
-                 n_gpus: int = 1, **kw):
+    def __init__(
+        self,
+        model,
+        accelerator: str = "local",
+        concurrencies=(1, 4, 16),
+        context_lens=(128, 512, 2048),
+        n_gpus: int = 1,
+        **kw,
+    ):
         self.spec = get_spec(model)
         self.device_model = kw.pop("device_model", None) or get_device_model(
-            accelerator, catalog=kw.pop("catalog", None), calibration=kw.pop("calibration", None))
+            accelerator, catalog=kw.pop("catalog", None), calibration=kw.pop("calibration", None)
+        )
         kw.pop("catalog", None), kw.pop("calibration", None)
         self.concurrencies = [check_pos_int("concurrency", b) for b in concurrencies]
         self.context_lens = [check_context(self.spec, c) for c in context_lens]
@@ -270,15 +267,23 @@ class PlannerBackend:
         self.measure(self.points()[0])
 
     def _settings(self) -> dict:
-        return {"model": self.spec.name, "n_gpus": self.n_gpus, "device_model": asdict(self.device_model),
-                **{k: v for k, v in sorted(self.kw.items())}}
+        return {
+            "model": self.spec.name,
+            "n_gpus": self.n_gpus,
+            "device_model": asdict(self.device_model),
+            **{k: v for k, v in sorted(self.kw.items())},
+        }
 
     def points(self) -> list[GridPoint]:
         """Every (context_len, concurrency) point; ``point_id`` hashes the settings and the device model, so a
         changed calibration or efficiency predicts again on resume."""
         base = json.dumps(self._settings(), sort_keys=True, default=str)
-        cols = {"model": self.kw.get("model_label") or self.spec.name, "accelerator": self.device_model.name,
-                "device": self.device_model.device, "n_gpus": self.n_gpus}
+        cols = {
+            "model": self.kw.get("model_label") or self.spec.name,
+            "accelerator": self.device_model.name,
+            "device": self.device_model.device,
+            "n_gpus": self.n_gpus,
+        }
         out = []
         for c in self.context_lens:
             for b in self.concurrencies:
@@ -296,16 +301,26 @@ class PlannerBackend:
 
     def measure(self, point: GridPoint) -> dict:
         b, c = point.config
-        return predict_point(self.spec, self.device_model.name, self.n_gpus, b, c, device_model=self.device_model,
-                             **self.kw)
+        return predict_point(
+            self.spec, self.device_model.name, self.n_gpus, b, c, device_model=self.device_model, **self.kw
+        )
 
     def after_failure(self) -> dict:
         return {}
 
 
-def predict_grid(model, accelerator: str = "local", concurrencies=(1, 4, 16), context_lens=(128, 512, 2048),
-                 n_gpus: int = 1, *, out_dir: str | Path | None = None, resume: bool = True, progress: bool = False,
-                 **kw) -> pd.DataFrame:
+def predict_grid(
+    model,
+    accelerator: str = "local",
+    concurrencies=(1, 4, 16),
+    context_lens=(128, 512, 2048),
+    n_gpus: int = 1,
+    *,
+    out_dir: str | Path | None = None,
+    resume: bool = True,
+    progress: bool = False,
+    **kw,
+) -> pd.DataFrame:
     """Planner rows for every (context_len, concurrency) pair, as a :mod:`kit.results` DataFrame. ``kw`` as
     :func:`predict_point`.
 
@@ -329,8 +344,9 @@ def predict_grid(model, accelerator: str = "local", concurrencies=(1, 4, 16), co
 
 def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd.DataFrame:
     """Planner rows for the grid of a measured sweep (one per distinct ok grid point: same model, dtype,
-    concurrency and context_len), for overlays and error tables. The kit's engine attends over its whole static cache, so each
-    step's attended length is taken as ``context_len + decode_steps`` (``x_cache_len`` when the row has it).
+    concurrency and context_len), for overlays and error tables. The kit's engine attends over its whole static
+    cache, so each step's attended length is taken as ``context_len + decode_steps`` (``x_cache_len`` when the row
+    has it).
 
     Raises:
         UserError: ``measured`` has no ok rows with model, dtype, concurrency and context_len.
@@ -345,11 +361,15 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
     ok = ok.dropna(subset=need)
     if ok.empty:
         raise UserError("measured frame has no ok rows with model, dtype, concurrency and context_len")
-    dev = kw.pop("device_model", None) or get_device_model(accelerator, catalog=kw.pop("catalog", None),
-                                                           calibration=kw.pop("calibration", None))
+    dev = kw.pop("device_model", None) or get_device_model(
+        accelerator, catalog=kw.pop("catalog", None), calibration=kw.pop("calibration", None)
+    )
     recs = []
-    grid = [c for c in ("model", "dtype", "concurrency", "context_len", "decode_steps", "n_gpus", "x_cache_len")
-            if c in ok.columns]
+    grid = [
+        c
+        for c in ("model", "dtype", "concurrency", "context_len", "decode_steps", "n_gpus", "x_cache_len")
+        if c in ok.columns
+    ]
     ok = ok.drop_duplicates(subset=grid)  # one prediction per grid point, however often it was measured
     for _, r in ok.iterrows():
         C = int(r["context_len"])
@@ -359,9 +379,20 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
             att = C + max(int(r["decode_steps"]), 3)
         else:
             att = C
-        rec = predict_point(r["model"], accelerator, int(r["n_gpus"]) if "n_gpus" in r and pd.notna(r.get("n_gpus"))
-                            else 1, int(r["concurrency"]), C, dtype=str(r["dtype"]), attend_len=att, device_model=dev, **kw)
-        rec["decode_steps"] = int(r["decode_steps"]) if "decode_steps" in r and pd.notna(r.get("decode_steps")) else None
+        rec = predict_point(
+            r["model"],
+            accelerator,
+            int(r["n_gpus"]) if "n_gpus" in r and pd.notna(r.get("n_gpus")) else 1,
+            int(r["concurrency"]),
+            C,
+            dtype=str(r["dtype"]),
+            attend_len=att,
+            device_model=dev,
+            **kw,
+        )
+        rec["decode_steps"] = (
+            int(r["decode_steps"]) if "decode_steps" in r and pd.notna(r.get("decode_steps")) else None
+        )
         recs.append(rec)
     return to_frame(recs)
 
@@ -375,8 +406,9 @@ def compare(measured: pd.DataFrame, predicted: pd.DataFrame, column: str = "tpot
     keys = ["model", "dtype", "concurrency", "context_len"]
     m = measured[measured["status"] == "ok"] if "status" in measured.columns else measured
     p = predicted[predicted["status"] == "ok"] if "status" in predicted.columns else predicted
-    cols_p = keys + [column] + [c for c in ("x_bound", "x_overhead_ms", "x_t_linear_ms", "x_t_attn_ms")
-                                if c in p.columns]
+    cols_p = (
+        keys + [column] + [c for c in ("x_bound", "x_overhead_ms", "x_t_linear_ms", "x_t_attn_ms") if c in p.columns]
+    )
     p = p.drop_duplicates(subset=keys)
     j = m[keys + [column]].merge(p[cols_p], on=keys, suffixes=("_measured", "_predicted"))
     j = j.rename(columns={f"{column}_measured": "measured", f"{column}_predicted": "predicted"})

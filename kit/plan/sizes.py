@@ -9,6 +9,7 @@ Formulas: ``../shared/METRICS.md`` (Planner section). KV bytes/token: MHA/GQA ``
 head_dim × bytes``; MLA ``layers × (kv_lora_rank + qk_rope_head_dim) × bytes`` (DeepSeek-V3 paper, §2.1.1; no factor
 2). Every function takes an :class:`kit.plan.spec.ArchSpec`.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,8 +76,9 @@ def kv_bytes_per_token(spec: ArchSpec, kv_dtype="bfloat16", tp: int = 1) -> floa
     return 2 * spec.n_kv_layers * kv_heads_per_rank(spec, tp) * spec.head_dim * b
 
 
-def state_bytes_per_seq(spec: ArchSpec, context_len: int, kv_dtype="bfloat16", state_dtype="bfloat16",
-                        tp: int = 1) -> float:
+def state_bytes_per_seq(
+    spec: ArchSpec, context_len: int, kv_dtype="bfloat16", state_dtype="bfloat16", tp: int = 1
+) -> float:
     """Per-sequence cache bytes that do not grow with context, on one TP rank.
 
     Sliding-window layers: ``n_swa × min(window, context) × 2 × kv_heads × head_dim × kv bytes``. Linear attention
@@ -91,13 +93,20 @@ def state_bytes_per_seq(spec: ArchSpec, context_len: int, kv_dtype="bfloat16", s
     b = dtypes.bytes_per_element(kv_dtype)
     out = 0.0
     if spec.n_swa_layers:
-        out += spec.n_swa_layers * min(spec.sliding_window, context_len) * 2 * kv_heads_per_rank(spec, tp) \
-            * spec.head_dim * b
+        out += (
+            spec.n_swa_layers
+            * min(spec.sliding_window, context_len)
+            * 2
+            * kv_heads_per_rank(spec, tp)
+            * spec.head_dim
+            * b
+        )
     if spec.n_linear_layers:
         heads = math.ceil(spec.linear_num_heads / tp)
         hd = spec.linear_head_dim
-        out += spec.n_linear_layers * (heads * hd * hd * dtypes.bytes_per_element(state_dtype)
-                                       + 3 * heads * hd * (spec.linear_conv_kernel - 1) * b)
+        out += spec.n_linear_layers * (
+            heads * hd * hd * dtypes.bytes_per_element(state_dtype) + 3 * heads * hd * (spec.linear_conv_kernel - 1) * b
+        )
     return out
 
 

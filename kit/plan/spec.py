@@ -2,13 +2,14 @@
 
 - **Specs** come from ``kit/data/models.csv`` (the reference models with their sources and UNSURE flags, see
   :func:`list_models`, :func:`model_table`) or from any ``transformers`` config object, dict or ``config.json`` path
-  (:func:`spec_from_config`, parsed by :mod:`kit.plan.hf_config`); :func:`get_spec` takes either, or a kit preset.
+  (:func:`spec_from_config`; both parsed by :mod:`kit.plan.parse`); :func:`get_spec` takes either, or a kit preset.
   Parameter counts are recomputed from the shapes per *group* (embed, lm_head, attn, linear_attn, norms, dense_mlp,
   shared_experts, routed_experts, router, moe_latent) so each group can have its own dtype (e.g. routed experts in
   MXFP4 at 4.25 bits, attention in bf16; :func:`parse_weight_dtypes`, :func:`kit.dtypes.bytes_per_element`).
 - **Bytes** per group, per token and per sequence under tensor/expert parallelism: :mod:`kit.plan.sizes`. The memory
   fit built on them is :mod:`kit.plan.fit`, the roofline :mod:`kit.plan.roofline`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,11 +21,21 @@ import pandas as pd
 from kit import dtypes
 from kit._io import data_path
 from kit.errors import UnknownNameError, UserError
-from kit.plan.hf_config import arch_fields, weight_dtypes_text
+from kit.plan.parse import arch_fields, row_fields, weight_dtypes_text
 from kit.plan.sizes import kv_bytes_per_token, state_bytes_per_seq
 
-GROUPS = ("embed", "lm_head", "attn", "linear_attn", "norms", "dense_mlp", "shared_experts", "routed_experts",
-          "router", "moe_latent")
+GROUPS = (
+    "embed",
+    "lm_head",
+    "attn",
+    "linear_attn",
+    "norms",
+    "dense_mlp",
+    "shared_experts",
+    "routed_experts",
+    "router",
+    "moe_latent",
+)
 
 
 def _dtype_items(spec) -> dict[str, str]:
@@ -119,9 +130,11 @@ class ArchSpec:
         if self.n_kv_layers is None:
             object.__setattr__(self, "n_kv_layers", self.num_layers - self.n_swa_layers - self.n_linear_layers)
         if self.n_kv_layers + self.n_swa_layers + self.n_linear_layers != self.num_layers or self.n_kv_layers < 0:
-            raise UserError(f"{self.name}: layer kinds n_kv_layers={self.n_kv_layers} + n_swa_layers="
-                             f"{self.n_swa_layers} + n_linear_layers={self.n_linear_layers} must equal num_layers="
-                             f"{self.num_layers}")
+            raise UserError(
+                f"{self.name}: layer kinds n_kv_layers={self.n_kv_layers} + n_swa_layers="
+                f"{self.n_swa_layers} + n_linear_layers={self.n_linear_layers} must equal num_layers="
+                f"{self.num_layers}"
+            )
         if self.n_swa_layers and not self.sliding_window:
             raise UserError(f"{self.name}: n_swa_layers={self.n_swa_layers} needs sliding_window")
         if self.n_linear_layers and not (self.linear_num_heads and self.linear_head_dim):
@@ -130,8 +143,10 @@ class ArchSpec:
             if not (self.experts_per_token and self.moe_intermediate_size):
                 raise UserError(f"{self.name}: a MoE needs experts_per_token and moe_intermediate_size")
             if not 0 < self.experts_per_token <= self.n_routed_experts:
-                raise UserError(f"{self.name}: experts_per_token={self.experts_per_token} must be in "
-                                 f"[1, n_routed_experts={self.n_routed_experts}]")
+                raise UserError(
+                    f"{self.name}: experts_per_token={self.experts_per_token} must be in "
+                    f"[1, n_routed_experts={self.n_routed_experts}]"
+                )
         if self.n_dense_layers is None:
             object.__setattr__(self, "n_dense_layers", 0 if self.n_routed_experts else self.num_layers)
         if self.n_dense_layers and not self.intermediate_size:
@@ -181,17 +196,25 @@ class ArchSpec:
                 out.append(("norms", "rep", la * self.q_lora_rank))
             else:
                 q_rep, q_tp = 0, h * nh * qk
-            out += [("attn", "rep", la * (q_rep + h * (kvl + rope))),
-                    ("attn", "tp", la * (q_tp + kvl * nh * (self.qk_nope_head_dim + v) + nh * v * h)),
-                    ("norms", "rep", la * kvl)]
+            out += [
+                ("attn", "rep", la * (q_rep + h * (kvl + rope))),
+                ("attn", "tp", la * (q_tp + kvl * nh * (self.qk_nope_head_dim + v) + nh * v * h)),
+                ("norms", "rep", la * kvl),
+            ]
         if self.n_linear_layers:
             n, lh, hd_l = self.n_linear_layers, self.linear_num_heads, self.linear_head_dim
             D = lh * hd_l
             # KDA (Kimi Linear): q,k,v,o projections, depthwise short conv over q,k,v, low-rank forget and output
             # gates (f_a/f_b, g_a/g_b), beta projection, dt_bias, A_log; per transformers' kimi_linear modeling.
-            out += [("linear_attn", "tp", n * (4 * h * D + 3 * D * self.linear_conv_kernel + 2 * hd_l * D + D
-                                               + h * lh + lh)),
-                    ("linear_attn", "rep", n * 2 * h * hd_l), ("norms", "rep", n * hd_l)]
+            out += [
+                (
+                    "linear_attn",
+                    "tp",
+                    n * (4 * h * D + 3 * D * self.linear_conv_kernel + 2 * hd_l * D + D + h * lh + lh),
+                ),
+                ("linear_attn", "rep", n * 2 * h * hd_l),
+                ("norms", "rep", n * hd_l),
+            ]
         out.append(("norms", "rep", 2 * L * h + h))
         if self.n_dense_layers:
             out.append(("dense_mlp", "tp", self.n_dense_layers * 3 * h * self.intermediate_size))
@@ -253,19 +276,25 @@ class ArchSpec:
                 d = {g: dtypes.canonical(base) for g in GROUPS}
             for k, v in o.items():
                 if k not in GROUPS:
-                    raise UserError(f"unknown parameter group {k!r} in weight dtypes; allowed: default, "
-                                     f"{', '.join(GROUPS)}")
+                    raise UserError(
+                        f"unknown parameter group {k!r} in weight dtypes; allowed: default, {', '.join(GROUPS)}"
+                    )
                 d[k] = dtypes.canonical(v)
         return d
 
     def summary(self) -> dict:
         """Totals next to the published figures, and KV bytes per token (bf16/fp8)."""
-        out = {"model": self.name, "total_params_b": self.total_params / 1e9, "active_params_b": self.active_params / 1e9,
-               "active_matmul_params_b": self.active_matmul_params / 1e9,
-               "published_total_b": self.published_total_b, "published_active_b": self.published_active_b,
-               "kv_bytes_per_token_bf16": kv_bytes_per_token(self, "bfloat16"),
-               "kv_bytes_per_token_fp8": kv_bytes_per_token(self, "fp8"),
-               "per_seq_state_bytes_bf16": state_bytes_per_seq(self, 10**9, "bfloat16", "bfloat16")}
+        out = {
+            "model": self.name,
+            "total_params_b": self.total_params / 1e9,
+            "active_params_b": self.active_params / 1e9,
+            "active_matmul_params_b": self.active_matmul_params / 1e9,
+            "published_total_b": self.published_total_b,
+            "published_active_b": self.published_active_b,
+            "kv_bytes_per_token_bf16": kv_bytes_per_token(self, "bfloat16"),
+            "kv_bytes_per_token_fp8": kv_bytes_per_token(self, "fp8"),
+            "per_seq_state_bytes_bf16": state_bytes_per_seq(self, 10**9, "bfloat16", "bfloat16"),
+        }
         if self.published_total_b:
             out["total_vs_published_pct"] = 100 * (out["total_params_b"] / self.published_total_b - 1)
         return out
@@ -286,39 +315,6 @@ def _read_model_table() -> pd.DataFrame:
 def list_models() -> list[str]:
     """Keys of the shipped reference models (``llama-3.1-8b``, ``deepseek-v3``, ``kimi-k3``, ...)."""
     return list(model_table()["key"])
-
-
-def _i(v) -> int | None:
-    v = str(v).strip()
-    return int(float(v)) if v not in ("", "nan", "None") else None
-
-
-def _b(v) -> bool:
-    return str(v).strip().lower() in ("true", "1", "yes")
-
-
-def _spec_from_row(r) -> ArchSpec:
-    mla = str(r["attention"]).upper().find("MLA") >= 0
-    return ArchSpec(
-        name=r["key"], hidden_size=_i(r["hidden_size"]), num_layers=_i(r["num_layers"]), vocab_size=_i(r["vocab_size"]),
-        num_attention_heads=_i(r["num_attention_heads"]), num_kv_heads=None if mla else _i(r["num_kv_heads"]),
-        head_dim=None if mla else _i(r["head_dim"]), attention="mla" if mla else "gqa",
-        q_lora_rank=_i(r["q_lora_rank"]), kv_lora_rank=_i(r["kv_lora_rank"]), qk_nope_head_dim=_i(r["qk_nope_head_dim"]),
-        qk_rope_head_dim=_i(r["qk_rope_head_dim"]), v_head_dim=_i(r["v_head_dim"]),
-        n_kv_layers=_i(r["kv_bearing_layers"]), n_swa_layers=_i(r["n_swa_layers"]) or 0,
-        sliding_window=_i(r["sliding_window"]), n_linear_layers=_i(r["n_linear_layers"]) or 0,
-        linear_num_heads=_i(r["linear_num_heads"]), linear_head_dim=_i(r["linear_head_dim"]),
-        linear_conv_kernel=_i(r["linear_conv_kernel"]) or 4, intermediate_size=_i(r["intermediate_size_dense"]),
-        n_dense_layers=_i(r["first_k_dense_layers"]) if _i(r["n_routed_experts"]) else None,
-        moe_intermediate_size=_i(r["moe_intermediate_size"]), n_routed_experts=_i(r["n_routed_experts"]) or 0,
-        experts_per_token=_i(r["experts_per_token"]) or 0, n_shared_experts=_i(r["n_shared_experts"]) or 0,
-        shared_expert_intermediate_size=_i(r["shared_expert_intermediate_size"]),
-        moe_latent_size=_i(r["moe_latent_size"]), tie_word_embeddings=_b(r["tie_word_embeddings"]),
-        attention_bias=_b(r["attention_bias"]), qk_norm=_b(r["qk_norm"]), attention_sinks=_b(r["attention_sinks"]),
-        expert_bias=_b(r["expert_bias"]), weight_dtypes=r["weight_dtypes"] or "default=bfloat16",
-        published_total_b=float(r["total_params_b"]), published_active_b=float(r["active_params_b"]),
-        max_position_embeddings=_i(r["max_position_embeddings"]), source=r["source"],
-        flags="; ".join(x for x in (r["flags"], r["notes"]) if x))
 
 
 def spec_from_config(config, name: str | None = None, weight_dtypes: str | dict | None = None) -> ArchSpec:
@@ -351,19 +347,25 @@ def get_spec(model, weight_dtypes: str | dict | None = None) -> ArchSpec:
     return spec_from_config(model, weight_dtypes=weight_dtypes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _named_spec(model: str) -> ArchSpec:
     """The spec of a reference-model name or kit preset, built once per process (specs are frozen, so sharing is
     safe; the planner asks for the same name once per grid point)."""
     t = model_table()
     low = model.strip().lower()
-    hit = t[(t["key"].str.lower() == low) | (t["model"].str.lower() == low)
-            | (t["model"].str.split(" ").str[0].str.lower() == low) | (t["hf_repo"].str.lower() == low)]
+    hit = t[
+        (t["key"].str.lower() == low)
+        | (t["model"].str.lower() == low)
+        | (t["model"].str.split(" ").str[0].str.lower() == low)
+        | (t["hf_repo"].str.lower() == low)
+    ]
     if len(hit):
-        return _spec_from_row(hit.iloc[0])
+        return ArchSpec(**row_fields(hit.iloc[0]))
     from kit import models
 
     if model in models.PRESETS:
         return spec_from_config(models.get_config(model), name=model)
-    raise UnknownNameError(f"unknown model {model!r}; reference models: {list(t['key'])}; presets: "
-                           f"{sorted(models.PRESETS)}; or pass a transformers config, a dict or a config.json path")
+    raise UnknownNameError(
+        f"unknown model {model!r}; reference models: {list(t['key'])}; presets: "
+        f"{sorted(models.PRESETS)}; or pass a transformers config, a dict or a config.json path"
+    )

@@ -30,8 +30,9 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kit import metrics as M
 from kit.errors import UserError
@@ -65,7 +66,7 @@ def token_counter(tokenizer) -> Callable[[list[str]], list[int]] | None:
     or ``None``."""
     if tokenizer is None:
         return None
-    if hasattr(tokenizer, "encode") and hasattr(tokenizer, "__call__") and hasattr(tokenizer, "vocab_size"):
+    if hasattr(tokenizer, "encode") and callable(tokenizer) and hasattr(tokenizer, "vocab_size"):
         def count(texts: list[str]) -> list[int]:
             if not texts:
                 return []

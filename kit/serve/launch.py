@@ -29,6 +29,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from kit import dtypes
 from kit.errors import InputNotFoundError, ServerError, ServerTimeoutError, UserError
 
@@ -88,7 +89,7 @@ class LaunchSpec:
     env: dict = field(default_factory=dict)
     extra_args: list = field(default_factory=list)
 
-    def validate(self) -> "LaunchSpec":
+    def validate(self) -> LaunchSpec:
         """Check the combination; returns self.
 
         Raises:
@@ -311,7 +312,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self._log = None
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         """Start the process in a new session (its own process group), stdout+stderr to the log file.
 
         Raises:
@@ -365,7 +366,7 @@ class Server:
                                          f"{self.log_path}:\n{self.log_tail()}")
             time.sleep(poll_s)
 
-    def start_ready(self, timeout_s: float = 600.0, poll_s: float = 0.5) -> "Server":
+    def start_ready(self, timeout_s: float = 600.0, poll_s: float = 0.5) -> Server:
         """:meth:`start`, then :meth:`wait_ready`; on any failure (exit, timeout, Ctrl-C) the process group is
         stopped before the exception propagates. Returns self.
 
@@ -408,7 +409,7 @@ class Server:
         atexit.unregister(self.stop)
         return self.proc.returncode
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         if self.proc is None:
             self.start()
         return self

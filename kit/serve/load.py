@@ -1,7 +1,7 @@
 """The served load generator: its configuration, workloads, arrivals, one concurrency/rate-limited run, its row.
 
-:class:`LoadConfig` describes one load point against an OpenAI-compatible server; :func:`build_workload` makes its
-requests and :func:`arrival_gaps_s` their arrival times; :func:`run_load_async` sends them with the streaming client
+:class:`LoadConfig` describes one load point against an OpenAI-compatible server; :mod:`kit.serve.workload` makes
+its requests and their arrival times; :func:`run_load_async` sends them with the streaming client
 (:mod:`kit.serve.client`) under a concurrency cap and/or an arrival rate; :func:`aggregate` reduces the request
 records to one row of the shared results schema (:mod:`kit.results`, ``backend = "openai"``), so a concurrency
 sweep against vLLM, SGLang or ``transformers serve`` plots beside an in-process sweep. The sweep over
@@ -18,10 +18,9 @@ Measuring choices (and the mistakes they avoid):
   fails or times out): its requests are not sent (the API needs a model name, and guessing one would measure
   the wrong thing), and every planned request (warm-up and measured) is recorded as failed with the listing's
   error, so ``failed`` equals the planned request count (one, for a duration-only run).
-- Self-check (:class:`LoopProbe`): an event-loop lag probe and the client's CPU use; a run where the client may be
-  the bottleneck says so (``x_client_bound``) instead of publishing a client-bound number. Without a successful
-  streamed request, or with too few probe samples, the check is not applied (``x_client_check`` says why): a
-  client busy with instant failures is not a bottleneck of anything.
+- Self-check (:mod:`kit.serve.selfcheck`): an event-loop lag probe and the client's CPU use run beside the
+  measured requests; a run where the client may be the bottleneck says so (``x_client_bound``) instead of
+  publishing a client-bound number.
 """
 from __future__ import annotations
 
@@ -30,16 +29,26 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
 from kit import metrics as M
 from kit.cli import config_field
 from kit.errors import UserError
-from kit.serve.client import (DEFAULT_API_KEY_ENV, ENDPOINTS, StreamCapture, get_model_id, request_body,
-                              request_headers, request_record, short_error, stream_request, token_counter)
+from kit.serve.client import (
+    DEFAULT_API_KEY_ENV,
+    ENDPOINTS,
+    StreamCapture,
+    get_model_id,
+    request_body,
+    request_headers,
+    request_record,
+    short_error,
+    stream_request,
+    token_counter,
+)
 from kit.serve.selfcheck import LoopProbe, selfcheck_skipped
 from kit.serve.workload import RequestInput, arrival_gaps_s, build_workload
 
@@ -104,7 +113,7 @@ class LoadConfig:
     extra_body: dict = config_field(default_factory=dict, parse=json_object_arg,
                                     help="JSON object merged into every request body")
 
-    def validate(self) -> "LoadConfig":
+    def validate(self) -> LoadConfig:
         """Check the values; returns self.
 
         Raises:
@@ -313,9 +322,13 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
 
     Failed and warm-up requests are excluded from every latency statistic; failures are counted in ``failed``
     and the first distinct error texts kept in ``error``, each cut to one line
-    (:func:`kit.serve.client.short_error`: an HTML error page becomes its title; the records keep the full text). Formulas: :mod:`kit.metrics`
-    (throughputs, goodput, SLOs, percentiles with n). Means of TTFT/TPOT/E2EL are per request; ITL pools the
-    tokens of all requests.
+    (:func:`kit.serve.client.short_error`: an HTML error page becomes its title; the records keep the full text).
+    Formulas: :mod:`kit.metrics` (throughputs, goodput, SLOs, percentiles with n). Means of TTFT/TPOT/E2EL are per
+    request; ITL pools the tokens of all requests. Times in ms, throughputs in tok/s and requests/s.
+
+    Args:
+        records: request records (:func:`kit.serve.client.request_record`, or failed ones), warm-up ones flagged.
+        info: the run facts of :func:`run_load_async` (``duration_s``, ``model``, ``url``, self-check columns).
     """
     meas = [r for r in records if not r.get("warmup")]
     ok = [r for r in meas if r.get("ok")]

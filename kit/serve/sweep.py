@@ -21,9 +21,9 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -285,8 +285,10 @@ def _cli_serve_bench(args) -> int:
     if args.workload:
         cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
     cfg.validate()
-    note = (lambda text: print(f"kit serve-bench: {text}", file=sys.stderr)) if args.json else \
-        (lambda text: print(f"kit serve-bench: {text}"))
+
+    def note(text: str) -> None:  # on stderr: with --json, stdout holds the JSON object only
+        print(f"kit serve-bench: {text}", file=sys.stderr)
+
     model_error = None
     if not cfg.model:  # listed once here (the tokenizer needs it too), not again by the sweep
         try:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from kit.errors import UserError
 
 #: x_ columns holding per-step lists; dropped from flat exports (CSV, Markdown)

@@ -8,6 +8,7 @@ fails with ``NoSuchKernel`` (papermill #638, #251).
 from __future__ import annotations
 
 from pathlib import Path
+
 from kit.errors import UserError
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -81,8 +82,8 @@ def strip_outputs(path: str | Path) -> bool:
 def new_notebook(cells: list[tuple[str, str]], parameters: str | None = None):
     """Build a notebook from ``[(kind, source), ...]`` (kind "md" or "code"); ``parameters`` is the tagged
     cell's source, inserted after the first markdown cell. ``kernelspec.name`` is ``python3``."""
-    import nbformat
-    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook as _nb
+    from nbformat.v4 import new_code_cell, new_markdown_cell
+    from nbformat.v4 import new_notebook as _nb
 
     out = []
     for i, (kind, src) in enumerate(cells):

@@ -12,7 +12,8 @@ handler, assert on state)::
 Inputs: model preset, dtype(s), device, KV lengths and concurrencies (editable comma lists, checked as you type),
 decode steps, warm-up steps, repeats, KV fill mode, output directory. **Run** validates everything first (a bad
 value is shown in the panel's message area, nothing runs) and then sweeps point by point; after each finished point
-the progress bar, the plot and the results table are redrawn. **Stop** ends the sweep after the point that is
+the progress bar, the plot (:func:`panel_plot`: a figure of :mod:`kit.view.plots`) and the results table are
+redrawn. **Stop** ends the sweep after the point that is
 running; every finished point is kept (they are appended to ``run_dir/points.jsonl`` as they finish). OOM and error
 points, and points whose logits were non-finite, are listed in the message area. **Export** writes the results as
 Parquet or CSV. In a notebook the sweep runs in a background thread (``threaded=True``) so the Stop button stays
@@ -26,18 +27,18 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
 from kit import dtypes, hardware, models
 from kit._io import check_out_dir
 from kit.cli import parse_int_list
-from kit.errors import KitError
+from kit.errors import KitError, UserError
 from kit.measure.engine import KV_FILLS
 from kit.measure.sweep import SweepConfig
-from kit.view.plots import PANEL_PLOTS, panel_plot
+from kit.view.plots import heatmap, throughput_vs_concurrency, tpot_vs_context
 from kit.view.render import figure_png, point_problems, snapshot_html, table_html, widget_bundle
 
 log = logging.getLogger("kit")
@@ -46,6 +47,37 @@ log = logging.getLogger("kit")
 DEVICES = ("auto", *hardware.PLATFORMS)
 #: output directory when the box is left empty
 DEFAULT_OUT = "results/panel"
+#: the plot menu: label → (figure function of :mod:`kit.view.plots`, y column)
+PANEL_PLOTS = {
+    "decode tok/s vs concurrency": (throughput_vs_concurrency, "decode_tok_s"),
+    "TPOT vs KV-cache length": (tpot_vs_context, "tpot_ms_p50"),
+    "decode tok/s heatmap": (heatmap, "decode_tok_s"),
+    "tok/s per stream vs concurrency": (throughput_vs_concurrency, "tok_s_per_stream"),
+}
+
+
+def panel_plot(df: pd.DataFrame | None, kind: str = "decode tok/s vs concurrency", label: str | None = None):
+    """The Figure of menu entry ``kind`` (:data:`PANEL_PLOTS`) for ``df``, drawn by :mod:`kit.view.plots`; None when
+    there is no row to draw.
+
+    Several dtypes in ``df`` are told apart by line style (``label="dtype"`` unless given); the heatmap shows the
+    first dtype (its last row per grid cell).
+
+    Raises: UserError (a ValueError) for an unknown ``kind``, listing the allowed ones.
+    """
+    if kind not in PANEL_PLOTS:
+        raise UserError(f"plot kind {kind!r}; allowed: {list(PANEL_PLOTS)}")
+    if df is None or df.empty:
+        return None
+    fn, y = PANEL_PLOTS[kind]
+    if fn is heatmap:
+        first = df["dtype"].dropna().iloc[0] if "dtype" in df and df["dtype"].notna().any() else None
+        sub = df if first is None else df[df["dtype"] == first]
+        return heatmap(sub.drop_duplicates(["context_len", "concurrency"], keep="last"), value=y)
+    if label is None and "dtype" in df.columns and df["dtype"].nunique() > 1:
+        label = "dtype"
+    return fn(df, y=y, label=label)
+
 
 
 class ControlPanel:
@@ -291,7 +323,7 @@ class ControlPanel:
 
     # ----------------------------------------------------------------- internals
     def redraw(self) -> None:
-        """Redraw the plot (:func:`kit.view.plots.panel_plot` of the chosen kind) and the table from ``frame``."""
+        """Redraw the plot (:func:`panel_plot` of the chosen kind) and the table from ``frame``."""
         try:
             fig = panel_plot(self.frame, self.plot_kind.value)
             png = figure_png(fig) if fig is not None else None

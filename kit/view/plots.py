@@ -11,6 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+
 from kit.errors import UserError
 
 _LABELS = {
@@ -177,38 +178,7 @@ def save_standard_plots(df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-# ---------------------------------------------------------------- the panel, the compare view, the how-to notebooks
-def panel_plot(df: pd.DataFrame | None, kind: str = "decode tok/s vs concurrency", label: str | None = None):
-    """One of :data:`PANEL_PLOTS` for ``df``: the Figure, or None when there is no row to draw.
-
-    Several dtypes in ``df`` are told apart by line style (``label="dtype"`` unless given); the heatmap shows the
-    first dtype (its last row per grid cell).
-
-    Raises: UserError (a ValueError) for an unknown ``kind``, listing the allowed ones.
-    """
-    if kind not in PANEL_PLOTS:
-        raise UserError(f"plot kind {kind!r}; allowed: {list(PANEL_PLOTS)}")
-    if df is None or df.empty:
-        return None
-    fn, y = PANEL_PLOTS[kind]
-    if fn is heatmap:
-        first = df["dtype"].dropna().iloc[0] if "dtype" in df and df["dtype"].notna().any() else None
-        sub = df if first is None else df[df["dtype"] == first]
-        return heatmap(sub.drop_duplicates(["context_len", "concurrency"], keep="last"), value=y)
-    if label is None and "dtype" in df.columns and df["dtype"].nunique() > 1:
-        label = "dtype"
-    return fn(df, y=y, label=label)
-
-
-#: the panel's plot menu: label → (figure function of this module, y column)
-PANEL_PLOTS = {
-    "decode tok/s vs concurrency": (throughput_vs_concurrency, "decode_tok_s"),
-    "TPOT vs KV-cache length": (tpot_vs_context, "tpot_ms_p50"),
-    "decode tok/s heatmap": (heatmap, "decode_tok_s"),
-    "tok/s per stream vs concurrency": (throughput_vs_concurrency, "tok_s_per_stream"),
-}
-
-
+# ---------------------------------------------------------------- the compare view, the how-to notebooks
 def compare_plot(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concurrency", hue: str = "context_len"):
     """Shared axes for labelled result sets (a :func:`kit.view.compare_view.compare_frame` result): one line style
     per ``label``, one colour per ``hue``; log y for throughput and cost columns. Returns the Figure.
@@ -310,6 +280,19 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"] if "status" in df.columns else df
 
 
+def _log_plain(ax, axis: str) -> None:
+    """Log scale on ``axis`` ("x" or "y") with plain numbers at 1, 2, 5 × 10^k (more within less than a decade).
+    Call it after plotting."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    getattr(ax, f"set_{axis}scale")("log")
+    lo, hi = getattr(ax, f"get_{axis}lim")()
+    a = getattr(ax, f"{axis}axis")
+    a.set_major_locator(LogLocator(subs=(1, 2, 5) if hi > 10 * lo > 0 else (1, 2, 3, 4, 5, 6, 8)))
+    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    a.set_minor_formatter(NullFormatter())
+
+
 def overlay_figure(measured: pd.DataFrame, predicted: pd.DataFrame, x: str = "context_len", y: str = "tpot_ms_p50",
                    hue: str = "concurrency"):
     """Predicted (dashed) over measured (solid, markers) ``y`` vs ``x``, one colour per ``hue`` value; for TPOT the
@@ -317,12 +300,10 @@ def overlay_figure(measured: pd.DataFrame, predicted: pd.DataFrame, x: str = "co
 
     Returns: the Figure. Raises: UserError for a missing column.
     """
-    from matplotlib.ticker import ScalarFormatter
-
     from kit.plan.roofline import compare
 
-    _check(measured, [x, y, hue])
-    _check(predicted, [x, y, hue])
+    for d in (measured, predicted):
+        _check(d, [x, y, hue])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     err = compare(measured, predicted, y) if y == "tpot_ms_p50" else None
     m, p = _ok(measured), _ok(predicted)
@@ -340,9 +321,7 @@ def overlay_figure(measured: pd.DataFrame, predicted: pd.DataFrame, x: str = "co
     xs = sorted(pd.to_numeric(m[x], errors="coerce").dropna().unique())
     if xs:
         ax.set_xticks(xs, [f"{v:g}" for v in xs])
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    _log_plain(ax, "y")
     ax.set(xlabel=label_of(x), ylabel=label_of(y))
     title = "planner (dashed) vs measured (solid)"
     if err is not None and len(err):
@@ -414,8 +393,6 @@ def curves(df: pd.DataFrame, x: str, y: str, hue: str, style: str | None = None,
 
     Raises: UserError for a missing column.
     """
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
     _check(df, [x, y, hue, style])
     fig = ax.figure if ax is not None else plt.figure(figsize=(7, 4.2))
     ax = ax or fig.add_subplot(111)
@@ -427,12 +404,9 @@ def curves(df: pd.DataFrame, x: str, y: str, hue: str, style: str | None = None,
         g = g.sort_values(x)
         ax.plot(g[x].astype(float), g[y].astype(float), styles.get(keys[-1], looks[0]), color=colours[keys[0]],
                 label=" · ".join(str(k) for k in keys))
-    for on, axis, scale in ((logx, ax.xaxis, ax.set_xscale), (logy, ax.yaxis, ax.set_yscale)):
-        if on:  # plain numbers at 1, 2, 5 × 10^k
-            scale("log")
-            axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_formatter(NullFormatter())
+    for on, axis in ((logx, "x"), (logy, "y")):
+        if on:
+            _log_plain(ax, axis)
     ax.set(xlabel=label_of(x), ylabel=ylabel or label_of(y), title=title or f"{label_of(y)} vs {label_of(x)}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)

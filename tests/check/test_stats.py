@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kit.check import sampling as S
-from kit.check.stats import chi2_sf, frequency_check
+from kit.check.stats import frequency_check
 from kit.errors import UserError
 
 
@@ -19,11 +19,15 @@ def test_frequency_check_bad_arguments():
         frequency_check(S.sampling_from_probs, [.5, .5], alpha=1.0)
 
 
-@pytest.mark.parametrize("chi2,dof,p", [(3.841458820694124, 1, 0.05), (5.991464547107979, 2, 0.05),
-                                        (13.815510557964274, 2, 0.001), (2.0, 2, 0.36787944117144233)])
-def test_chi2_sf_matches_known_quantiles(chi2, dof, p):
-    """Upper quantiles of the χ² distribution (NIST/SEMATECH table; dof 2: sf = exp(-x/2))."""
-    assert chi2_sf(chi2, dof) == pytest.approx(p, rel=1e-9)
+def test_p_value_is_pearsons_chi_square_test():
+    """The reported chi2 and p-value equal scipy.stats.chisquare on the same counts (a known quantile too)."""
+    import scipy.stats
+
+    fixed = torch.tensor([0] * 30 + [1] * 20 + [2] * 50)  # counts 30, 20, 50 against expected 25, 25, 50
+    r = frequency_check(lambda p: fixed, [.25, .25, .5], n_draws=100)
+    ref = scipy.stats.chisquare([30, 20, 50], [25, 25, 50])
+    assert r.chi2 == pytest.approx(ref.statistic) == pytest.approx(2.0) and r.dof == 2
+    assert r.p_value == pytest.approx(ref.pvalue) == pytest.approx(0.36787944117144233)  # dof 2: exp(-chi2/2)
 
 
 def test_s5_right_sampler_passes_wrong_one_and_impossible_draws_fail():

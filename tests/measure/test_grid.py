@@ -8,6 +8,7 @@ import pytest
 from kit import results
 from kit.errors import OutputPathError
 from kit.measure.grid import GridPoint, archive_previous, oom_error_type, run_grid
+from kit.store import read_log
 
 
 class Tensorish:
@@ -106,7 +107,7 @@ def test_no_resume_archives_the_earlier_run(tmp_path):
     df = run_grid(b, tmp_path, progress=False, resume=False)
     assert b.measured == [0, 1] and len(df) == 2
     prev = list((tmp_path / "previous").iterdir())
-    assert len(prev) == 1 and len(results.read_log(prev[0] / "points.jsonl")) == 2
+    assert len(prev) == 1 and len(read_log(prev[0] / "points.jsonl")) == 2
     assert archive_previous(tmp_path / "nothing-here") is None
 
 
@@ -117,3 +118,42 @@ def test_out_dir_that_is_a_file_is_refused_before_any_work(tmp_path):
     with pytest.raises(OutputPathError, match="is a file"):
         run_grid(b, f / "sub", progress=False)
     assert b.measured == [] and b.sessions == []
+
+
+def test_a_point_that_killed_the_process_is_recorded_killed_and_skipped(tmp_path):
+    from kit.store import ResultStore
+
+    run_grid(FakeBackend(n=1), tmp_path, progress=False)  # p0 finished
+    ResultStore(tmp_path).mark_started("p1", {"concurrency": 2, "model": "fake"})  # then the OS killed a run on p1
+    b = FakeBackend(n=3)
+    df = run_grid(b, tmp_path, progress=False)
+    by = df.drop_duplicates("point_id", keep="last").set_index("point_id")
+    assert by.loc["p1", "status"] == "killed" and by.loc["p1", "concurrency"] == 2
+    assert b.measured == [2]  # p1 is not retried first (it would kill this run too); the points after it run
+    b2 = FakeBackend(n=3)
+    run_grid(b2, tmp_path, progress=False, retry_killed=True)
+    assert b2.measured == [1]  # only when asked
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. "
+                                                              "DefaultCPUAllocator: can't allocate memory: you tried "
+                                                              "to allocate 280000000000 bytes")])
+def test_a_cpu_allocation_failure_is_an_oom(tmp_path, exc):
+    class Alloc(FakeBackend):
+        def measure(self, point):
+            raise exc
+
+    df = run_grid(Alloc(n=1), tmp_path, progress=False)
+    assert list(df.status) == ["oom"]
+
+
+def test_ctrl_c_mid_point_is_not_mistaken_for_a_kill(tmp_path):
+    class Interrupting(FakeBackend):
+        def measure(self, point):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(Interrupting(n=2), tmp_path, progress=False)
+    b = FakeBackend(n=2)
+    run_grid(b, tmp_path, progress=False)
+    assert b.measured == [0, 1]

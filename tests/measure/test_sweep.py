@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kit import models
 from kit.errors import OutputPathError
 from kit.measure.grid import oom_error_type
 from kit import results
@@ -153,8 +154,15 @@ sweep.run_sweep(sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode
     measured = []
     df = sweep.run_sweep(cfg, out, progress=False,
                          runner=lambda m, p, d, s: measured.append((p.context_len, p.concurrency)) or run_point(m, p, d, s))
-    assert sorted(measured) == [(32, 1), (32, 2)]
-    assert len(df) == 4 and df.point_id.nunique() == 4
+    # the point the process died on is recorded as killed and skipped (it could kill every re-run); the rest runs
+    assert measured == [(32, 2)]
+    assert df.point_id.nunique() == 4 and sorted(df.status) == ["killed", "ok", "ok", "ok"]
+    killed = df[df.status == "killed"].iloc[0]
+    assert (killed.context_len, killed.concurrency) == (32, 1) and "died while measuring" in killed.error
+    measured.clear()
+    df = sweep.run_sweep(cfg, out, progress=False, retry_killed=True,
+                         runner=lambda m, p, d, s: measured.append((p.context_len, p.concurrency)) or run_point(m, p, d, s))
+    assert measured == [(32, 1)] and df.drop_duplicates("point_id", keep="last").status.eq("ok").all()
 
 
 class _InterruptsInItsFinaliser:
@@ -185,3 +193,32 @@ def test_ctrl_c_swallowed_by_a_finaliser_still_stops_the_sweep(tmp_path, capsys,
     assert "Traceback" not in err and "stopping after the current point" in caplog.text  # logged, one line
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler and hook restored
     assert sys.unraisablehook is hook_before
+
+
+def test_identity_includes_seed_and_threads(tmp_path):
+    base = sweep.SweepConfig(**SMALL)
+    ids = {p.point_id for p in sweep.EngineBackend(base).points()}
+    assert ids.isdisjoint(p.point_id for p in sweep.EngineBackend(sweep.SweepConfig(**SMALL, seed=1)).points())
+    assert ids.isdisjoint(p.point_id for p in sweep.EngineBackend(sweep.SweepConfig(**SMALL, threads=1)).points())
+    assert ids == {p.point_id for p in sweep.EngineBackend(sweep.SweepConfig(**SMALL)).points()}  # stable
+    calls = []
+    sweep.run_sweep(sweep.SweepConfig(**SMALL), tmp_path, progress=False)
+    sweep.run_sweep(sweep.SweepConfig(**SMALL, threads=1), tmp_path, progress=False,
+                    runner=lambda *a: calls.append(a) or sweep.run_point(*a))
+    assert len(calls) == 4  # another --threads measures again, it does not "resume" the old numbers
+
+
+def test_a_checkpoint_with_custom_code_is_refused_unless_trusted(tmp_path):
+    import json
+
+    from kit.models import build_model, save_checkpoint
+
+    ckpt = save_checkpoint(build_model("tiny-llama"), tmp_path / "custom")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "configuration_evil.EvilConfig"}
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    (ckpt / "configuration_evil.py").write_text("raise SystemExit('custom code ran')\n")
+    with pytest.raises(ValueError, match=r"needs its own Python code .*--trust-remote-code"):
+        sweep.SweepConfig(model=str(ckpt), **SMALL).validate()
+    with pytest.raises(ValueError, match="needs its own Python code"):
+        models.build_model(str(ckpt))

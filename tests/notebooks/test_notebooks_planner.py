@@ -1,9 +1,9 @@
 """The planner and cost notebooks, executed by papermill with small parameters; assertions on the files they wrote."""
+
 from __future__ import annotations
 
 import pandas as pd
 import pytest
-
 from nbexec import execute
 
 pytestmark = pytest.mark.slow

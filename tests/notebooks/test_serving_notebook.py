@@ -4,9 +4,9 @@ plots both. Assertions are on the files it wrote (rows, columns, statuses), neve
 from pathlib import Path
 
 import pytest
+from nbexec import execute
 
 from kit import results as R
-from nbexec import execute
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
 """kit plan (kit.plan.cli): text and JSON output, prices, flags, bad values."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,22 @@ from kit.plan.spec import get_spec
 def test_cli_plan_json(capsys):
     from kit.cli import main
 
-    rc = main(["plan", "--model", "kimi-k3", "--accelerator", "mi355x", "--gpus", "8", "--context", "1424",
-               "--concurrency", "64", "--json"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "kimi-k3",
+            "--accelerator",
+            "mi355x",
+            "--gpus",
+            "8",
+            "--context",
+            "1424",
+            "--concurrency",
+            "64",
+            "--json",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fit"]["fits"] and out["min_gpus"] == 8 and out["fit"]["max_concurrency"] >= 64
@@ -24,8 +39,24 @@ def test_cli_plan_json(capsys):
 def test_cli_plan_text_and_bad_accelerator(capsys):
     from kit.cli import main
 
-    assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "H100", "--gpus", "1", "--context", "2048",
-                 "--concurrency", "8"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "llama-3.1-8b",
+                "--accelerator",
+                "H100",
+                "--gpus",
+                "1",
+                "--context",
+                "2048",
+                "--concurrency",
+                "8",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "FITS" in out and "tok/s" in out and "$" in out
     assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "Z100"]) == 2
@@ -39,8 +70,24 @@ def test_cli_plan_price_table_override(tmp_path, capsys):
 
     f = tmp_path / "prices.csv"
     f.write_text("accelerator,usd_per_gpu_hr,basis\nMI355X,1.99,my-contract\n")
-    assert main(["plan", "--model", "kimi-k3", "--accelerator", "MI355X", "--gpus", "8", "--prices", str(f),
-                 "--basis", "my-contract"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "kimi-k3",
+                "--accelerator",
+                "MI355X",
+                "--gpus",
+                "8",
+                "--prices",
+                str(f),
+                "--basis",
+                "my-contract",
+            ]
+        )
+        == 0
+    )
     assert "[my-contract] $1.99/GPU-h" in capsys.readouterr().out
 
 
@@ -82,8 +129,21 @@ def test_cli_plan_grid_stored_and_resumed(tmp_path, capsys):
     from kit.cli import main
     from kit.results import load_results
 
-    cmd = ["plan", "--model", "llama-3.1-8b", "--accelerator", "H100", "--gpus", "1", "--context", "1024,8192",
-           "--concurrency", "1,16", "--out", str(tmp_path)]
+    cmd = [
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--accelerator",
+        "H100",
+        "--gpus",
+        "1",
+        "--context",
+        "1024,8192",
+        "--concurrency",
+        "1,16",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(cmd) == 0
     out = capsys.readouterr().out
     assert "context    8192 concurrency    16" in out and str(tmp_path) in out

@@ -1,4 +1,5 @@
 """kit.plan.cost: cost columns with price and basis, published Kimi K3 arithmetic, Pareto front, equal interactivity."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,20 @@ from kit.results import to_frame
 
 
 def _rows(acc="MI355X", n=8, tok_s=(952.0,), conc=(64,)):
-    return to_frame([{"backend": "openai", "status": "ok", "accelerator": acc, "n_gpus": n, "concurrency": c,
-                      "output_tok_s": t, "decode_tok_s": t} for t, c in zip(tok_s, conc)])
+    return to_frame(
+        [
+            {
+                "backend": "openai",
+                "status": "ok",
+                "accelerator": acc,
+                "n_gpus": n,
+                "concurrency": c,
+                "output_tok_s": t,
+                "decode_tok_s": t,
+            }
+            for t, c in zip(tok_s, conc)
+        ]
+    )
 
 
 def test_wafer_mi355x_rental_584():
@@ -86,10 +99,12 @@ def test_at_interactivity_interpolates_monotonically_and_never_extrapolates():
 def test_equal_interactivity_can_flip_the_equal_concurrency_verdict():
     """System A wins at equal concurrency (more tok/s/GPU at each batch size) but its users get slow tokens;
     at the interactivity users need (30 tok/s), B delivers more tok/s/GPU."""
-    a = pd.DataFrame({"concurrency": [1, 8, 64], "tok_s_per_stream": [40, 20, 5], "tok_s_per_gpu": [100, 160, 320],
-                      "status": "ok"})
-    b = pd.DataFrame({"concurrency": [1, 8, 64], "tok_s_per_stream": [90, 60, 30], "tok_s_per_gpu": [60, 120, 150],
-                      "status": "ok"})
+    a = pd.DataFrame(
+        {"concurrency": [1, 8, 64], "tok_s_per_stream": [40, 20, 5], "tok_s_per_gpu": [100, 160, 320], "status": "ok"}
+    )
+    b = pd.DataFrame(
+        {"concurrency": [1, 8, 64], "tok_s_per_stream": [90, 60, 30], "tok_s_per_gpu": [60, 120, 150], "status": "ok"}
+    )
     assert (a.tok_s_per_gpu > b.tok_s_per_gpu).all()
     c = cost.compare_at_interactivity({"A": a, "B": b}, [30]).set_index("system")["tok_s_per_gpu"]
     assert c["B"] > c["A"]

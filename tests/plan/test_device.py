@@ -1,4 +1,5 @@
 """kit.plan.device: the accelerator model from the catalog, a calibration or this machine; efficiencies."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,15 @@ from kit.plan.spec import get_spec
 
 
 def test_local_calibration_drives_prediction():
-    cal = {"device": "cpu", "device_name": "test cpu", "memory_gb": 16.0, "mem_bw_gb_s": 10.0,
-           "matmul_tflops": {"float32": 0.1, "bfloat16": 0.2}, "overhead_ms_fixed": 1.0, "overhead_ms_per_layer": 0.5}
+    cal = {
+        "device": "cpu",
+        "device_name": "test cpu",
+        "memory_gb": 16.0,
+        "mem_bw_gb_s": 10.0,
+        "matmul_tflops": {"float32": 0.1, "bfloat16": 0.2},
+        "overhead_ms_fixed": 1.0,
+        "overhead_ms_per_layer": 0.5,
+    }
     dev = get_device_model("local", calibration=cal)
     assert dev.eff_bw == 1.0 and dev.mem_bw_gb_s == 10.0
     r = predict_point("tiny-llama", "local", 1, 1, 128, dtype="float32", calibration=cal)

@@ -1,4 +1,5 @@
 """kit.plan.fit: memory fit, parallel layouts, min_gpus, input validation."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,10 +9,17 @@ from kit.plan.roofline import predict_grid, predict_point
 from kit.plan.spec import get_spec
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"context_len": 0}, "context_len"), ({"concurrency": -1}, "concurrency"), ({"n_gpus": 0}, "n_gpus"),
-    ({"kv_dtype": "fp7"}, "fp7"), ({"tp": 3, "n_gpus": 8}, "tp"), ({"mem_util": 1.5}, "mem_util"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"context_len": 0}, "context_len"),
+        ({"concurrency": -1}, "concurrency"),
+        ({"n_gpus": 0}, "n_gpus"),
+        ({"kv_dtype": "fp7"}, "fp7"),
+        ({"tp": 3, "n_gpus": 8}, "tp"),
+        ({"mem_util": 1.5}, "mem_util"),
+    ],
+)
 def test_bad_sizes_and_dtypes(kw, match):
     args = dict(model="llama-3.1-8b", accelerator="H100", n_gpus=1, context_len=1024, concurrency=1)
     args.update(kw)

@@ -1,13 +1,14 @@
 """kit.plan.roofline: roofline rows in the results schema, predict_like / compare, stored planner grids."""
+
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from kit.plan.device import get_device_model
-from kit.plan.roofline import compare, expert_coverage, predict_grid, predict_like, predict_point
+from kit.plan.roofline import compare, predict_grid, predict_like, predict_point
 from kit.plan.sizes import weight_bytes
 from kit.plan.spec import get_spec
+from kit.plan.step import expert_coverage
 from kit.results import validate_record
 from kit.view.plots import overlay_figure
 
@@ -22,16 +23,17 @@ def test_decode_is_memory_bound_at_batch_one_and_matches_formula():
     r = predict_point("llama-3.1-8b", "H100", 1, 1, 1024, prefill=False)
     assert r["x_bound"] == "memory" and r["status"] == "ok"
     s = get_spec("llama-3.1-8b")
-    bytes_ = sum(weight_bytes(s).values()) - s.param_counts()["embed"] * 2 + 4096 * 2 \
-        + 1024 * 131_072
+    bytes_ = sum(weight_bytes(s).values()) - s.param_counts()["embed"] * 2 + 4096 * 2 + 1024 * 131_072
     assert r["x_bytes_per_step"] == pytest.approx(bytes_)
     assert r["tpot_ms_p50"] == pytest.approx(bytes_ / (3.35e12 * 0.7) * 1e3, rel=1e-6)
     assert r["decode_tok_s"] == pytest.approx(1000 / r["tpot_ms_p50"])
 
 
 def test_decode_time_monotone_in_batch_and_context():
-    t = [predict_point("deepseek-v3", "H200", 8, b, c, prefill=False)["tpot_ms_p50"]
-         for b, c in ((1, 1024), (8, 1024), (64, 1024), (64, 8192))]
+    t = [
+        predict_point("deepseek-v3", "H200", 8, b, c, prefill=False)["tpot_ms_p50"]
+        for b, c in ((1, 1024), (8, 1024), (64, 1024), (64, 8192))
+    ]
     assert t == sorted(t)
 
 
@@ -50,11 +52,30 @@ def test_oom_point_has_status_and_no_timings():
 
 
 def test_predict_like_and_compare():
-    cal = {"device": "cpu", "memory_gb": 16.0, "mem_bw_gb_s": 10.0, "matmul_tflops": {"float32": 0.1},
-           "overhead_ms_fixed": 1.0, "overhead_ms_per_layer": 0.5}
-    measured = pd.DataFrame([{"backend": "engine", "status": "ok", "model": "tiny-llama", "dtype": "float32",
-                              "concurrency": b, "context_len": c, "decode_steps": 16, "tpot_ms_p50": 5.0}
-                             for b in (1, 4) for c in (128, 512)])
+    cal = {
+        "device": "cpu",
+        "memory_gb": 16.0,
+        "mem_bw_gb_s": 10.0,
+        "matmul_tflops": {"float32": 0.1},
+        "overhead_ms_fixed": 1.0,
+        "overhead_ms_per_layer": 0.5,
+    }
+    measured = pd.DataFrame(
+        [
+            {
+                "backend": "engine",
+                "status": "ok",
+                "model": "tiny-llama",
+                "dtype": "float32",
+                "concurrency": b,
+                "context_len": c,
+                "decode_steps": 16,
+                "tpot_ms_p50": 5.0,
+            }
+            for b in (1, 4)
+            for c in (128, 512)
+        ]
+    )
     pred = predict_like(measured, "local", calibration=cal)
     assert len(pred) == 4 and (pred["x_attend_len"] == pred["context_len"] + 16).all()
     err = compare(measured, pred)
@@ -66,8 +87,19 @@ def test_predict_like_and_compare():
 
 def test_predict_like_one_row_per_grid_point():
     cal = {"device": "cpu", "memory_gb": 16.0, "mem_bw_gb_s": 10.0, "matmul_tflops": {"float32": 0.1}}
-    rows = [{"backend": "engine", "status": "ok", "model": "tiny-llama", "dtype": "float32", "concurrency": 1,
-             "context_len": 128, "decode_steps": 16, "tpot_ms_p50": t} for t in (5.0, 6.0)]
+    rows = [
+        {
+            "backend": "engine",
+            "status": "ok",
+            "model": "tiny-llama",
+            "dtype": "float32",
+            "concurrency": 1,
+            "context_len": 128,
+            "decode_steps": 16,
+            "tpot_ms_p50": t,
+        }
+        for t in (5.0, 6.0)
+    ]
     measured = pd.DataFrame(rows)
     pred = predict_like(measured, "local", calibration=cal)
     assert len(pred) == 1
@@ -87,7 +119,8 @@ def test_predict_grid_stores_rows_like_a_sweep_and_resumes(tmp_path):
     stored = load_results(tmp_path)
     assert sorted(stored["point_id"]) == sorted(mem["point_id"])  # same points with or without out_dir
     assert stored.sort_values("point_id")["tpot_ms_p50"].tolist() == pytest.approx(
-        mem.sort_values("point_id")["tpot_ms_p50"].tolist())
+        mem.sort_values("point_id")["tpot_ms_p50"].tolist()
+    )
     again = predict_grid("tiny-llama", "H100", out_dir=tmp_path, **kw)  # resume: nothing predicted again
     assert len(again) == 4 and len((tmp_path / "points.jsonl").read_text().splitlines()) == 4
     predict_grid("tiny-llama", "H100", out_dir=tmp_path, resume=False, **kw)  # archived, predicted again
@@ -110,8 +143,7 @@ def test_planner_backend_validates_before_storing(tmp_path):
     with pytest.raises(UserError, match="exceeds"):
         predict_grid("llama-3.1-8b", "B300", concurrencies=(1,), context_lens=(10_000_000,), out_dir=tmp_path)
     with pytest.raises(UserError, match="fp7"):
-        predict_grid("llama-3.1-8b", "B300", concurrencies=(1,), context_lens=(128,), kv_dtype="fp7",
-                     out_dir=tmp_path)
+        predict_grid("llama-3.1-8b", "B300", concurrencies=(1,), context_lens=(128,), kv_dtype="fp7", out_dir=tmp_path)
     with pytest.raises(UnknownNameError, match="Z100"):
         PlannerBackend("llama-3.1-8b", "Z100")
     assert not (tmp_path / "points.jsonl").exists()

@@ -1,4 +1,5 @@
 """kit.plan.sizes: KV bytes per token (case P1), constant state per sequence, weight bytes and their sharding."""
+
 from __future__ import annotations
 
 import pytest

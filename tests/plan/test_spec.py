@@ -1,4 +1,5 @@
-"""kit.plan.spec and kit.plan.hf_config: reference models, configs, parameter counts per group, flags."""
+"""kit.plan.spec and kit.plan.parse: reference models, configs, parameter counts per group, flags."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ import torch
 from kit.plan.sizes import kv_bytes_per_token, weight_bytes
 from kit.plan.spec import get_spec, list_models, model_table, spec_from_config
 
-
 REF = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "models.csv"
 
 
@@ -23,13 +23,33 @@ def test_p1_from_transformers_configs():
     """The same numbers from transformers config objects (the planner's other entry point)."""
     from transformers import DeepseekV3Config, LlamaConfig
 
-    llama = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                        num_key_value_heads=8, vocab_size=128256)
+    llama = LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
     assert kv_bytes_per_token(spec_from_config(llama), "bfloat16") == 131_072
-    ds = DeepseekV3Config(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
-                          num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
-                          qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=256,
-                          num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=3, vocab_size=129280)
+    ds = DeepseekV3Config(
+        hidden_size=7168,
+        intermediate_size=18432,
+        moe_intermediate_size=2048,
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        n_routed_experts=256,
+        num_experts_per_tok=8,
+        n_shared_experts=1,
+        first_k_dense_replace=3,
+        vocab_size=129280,
+    )
     s = spec_from_config(ds)
     assert kv_bytes_per_token(s, "bfloat16") == 70_272
     assert kv_bytes_per_token(s, "fp8") == 35_136
@@ -41,8 +61,15 @@ def test_shipped_models_csv_matches_the_reference():
     ref = pd.read_csv(REF, dtype=str, keep_default_na=False).set_index("model")
     ours = _table().set_index("model")
     for m, r in ref.iterrows():
-        for col in ("kv_bytes_per_token_bf16", "kv_bytes_per_token_fp8", "per_seq_const_state_bytes_bf16",
-                    "total_params_b", "hidden_size", "num_layers", "source"):
+        for col in (
+            "kv_bytes_per_token_bf16",
+            "kv_bytes_per_token_fp8",
+            "per_seq_const_state_bytes_bf16",
+            "total_params_b",
+            "hidden_size",
+            "num_layers",
+            "source",
+        ):
             assert ours.loc[m, col] == r[col], (m, col)
 
 
@@ -54,8 +81,9 @@ def test_total_params_within_1pct_of_published(key):
 
 # Kimi K3: "2.8T" is the rounding of the 2,779.3B total in ../shared/reference/models.csv; the recomputation
 # (2,771.5B) is within 0.3% of that total (and 1.02% under the rounded 2.8T).
-@pytest.mark.parametrize("key,published", [("deepseek-v3", 671e9), ("llama-3.1-405b", 405e9), ("kimi-k2", 1.03e12),
-                                           ("kimi-k3", 2779.3e9)])
+@pytest.mark.parametrize(
+    "key,published", [("deepseek-v3", 671e9), ("llama-3.1-405b", 405e9), ("kimi-k2", 1.03e12), ("kimi-k3", 2779.3e9)]
+)
 def test_headline_totals(key, published):
     assert abs(get_spec(key).total_params / published - 1) < 0.01
 
@@ -87,21 +115,63 @@ def _small_configs():
     return {
         "tiny-llama": get_config("tiny-llama"),
         "tiny-deepseek": get_config("tiny-deepseek"),
-        "qwen3": AutoConfig.for_model("qwen3", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=48, vocab_size=1000),
-        "qwen3_moe": AutoConfig.for_model("qwen3_moe", hidden_size=128, intermediate_size=256,
-                                          moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
-                                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                                          head_dim=32, vocab_size=1000),
-        "gpt_oss": AutoConfig.for_model("gpt_oss", hidden_size=128, intermediate_size=96, num_local_experts=8,
-                                        num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4,
-                                        num_key_value_heads=2, head_dim=32, vocab_size=1000, sliding_window=16),
-        "kimi_linear": AutoConfig.for_model("kimi_linear", hidden_size=128, intermediate_size=256,
-                                            moe_intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
-                                            num_hidden_layers=8, num_attention_heads=4, q_lora_rank=48,
-                                            kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
-                                            vocab_size=1000, linear_num_heads=4, linear_head_dim=16, pad_token_id=0,
-                                            bos_token_id=1, eos_token_id=2),
+        "qwen3": AutoConfig.for_model(
+            "qwen3",
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=48,
+            vocab_size=1000,
+        ),
+        "qwen3_moe": AutoConfig.for_model(
+            "qwen3_moe",
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=64,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=1000,
+        ),
+        "gpt_oss": AutoConfig.for_model(
+            "gpt_oss",
+            hidden_size=128,
+            intermediate_size=96,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            vocab_size=1000,
+            sliding_window=16,
+        ),
+        "kimi_linear": AutoConfig.for_model(
+            "kimi_linear",
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=64,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            q_lora_rank=48,
+            kv_lora_rank=32,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            vocab_size=1000,
+            linear_num_heads=4,
+            linear_head_dim=16,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
     }
 
 
@@ -131,11 +201,22 @@ def test_config_json_path_and_dict(tmp_path):
 
 
 def test_quantization_config_sets_group_dtypes():
-    d = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
-         "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "intermediate_size": 2880,
-         "num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128,
-         "layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True,
-         "quantization_config": {"quant_method": "mxfp4"}}
+    d = {
+        "model_type": "gpt_oss",
+        "hidden_size": 2880,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 201088,
+        "intermediate_size": 2880,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 4,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * 18,
+        "attention_bias": True,
+        "quantization_config": {"quant_method": "mxfp4"},
+    }
     s = spec_from_config(d)
     assert s.dtypes()["routed_experts"] == "mxfp4" and s.dtypes()["attn"] == "bfloat16"
     assert abs(s.total_params / 116.83e9 - 1) < 0.01
@@ -143,8 +224,15 @@ def test_quantization_config_sets_group_dtypes():
     assert 55e9 < w < 70e9  # MXFP4 experts at 4.25 bits: ~61 GB, not 234 GB
 
 
-@pytest.mark.parametrize("drop,field", [("num_hidden_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
-                                        ("vocab_size", "vocab_size"), ("intermediate_size", "intermediate_size")])
+@pytest.mark.parametrize(
+    "drop,field",
+    [
+        ("num_hidden_layers", "num_hidden_layers"),
+        ("hidden_size", "hidden_size"),
+        ("vocab_size", "vocab_size"),
+        ("intermediate_size", "intermediate_size"),
+    ],
+)
 def test_missing_field_is_named(drop, field):
     from kit.models import get_config
 
@@ -172,17 +260,30 @@ def test_missing_moe_field_is_named():
 def test_other_linear_attention_types_are_flagged_not_silently_trusted():
     from transformers import AutoConfig
 
-    c = AutoConfig.for_model("qwen3_next", hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                             num_experts=8, num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4,
-                             num_key_value_heads=2, head_dim=32, vocab_size=1000, linear_num_value_heads=4,
-                             linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
+    c = AutoConfig.for_model(
+        "qwen3_next",
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=1000,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    )
     s = spec_from_config(c)
     assert s.n_linear_layers == 3 and "UNSURE" in s.flags and "qwen3_next" in s.flags
 
 
 def test_weight_dtypes_parse_and_reject():
     from kit.errors import UserError
-    from kit.plan.hf_config import weight_dtypes_text
+    from kit.plan.parse import weight_dtypes_text
     from kit.plan.spec import GROUPS, parse_weight_dtypes
 
     d = parse_weight_dtypes("default=bf16;routed_experts=mxfp4")

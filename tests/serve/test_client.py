@@ -5,11 +5,11 @@ import json
 import time
 
 import pytest
+from sse_server import chars, script
 
 from kit.serve import client
 from kit.serve.load import LoadConfig, aggregate, run_coro
 from kit.serve.workload import RequestInput
-from sse_server import chars, script
 
 
 def sse_bytes(payload) -> bytes:
@@ -132,7 +132,8 @@ def test_request_body():
     assert body == client.request_body("chat", "m", RequestInput("hello", 1, 7), ignore_eos=True,
                                        continuous_usage=True, extra_body={"top_k": 1})
     plain = LoadConfig(url="http://x").request_body("m", RequestInput([1, 2], 2, 3))
-    assert plain["prompt"] == [1, 2] and "ignore_eos" not in plain and plain["stream_options"] == {"include_usage": True}
+    assert plain["prompt"] == [1, 2] and "ignore_eos" not in plain
+    assert plain["stream_options"] == {"include_usage": True}
 
 
 def test_headers_carry_the_key_from_the_environment_only(monkeypatch):

@@ -5,12 +5,12 @@ import math
 import time
 
 import pytest
+from sse_server import chars, dead_url
 
 from kit.serve import load
 from kit.serve.load import LoadConfig
 from kit.serve.selfcheck import LoopProbe
 from kit.serve.workload import WORKLOAD_PRESETS, RequestInput, arrival_gaps_s, build_workload
-from sse_server import chars, dead_url
 
 
 def late_ok(measured: float, scripted: float, late: float) -> bool:

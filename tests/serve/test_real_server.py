@@ -8,6 +8,7 @@ chunks are decoded text, not tokens. One server per module (start-up ~10 s); the
 import os
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -70,10 +71,10 @@ def test_ignore_eos_rejected_is_counted_not_raised(server, tmp_path):
 
 
 def test_server_killed_mid_run(server, tmp_path):
-    srv, _, tok = server
+    srv, model, tok = server
     cfg = LoadConfig(url=srv.url, isl=16, osl=128, num_requests=24, max_concurrency=2, warmup_requests=0,
                      timeout_s=20, stall_timeout_s=5)
-    detail = tmp_path / f"requests-{served_point_id(cfg)}.jsonl"
+    detail = tmp_path / f"requests-{served_point_id(replace(cfg, model=model))}.jsonl"  # the sweep lists the model
 
     def kill_after_two_finished(n_done: int, ok: bool) -> None:
         if n_done == 2:

@@ -6,8 +6,8 @@ import json
 import pandas as pd
 import pytest
 
-from kit.view.analysis import concurrency_knee, dtype_comparison, export_for_ci, scaling_exponents
 from kit.results import load_results
+from kit.view.analysis import concurrency_knee, dtype_comparison, export_for_ci, scaling_exponents
 
 
 def _frame(curve: dict[int, float], ctx=128):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.view.dashboard import launch
 from kit.results import load_results
+from kit.view.dashboard import launch
 
 pytestmark = pytest.mark.slow
 CHROMIUM = os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium")

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from nbexec import EXEC_DIR, SMALL, execute, start_all
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,14 @@ import pytest
 
 from kit.errors import UserError
 from kit.measure.sweep import SweepConfig
-from kit.view.notebooks import NOTEBOOK_DIR, declared_parameters, list_notebooks, new_notebook, run_notebook, \
-    strip_outputs
+from kit.view.notebooks import (
+    NOTEBOOK_DIR,
+    declared_parameters,
+    list_notebooks,
+    new_notebook,
+    run_notebook,
+    strip_outputs,
+)
 
 #: notebook parameter → SweepConfig field it sets (a singular name sets a one-item list)
 SWEEP_PARAMETERS = {"model": "model", "dtype": "dtypes", "dtypes": "dtypes", "device": "device", "kv_lens": "kv_lens",

@@ -17,8 +17,7 @@ from kit.cli import parse_int_list
 from kit.measure.engine import run_point
 from kit.measure.sweep import SweepConfig
 from kit.results import load_results
-from kit.view.panel import ControlPanel
-from kit.view.plots import panel_plot
+from kit.view.panel import PANEL_PLOTS, ControlPanel, panel_plot
 from kit.view.render import point_problems, results_table
 
 PNG = b"\x89PNG"
@@ -206,3 +205,31 @@ def test_non_finite_logits_flagged():
     assert results_table(pd.DataFrame()).empty and panel_plot(pd.DataFrame()) is None
     with pytest.raises(ValueError, match="allowed"):
         panel_plot(df, "pie chart")
+
+
+def plot_frame() -> pd.DataFrame:
+    """A 2 x 3 grid, the largest point OOM (as kit.results rows)."""
+    from kit import results
+
+    rows = [{"backend": "engine", "status": "oom" if (kv, b) == (512, 16) else "ok", "model": "tiny-llama",
+             "dtype": "float32", "context_len": kv, "concurrency": b, "tpot_ms_p50": 2 + kv / 256 + b / 8,
+             "tpot_ms_p90": 3 + kv / 256 + b / 8, "decode_tok_s": b * 100.0, "tok_s_per_stream": 100.0}
+            for kv in (128, 512) for b in (1, 4, 16)]
+    return results.to_frame(rows)
+
+
+def test_panel_plot_every_kind_and_errors():
+    df = plot_frame()
+    for kind in PANEL_PLOTS:
+        fig = panel_plot(df, kind)
+        assert fig.axes, kind
+    assert panel_plot(pd.DataFrame()) is None and panel_plot(None) is None
+    with pytest.raises(ValueError, match="allowed"):
+        panel_plot(df, "pie chart")
+    # several dtypes: told apart by line style; the heatmap takes the first dtype only (one row per cell)
+    b = plot_frame()
+    b["dtype"] = "bfloat16"
+    both = pd.concat([df, b], ignore_index=True)
+    lines = [ln.get_label() for ln in panel_plot(both).axes[0].get_lines()]
+    assert any("bfloat16" in name for name in lines) and any("float32" in name for name in lines)
+    assert len(panel_plot(both, "decode tok/s heatmap").axes[0].texts) == 6

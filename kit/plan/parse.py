@@ -1,4 +1,6 @@
-"""Reading a ``transformers`` config (object, dict or ``config.json`` path) into the fields of an architecture spec.
+"""Reading model descriptions into the fields of an architecture spec: a ``transformers`` config (object, dict or
+``config.json`` path; :func:`arch_fields`) or a row of the reference-model table ``kit/data/models.csv``
+(:func:`row_fields`).
 
 :func:`arch_fields` returns the keyword arguments of :class:`kit.plan.spec.ArchSpec` (which
 :func:`kit.plan.spec.spec_from_config` builds); a field the planner needs and the config lacks raises a
@@ -6,6 +8,7 @@
 attention), MoE layout from ``first_k_dense_replace`` / ``mlp_layer_types`` / ``decoder_sparse_step``, weight dtypes
 from ``quantization_config`` and ``dtype`` / ``torch_dtype``.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,13 +26,75 @@ def weight_dtypes_text(d: str | dict | None) -> str | None:
     return ";".join(f"{k}={v}" for k, v in d.items())
 
 
+def _i(v) -> int | None:
+    v = str(v).strip()
+    return int(float(v)) if v not in ("", "nan", "None") else None
+
+
+def _b(v) -> bool:
+    return str(v).strip().lower() in ("true", "1", "yes")
+
+
+#: ArchSpec field → models.csv column, for integer fields read as they are (a blank cell → None)
+ROW_INT_FIELDS = {
+    **{
+        f: f
+        for f in (
+            "hidden_size",
+            "num_layers",
+            "vocab_size",
+            "num_attention_heads",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "sliding_window",
+            "linear_num_heads",
+            "linear_head_dim",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "moe_latent_size",
+            "max_position_embeddings",
+        )
+    },
+    "n_kv_layers": "kv_bearing_layers",
+    "intermediate_size": "intermediate_size_dense",
+}
+#: integer fields whose blank cell means 0, and boolean fields (true/1/yes), named as in models.csv
+ROW_COUNT_FIELDS = ("n_swa_layers", "n_linear_layers", "n_routed_experts", "experts_per_token", "n_shared_experts")
+ROW_BOOL_FIELDS = ("tie_word_embeddings", "attention_bias", "qk_norm", "attention_sinks", "expert_bias")
+
+
+def row_fields(r) -> dict:
+    """The :class:`kit.plan.spec.ArchSpec` keyword arguments of one row of ``kit/data/models.csv`` (a mapping of
+    column → text; blank cells are None)."""
+    mla = str(r["attention"]).upper().find("MLA") >= 0
+    kw = {f: _i(r[c]) for f, c in ROW_INT_FIELDS.items()}
+    kw.update({f: _i(r[f]) or 0 for f in ROW_COUNT_FIELDS})
+    kw.update({f: _b(r[f]) for f in ROW_BOOL_FIELDS})
+    kw.update(
+        name=r["key"],
+        attention="mla" if mla else "gqa",
+        num_kv_heads=None if mla else _i(r["num_kv_heads"]),
+        head_dim=None if mla else _i(r["head_dim"]),
+        linear_conv_kernel=_i(r["linear_conv_kernel"]) or 4,
+        n_dense_layers=_i(r["first_k_dense_layers"]) if _i(r["n_routed_experts"]) else None,
+        weight_dtypes=r["weight_dtypes"] or "default=bfloat16",
+        published_total_b=float(r["total_params_b"]),
+        published_active_b=float(r["active_params_b"]),
+        source=r["source"],
+        flags="; ".join(x for x in (r["flags"], r["notes"]) if x),
+    )
+    return kw
+
+
 def _need(cfg: dict, key: str, why: str, *aliases: str):
     for k in (key, *aliases):
         if cfg.get(k) is not None:
             return cfg[k]
     names = " / ".join(repr(k) for k in (key, *aliases))
     raise UserError(f"config is missing {names}, which the planner needs for {why}")
-
 
 
 def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | None = None) -> dict:
@@ -55,14 +120,22 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
         if hasattr(config, "get_text_config"):
             config = config.get_text_config()
         cfg = config.to_dict()
-        for k in ("head_dim", "layer_types", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim",
-                  "mlp_layer_types", "num_key_value_heads"):
+        for k in (
+            "head_dim",
+            "layer_types",
+            "linear_num_heads",
+            "linear_head_dim",
+            "linear_conv_kernel_dim",
+            "mlp_layer_types",
+            "num_key_value_heads",
+        ):
             if getattr(config, k, None) is not None:
                 cfg[k] = getattr(config, k)
         name = name or getattr(config, "name_or_path", "") or cfg.get("model_type", "config")
     else:
-        raise UserError(f"config must be a transformers config, a dict or a config.json path, "
-                         f"got {type(config).__name__}")
+        raise UserError(
+            f"config must be a transformers config, a dict or a config.json path, got {type(config).__name__}"
+        )
     if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
     name = name or cfg.get("_name_or_path") or cfg.get("model_type") or "config"
@@ -72,21 +145,34 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
     nh = int(_need(cfg, "num_attention_heads", "the attention shapes", "n_head"))
     V = int(_need(cfg, "vocab_size", "the embedding size"))
     mla = cfg.get("kv_lora_rank") is not None
-    kw: dict = dict(name=str(name), hidden_size=h, num_layers=L, vocab_size=V, num_attention_heads=nh,
-                    tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                    attention_bias=bool(cfg.get("attention_bias", False)),
-                    max_position_embeddings=cfg.get("max_position_embeddings"), source=f"config ({mt or 'dict'})")
+    kw: dict = dict(
+        name=str(name),
+        hidden_size=h,
+        num_layers=L,
+        vocab_size=V,
+        num_attention_heads=nh,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        max_position_embeddings=cfg.get("max_position_embeddings"),
+        source=f"config ({mt or 'dict'})",
+    )
     if mla:
-        kw.update(attention="mla", q_lora_rank=cfg.get("q_lora_rank"),
-                  kv_lora_rank=int(_need(cfg, "kv_lora_rank", "the MLA latent cache")),
-                  qk_rope_head_dim=int(_need(cfg, "qk_rope_head_dim", "the MLA latent cache")),
-                  qk_nope_head_dim=int(_need(cfg, "qk_nope_head_dim", "the MLA query/key shapes")),
-                  v_head_dim=int(_need(cfg, "v_head_dim", "the MLA value shapes")))
+        kw.update(
+            attention="mla",
+            q_lora_rank=cfg.get("q_lora_rank"),
+            kv_lora_rank=int(_need(cfg, "kv_lora_rank", "the MLA latent cache")),
+            qk_rope_head_dim=int(_need(cfg, "qk_rope_head_dim", "the MLA latent cache")),
+            qk_nope_head_dim=int(_need(cfg, "qk_nope_head_dim", "the MLA query/key shapes")),
+            v_head_dim=int(_need(cfg, "v_head_dim", "the MLA value shapes")),
+        )
     else:
         nkv = cfg.get("num_key_value_heads")
-        kw.update(num_kv_heads=int(nkv) if nkv is not None else nh,
-                  head_dim=int(cfg.get("head_dim") or h // nh), qk_norm=mt.startswith("qwen3"),
-                  attention_sinks=mt == "gpt_oss")
+        kw.update(
+            num_kv_heads=int(nkv) if nkv is not None else nh,
+            head_dim=int(cfg.get("head_dim") or h // nh),
+            qk_norm=mt.startswith("qwen3"),
+            attention_sinks=mt == "gpt_oss",
+        )
     # layer kinds
     lt = cfg.get("layer_types")
     if lt:
@@ -99,19 +185,33 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
         if n_swa:
             kw["sliding_window"] = int(_need(cfg, "sliding_window", "the sliding-window cache size"))
         if n_lin:
-            kw.update(linear_num_heads=int(_need(cfg, "linear_num_heads", "the linear-attention state",
-                                                 "linear_num_value_heads")),
-                      linear_head_dim=int(_need(cfg, "linear_head_dim", "the linear-attention state",
-                                                "linear_value_head_dim")),
-                      linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4))
+            kw.update(
+                linear_num_heads=int(
+                    _need(cfg, "linear_num_heads", "the linear-attention state", "linear_num_value_heads")
+                ),
+                linear_head_dim=int(
+                    _need(cfg, "linear_head_dim", "the linear-attention state", "linear_value_head_dim")
+                ),
+                linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4),
+            )
             if mt != "kimi_linear":
-                kw["flags"] = (f"UNSURE: linear-attention layers of model_type {mt or '?'} are modelled as KDA "
-                               "(kimi_linear): their parameter count and state size are approximate")
+                kw["flags"] = (
+                    f"UNSURE: linear-attention layers of model_type {mt or '?'} are modelled as KDA "
+                    "(kimi_linear): their parameter count and state size are approximate"
+                )
     # MLP / MoE
     E = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if E:
-        k = int(_need(cfg, "num_experts_per_tok", "the active experts per token", "num_experts_per_token",
-                      "experts_per_token", "moe_topk"))
+        k = int(
+            _need(
+                cfg,
+                "num_experts_per_tok",
+                "the active experts per token",
+                "num_experts_per_token",
+                "experts_per_token",
+                "moe_topk",
+            )
+        )
         if mt == "gpt_oss":
             mi = int(_need(cfg, "intermediate_size", "the expert width"))
         else:
@@ -127,11 +227,16 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
             n_dense = sum(1 for i in range(L) if i in only or (i + 1) % step != 0)
         else:
             n_dense = 0
-        kw.update(n_routed_experts=int(E), experts_per_token=k, moe_intermediate_size=mi, n_dense_layers=n_dense,
-                  n_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
-                  expert_bias=mt == "gpt_oss",
-                  shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size"),
-                  moe_latent_size=cfg.get("moe_latent_size"))
+        kw.update(
+            n_routed_experts=int(E),
+            experts_per_token=k,
+            moe_intermediate_size=mi,
+            n_dense_layers=n_dense,
+            n_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
+            expert_bias=mt == "gpt_oss",
+            shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size"),
+            moe_latent_size=cfg.get("moe_latent_size"),
+        )
         if n_dense:
             kw["intermediate_size"] = int(_need(cfg, "intermediate_size", "the dense MLP layers"))
     else:

@@ -1,0 +1,256 @@
+"""A run directory on disk: the append log, its lock, crash recovery, and the Parquet + JSON views of it.
+
+Files of a run directory ``DIR``:
+
+- ``points.jsonl``: the append log, one JSON object per finished point (ok, oom, error, killed), each line
+  flushed and fsync'd before the next point starts, so a crash, Ctrl-C or ``kill -9`` loses nothing finished.
+- ``results.parquet`` + ``results.json`` (the latest run's metadata, every run's metadata under ``runs``, and the
+  schema): rewritten atomically after every point, so they are always loadable and always match the log.
+- ``.kit.lock`` (+ ``.kit.lock.holder``): held by the one process writing the directory; a second writer gets
+  a :class:`kit.errors.UserError` naming the holder (pid, host, command, start time). The lock is an OS file
+  lock (``filelock``), released by the OS when its holder dies, even by ``kill -9``.
+- ``.inflight.json``: the point being measured right now. If the process dies while measuring (the kernel's OOM
+  killer on host RAM, a segfault in a kernel library), the next run finds the marker and records that point as
+  ``killed`` instead of retrying it first and dying again.
+- a torn last line of ``points.jsonl`` (the process killed mid-write) is moved to ``points.jsonl.torn-N`` when
+  the directory is opened, so the next record starts on a line of its own; unreadable lines are skipped with a
+  warning naming file and line.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from kit._io import atomic_write_bytes
+from kit.errors import OutputPathError, UserError
+from kit.results import save_results, to_frame, validate_record
+
+log = logging.getLogger("kit")
+
+LOG_NAME = "points.jsonl"
+LOCK_NAME = ".kit.lock"
+INFLIGHT_NAME = ".inflight.json"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _os_error(path: Path, e: OSError) -> OutputPathError:
+    return OutputPathError(f"cannot write {path}: {e.strerror or e}")
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """Records of a ``points.jsonl`` log. A line that is not UTF-8, not JSON or not an object is skipped with a
+    warning naming the file and line; a torn last line (no newline: killed mid-write) is skipped quietly (it is
+    set aside when the directory is next opened for writing, see :func:`repair_log`)."""
+    path = Path(path)
+    out = []
+    with open(path, "rb") as f:
+        raw = f.read()
+    lines = raw.split(b"\n")
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        torn = i == len(lines)  # no newline after it
+        try:
+            rec = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if not torn:
+                log.warning("%s:%d: unreadable line skipped (%s)", path, i, type(e).__name__)
+            continue
+        if not isinstance(rec, dict):
+            log.warning("%s:%d: not a JSON object; skipped", path, i)
+            continue
+        out.append(rec)
+    return out
+
+
+def repair_log(path: Path) -> Path | None:
+    """Move a torn last line of the log (bytes after the last newline) to ``<log>.torn-N`` and truncate the log
+    after its last complete line, so the next append starts a line of its own. Returns the fragment's file."""
+    if not path.exists():
+        return None
+    with open(path, "rb+") as f:
+        data = f.read()
+        if not data or data.endswith(b"\n"):
+            return None
+        cut = data.rfind(b"\n") + 1
+        n = 1
+        while (frag := path.with_name(f"{path.name}.torn-{n}")).exists():
+            n += 1
+        atomic_write_bytes(frag, data[cut:])
+        f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())
+    log.warning("%s: a torn last line (%d bytes, the process was killed while writing it) was moved to %s",
+                path, len(data) - cut, frag.name)
+    return frag
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path):
+    """Hold the run directory's lock for the block.
+
+    Raises:
+        UserError: another process holds it (the message names that process).
+        OutputPathError: the directory cannot be created or written.
+    """
+    from filelock import FileLock, Timeout
+
+    holder = out_dir / (LOCK_NAME + ".holder")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(out_dir / LOCK_NAME), timeout=0)
+        lock.acquire()
+    except Timeout:
+        try:
+            who = json.loads(holder.read_text())
+            desc = f"pid {who.get('pid')} on {who.get('host')} since {who.get('since')}: {who.get('command')}"
+        except (OSError, ValueError):
+            desc = "another process"
+        raise UserError(f"{out_dir} is being written by another kit run ({desc}); wait for it to finish or give "
+                        "another output directory") from None
+    except OSError as e:
+        raise _os_error(out_dir / LOCK_NAME, e) from None
+    try:
+        atomic_write_bytes(holder, json.dumps({"pid": os.getpid(), "host": platform.node(), "since": _now(),
+                                               "command": " ".join(sys.argv)[:300]}).encode())
+    except OSError as e:
+        lock.release()
+        raise _os_error(holder, e) from None
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            holder.unlink()
+        lock.release()
+
+
+class ResultStore:
+    """Append-on-finish storage of one run directory (see the module docstring). Open it while holding
+    :func:`run_lock` when writing; reading needs no lock.
+
+    Raises:
+        OutputPathError: ``out_dir`` exists and is a file, or cannot be written.
+    """
+
+    def __init__(self, out_dir: str | Path, metadata: dict | None = None):
+        self.dir = Path(out_dir)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise OutputPathError(f"output directory {str(self.dir)!r} exists and is a file; "
+                                  "give a directory path (it will be created if missing)")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _os_error(self.dir, e) from None
+        self.log = self.dir / LOG_NAME
+        self.metadata = metadata or {}
+        repair_log(self.log)
+        self._records = read_log(self.log) if self.log.exists() else []
+        self.runs = self._earlier_runs()
+        if self.metadata and self.metadata not in self.runs:
+            self.runs.append(self.metadata)
+
+    def _earlier_runs(self) -> list[dict]:
+        side = self.dir / "results.json"
+        try:
+            doc = json.loads(side.read_text())
+        except (OSError, ValueError):
+            return []
+        runs = doc.get("runs") or ([doc["metadata"]] if doc.get("metadata") else [])
+        return [r for r in runs if isinstance(r, dict)]
+
+    @property
+    def records(self) -> list[dict]:
+        return list(self._records)
+
+    def finished_ids(self, statuses=("ok", "oom")) -> set[str]:
+        """point_ids already recorded with one of ``statuses`` (errors are retried on resume)."""
+        return {r.get("point_id") for r in self._records if r.get("status") in statuses}
+
+    def append(self, rec: dict) -> pd.DataFrame:
+        """Validate, append to the log (flush + fsync), then refresh Parquet + sidecar; returns every row so far.
+
+        Raises:
+            UserError: the record does not fit the schema. OutputPathError: the disk refused the write.
+        """
+        rec = validate_record(dict(rec))
+        rec.setdefault("timestamp", _now())
+        line = json.dumps(rec, default=_json_default, allow_nan=True)
+        try:
+            with open(self.log, "a") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise _os_error(self.log, e) from None
+        self._records.append(json.loads(line))
+        return self.flush()
+
+    def flush(self) -> pd.DataFrame:
+        """Rewrite results.parquet + results.json from every record so far; returns that frame."""
+        df = self.frame()
+        try:
+            save_results(df, self.dir / "results.parquet", self.metadata, runs=self.runs)
+        except OSError as e:
+            raise _os_error(self.dir / "results.parquet", e) from None
+        return df
+
+    def frame(self) -> pd.DataFrame:
+        return to_frame(self._records)
+
+    # -------------------------------------------------------------- the point in flight
+    def mark_started(self, point_id: str, columns: dict) -> None:
+        """Note that ``point_id`` is being measured (cleared by :meth:`mark_finished`)."""
+        doc = {"point_id": point_id, "columns": columns, "started": _now(), "pid": os.getpid()}
+        try:
+            atomic_write_bytes(self.dir / INFLIGHT_NAME, json.dumps(doc, default=str).encode())
+        except OSError as e:
+            raise _os_error(self.dir / INFLIGHT_NAME, e) from None
+
+    def mark_finished(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / INFLIGHT_NAME).unlink()
+
+    def recover_killed(self, backend: str, run_id: str | None = None) -> dict | None:
+        """If an earlier run died while measuring a point, record that point as ``killed`` and return the record.
+
+        Call while holding :func:`run_lock` (a live writer's marker is never mistaken for a dead one's)."""
+        marker = self.dir / INFLIGHT_NAME
+        try:
+            doc = json.loads(marker.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            self.mark_finished()
+            return None
+        rec = {**(doc.get("columns") or {}), "point_id": doc.get("point_id"), "backend": backend,
+               "run_id": run_id, "status": "killed",
+               "error": f"the process died while measuring this point (started {doc.get('started')}, pid "
+                        f"{doc.get('pid')}): killed by the OS (out of host memory?) or crashed; skipped on resume "
+                        "unless retried explicitly"}
+        self.append(rec)
+        self.mark_finished()
+        log.warning("%s: point %s was being measured when an earlier run died; recorded as killed",
+                    self.dir, doc.get("point_id"))
+        return rec
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:
+        pass
+    return str(o)
