@@ -15,6 +15,7 @@ replace it) or with :func:`Catalog.with_price`.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -56,20 +57,23 @@ def _validate_accels(df: pd.DataFrame, origin: str) -> pd.DataFrame:
                     v = float(row[col])
                 except (TypeError, ValueError):
                     raise CatalogError(f"{where}: {col}={row[col]!r} is not a number") from None
-                if not v > 0:
-                    raise CatalogError(f"{where}: {col}={row[col]!r} must be > 0")
+                if not (v > 0 and math.isfinite(v)):
+                    raise CatalogError(f"{where}: {col}={row[col]!r} must be a finite number > 0")
+                if typ is int and v != int(v):
+                    raise CatalogError(f"{where}: {col}={row[col]!r} must be a whole number")
         if row["fp8_format"] not in FP8_FORMATS:
             raise CatalogError(f"{where}: fp8_format={row['fp8_format']!r}; allowed: {FP8_FORMATS}")
         for col in ACCEL_OPTIONAL_NUM:
             if col in df.columns and pd.notna(row[col]) and str(row[col]).strip() != "":
                 try:
-                    if float(row[col]) < 0:
-                        raise CatalogError(f"{where}: {col}={row[col]!r} must be >= 0")
+                    v = float(row[col])
                 except ValueError:
                     raise CatalogError(f"{where}: {col}={row[col]!r} is not a number") from None
-    dup = df["name"][df["name"].duplicated()].tolist()
+                if not (v >= 0 and math.isfinite(v)):
+                    raise CatalogError(f"{where}: {col}={row[col]!r} must be a finite number >= 0")
+    dup = df["name"][df["name"].str.strip().str.lower().duplicated()].tolist()
     if dup:
-        raise CatalogError(f"{origin}: duplicate accelerator name(s) {dup}")
+        raise CatalogError(f"{origin}: duplicate accelerator name(s) {dup} (names are case-insensitive)")
     for col in list(ACCEL_REQUIRED) + list(ACCEL_OPTIONAL_NUM):
         if col in df.columns and ACCEL_REQUIRED.get(col, float) is not str:
             df[col] = pd.to_numeric(df[col], errors="coerce")
@@ -77,21 +81,25 @@ def _validate_accels(df: pd.DataFrame, origin: str) -> pd.DataFrame:
     return df
 
 
-def _validate_prices(df: pd.DataFrame, origin: str, known: set[str]) -> pd.DataFrame:
+def _validate_prices(df: pd.DataFrame, origin: str, known: dict[str, str]) -> pd.DataFrame:
+    """Check a price table; ``known`` maps lower-case accelerator names to catalog names (names are matched
+    case-insensitively and written in the catalog's spelling)."""
     missing = [c for c in PRICE_REQUIRED if c not in df.columns]
     if missing:
         raise CatalogError(f"{origin}: missing column(s) {missing}; required: {list(PRICE_REQUIRED)}")
     df = df.copy()
     for i, row in df.iterrows():
         where = f"{origin} row {i + 2}"
-        if row["accelerator"] not in known:
-            raise CatalogError(f"{where}: accelerator={row['accelerator']!r} is not in the catalog {sorted(known)}")
+        if str(row["accelerator"]).strip().lower() not in known:
+            raise CatalogError(f"{where}: accelerator={row['accelerator']!r} is not in the catalog "
+                               f"{sorted(known.values())}")
+        df.loc[i, "accelerator"] = known[str(row["accelerator"]).strip().lower()]
         try:
             v = float(row["usd_per_gpu_hr"])
         except (TypeError, ValueError):
             raise CatalogError(f"{where}: usd_per_gpu_hr={row['usd_per_gpu_hr']!r} is not a number") from None
-        if not v > 0:
-            raise CatalogError(f"{where}: usd_per_gpu_hr={v} must be > 0")
+        if not (v > 0 and math.isfinite(v)):
+            raise CatalogError(f"{where}: usd_per_gpu_hr={row['usd_per_gpu_hr']!r} must be a finite number > 0")
         if not isinstance(row["basis"], str) or not row["basis"].strip():
             raise CatalogError(f"{where}: empty price basis")
     df["usd_per_gpu_hr"] = df["usd_per_gpu_hr"].astype(float)
@@ -221,7 +229,11 @@ def _shipped() -> tuple[pd.DataFrame, pd.DataFrame]:
     """The shipped accelerators and prices, read and validated once per process (the planner asks per point)."""
     acc = _validate_accels(pd.read_csv(data_path("accelerators.csv"), dtype={"gfx_arch": str}),
                            "kit/data/accelerators.csv")
-    return acc, _validate_prices(pd.read_csv(data_path("prices.csv")), "kit/data/prices.csv", set(acc.name))
+    return acc, _validate_prices(pd.read_csv(data_path("prices.csv")), "kit/data/prices.csv", _by_lower(acc))
+
+
+def _by_lower(acc: pd.DataFrame) -> dict[str, str]:
+    return {str(n).strip().lower(): n for n in acc.name}
 
 
 def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str | Path | None = None) -> Catalog:
@@ -229,7 +241,7 @@ def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str
 
     Args:
         extra_accelerators: CSV with the columns of ``kit/data/accelerators.csv``; a row whose ``name`` exists
-            replaces the shipped row, others are added.
+            (case-insensitively) replaces the shipped row, others are added.
         extra_prices: CSV with ``accelerator, usd_per_gpu_hr, basis`` (+ optional ``source``); replaces shipped
             prices with the same (accelerator, basis).
 
@@ -241,8 +253,12 @@ def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str
     acc = shipped_acc.copy()
     if extra_accelerators is not None:
         user = _validate_accels(_read_user_csv(extra_accelerators), str(extra_accelerators))
+        shipped = _by_lower(acc)
+        # a user row replaces the shipped row of the same name, matched case-insensitively ("mi355x" replaces
+        # MI355X) and keeping the catalog's spelling so the shipped prices still find it
+        user["name"] = [shipped.get(str(n).strip().lower(), str(n).strip()) for n in user.name]
         acc = pd.concat([acc[~acc.name.isin(user.name)], user], ignore_index=True)
-    known = set(acc.name)
+    known = _by_lower(acc)
     prices = shipped_prices.copy()
     if extra_prices is not None:
         user_p = _validate_prices(_read_user_csv(extra_prices), str(extra_prices), known)

@@ -94,3 +94,39 @@ def test_user_paths_must_be_files_and_parse_errors_name_the_file(tmp_path, capsy
                  ["plan", "--model", "llama-3.1-8b", "--accelerator", "b300", "--prices", str(tmp_path)]):
         assert main(argv) == 2, argv
         assert f"{tmp_path}: is a directory" in capsys.readouterr().err
+
+
+def _user_csv(tmp_path, **over):
+    from kit._io import data_path
+
+    import pandas as pd
+
+    row = pd.read_csv(data_path("accelerators.csv")).set_index("name").loc["MI355X"].to_dict()
+    row.update(over)
+    p = tmp_path / "acc.csv"
+    pd.DataFrame([{"name": over.get("name", "MI355X"), **{k: v for k, v in row.items() if k != "name"}}]).to_csv(
+        p, index=False)
+    return p
+
+
+@pytest.mark.parametrize("col,value,match", [
+    ("hbm_tb_s", "inf", "hbm_tb_s='?inf'? must be a finite number > 0"),
+    ("bf16_tflops", float("nan"), "is not a number|must be a finite"),
+    ("gpus_per_node", 7.5, "gpus_per_node=7.5 must be a whole number"),
+    ("tdp_w", "-inf", "tdp_w='?-inf'? must be a finite number >= 0"),
+])
+def test_user_rows_need_finite_whole_values(tmp_path, col, value, match):
+    with pytest.raises(CatalogError, match=match):
+        load_catalog(_user_csv(tmp_path, **{col: value}))
+
+
+def test_a_user_row_overrides_the_shipped_one_case_insensitively(tmp_path):
+    cat = load_catalog(_user_csv(tmp_path, name="mi355x", hbm_gb=300))
+    assert cat.get("MI355X")["hbm_gb"] == 300 and sum(n.lower() == "mi355x" for n in cat.names) == 1
+    assert cat.price("mi355x", "tco").usd_per_gpu_hr > 0  # the shipped prices still find it
+    prices = tmp_path / "p.csv"
+    prices.write_text("accelerator,usd_per_gpu_hr,basis\nmi355x,9.5,user\n")
+    assert load_catalog(extra_prices=prices).price("MI355X", "user").usd_per_gpu_hr == 9.5
+    prices.write_text("accelerator,usd_per_gpu_hr,basis\nMI355X,inf,user\n")
+    with pytest.raises(CatalogError, match="usd_per_gpu_hr='inf' must be a finite number > 0|must be a finite"):
+        load_catalog(extra_prices=prices)

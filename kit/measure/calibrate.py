@@ -16,7 +16,7 @@ Three measurements, each warmed up, synchronised, repeated, and summarised by th
   This is what makes small batches *overhead-bound* on CPU; the planner adds it to the roofline time.
 
 The result is a JSON file, by default ``$KIT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kit`` or ``~/.cache/kit``, named
-``calibration-<device>.json``; :func:`kit.plan.roofline.get_device` reads it for ``accelerator="local"`` / ``"cpu"``.
+``calibration-<device>.json``; :func:`kit.plan.device.get_device_model` reads it for ``accelerator="local"`` / ``"cpu"``.
 """
 from __future__ import annotations
 

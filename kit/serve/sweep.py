@@ -33,6 +33,7 @@ from kit.cli import DefaultsHelpFormatter, add_config_args, config_from_args, in
 from kit.errors import UserError
 from kit.measure.grid import GridPoint, archive_previous, run_grid
 from kit.results import run_metadata
+from kit.store import run_lock
 from kit.serve.client import DEFAULT_API_KEY_ENV, get_model_id, load_tokenizer, short_error
 from kit.serve.load import LoadConfig, aggregate, default_workload, not_sent, run_coro, run_load_async
 from kit.serve.workload import WORKLOAD_PRESETS, RequestInput
@@ -183,7 +184,8 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
                      metadata: dict | None = None, resume: bool = True, progress: bool = True,
                      on_point: Callable[[dict, pd.DataFrame], None] | None = None,
                      should_stop: Callable[[], bool] | None = None, model_error: str | None = None,
-                     on_progress: Callable[[int, bool], None] | None = None) -> pd.DataFrame:
+                     on_progress: Callable[[int, bool], None] | None = None,
+                     retry_killed: bool = False) -> pd.DataFrame:
     """A concurrency sweep against one server through the grid runner (:class:`ServedBackend`,
     :func:`kit.measure.grid.run_grid`: append-on-finish, resume, Ctrl-C).
 
@@ -193,6 +195,7 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
         progress: a progress bar and the resume notice.
         on_point: called after each measured point with (row, frame of every row so far).
         should_stop: polled before each point; True ends the sweep (finished points kept).
+        retry_killed: measure again a point an earlier run died on (recorded ``killed``; skipped by default).
         tokenizer, workload, extra, metadata, model_error, on_progress: see :class:`ServedBackend`.
 
     Returns: this sweep's rows in concurrency order (the latest row of each of its points, also those a resume
@@ -205,11 +208,13 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
     out = check_out_dir(out_dir)
     backend = ServedBackend(cfg, concurrencies, out, tokenizer=tokenizer, workload=workload, extra=extra,
                             metadata=metadata, model_error=model_error, on_progress=on_progress)
-    if not resume:  # the runner archives its files; the detail files of that run go with them
-        dest = archive_previous(out)
-        for f in sorted(out.glob("requests-*.jsonl")) if dest else ():
-            f.rename(dest / f.name)
-    df = run_grid(backend, out, resume=resume, progress=progress, on_point=on_point, should_stop=should_stop)
+    if not resume:  # the runner's archive (the lock held), with the detail files of that run
+        with run_lock(out):
+            dest = archive_previous(out)
+            for f in sorted(out.glob("requests-*.jsonl")) if dest else ():
+                f.rename(dest / f.name)
+    df = run_grid(backend, out, resume=resume, progress=progress, on_point=on_point, should_stop=should_stop,
+                  retry_killed=retry_killed)
     order = {p.point_id: i for i, p in enumerate(backend.points())}
     cur = df[df["point_id"].isin(order)].drop_duplicates("point_id", keep="last")
     return cur.iloc[cur["point_id"].map(order).argsort()].reset_index(drop=True)
@@ -273,6 +278,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--plot", action="store_true", help="also write OUT/serve-bench.png")
     p.add_argument("--no-resume", action="store_true",
                    help="measure every point again (an earlier run's files move to OUT/previous/)")
+    p.add_argument("--retry-killed", action="store_true",
+                   help="measure again points an earlier run died on (recorded as killed, skipped by default)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (the rows and the results path) instead of the text summary")
     p.set_defaults(func=_cli_serve_bench)
@@ -301,7 +308,7 @@ def _cli_serve_bench(args) -> int:
         try:
             tok = load_tokenizer(cfg.model)
         except UserError as e:
-            note(f"no tokenizer ({e}); prompts are token ids, token counts per chunk assumed 1")
+            note(f"no tokenizer ({short_error(e)}); prompts are token ids, token counts per chunk assumed 1")
     extra = {k: v for k, v in (("accelerator", args.accelerator), ("n_gpus", args.n_gpus)) if v is not None}
     measured: set = set()
 
@@ -311,7 +318,7 @@ def _cli_serve_bench(args) -> int:
             print(summary_line(row), flush=True)
 
     df = run_served_sweep(cfg, args.concurrency, out, tokenizer=tok, extra=extra, resume=not args.no_resume,
-                          progress=False, on_point=on_point, model_error=model_error)
+                          progress=False, on_point=on_point, model_error=model_error, retry_killed=args.retry_killed)
     rc = 0 if (df["completed"].fillna(0) > 0).any() else 1
     plot = None
     if args.plot:

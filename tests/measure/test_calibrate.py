@@ -7,7 +7,8 @@ import pytest
 
 from kit.errors import OutputPathError
 from kit.measure import calibrate
-from kit.plan import roofline as planner
+from kit.plan.device import get_device_model
+from kit.plan.roofline import predict_point
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +29,9 @@ def test_save_load_and_planner_uses_it(quick_cal, tmp_path):
     p = calibrate.save_calibration(quick_cal, tmp_path / "cal.json")
     loaded = calibrate.load_calibration(p)
     assert loaded["path"] == str(p) and loaded["mem_bw_gb_s"] == quick_cal["mem_bw_gb_s"]
-    dev = planner.get_device("local", calibration=p)
+    dev = get_device_model("local", calibration=p)
     assert dev.mem_bw_gb_s == quick_cal["mem_bw_gb_s"] and dev.eff_bw == 1.0 and dev.eff_flops == 1.0
-    r = planner.predict_point("tiny-llama", "local", 1, 1, 64, dtype="float32", calibration=p)
+    r = predict_point("tiny-llama", "local", 1, 1, 64, dtype="float32", calibration=p)
     assert r["status"] == "ok" and r["device"] == "cpu" and "calibration" in r["x_device_source"]
 
 
@@ -39,7 +40,7 @@ def test_default_path_under_cache_dir(quick_cal, tmp_path, monkeypatch):
     p = calibrate.save_calibration(quick_cal)
     assert p == tmp_path / "cache" / "calibration-cpu.json"
     assert calibrate.load_calibration(device="cpu")["path"] == str(p)
-    assert planner.get_device("cpu").source.startswith("calibration")
+    assert get_device_model("cpu").source.startswith("calibration")
 
 
 def test_missing_calibration_says_what_to_run(tmp_path, monkeypatch):
@@ -47,7 +48,7 @@ def test_missing_calibration_says_what_to_run(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="kit calibrate"):
         calibrate.load_calibration(device="cpu")
     # without a calibration the planner falls back to the catalog's CPU placeholder (flagged UNSURE)
-    dev = planner.get_device("cpu")
+    dev = get_device_model("cpu")
     assert dev.name == "CPU" and "UNSURE" in dev.source
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"device": "cpu"}))
