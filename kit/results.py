@@ -25,6 +25,7 @@ from kit.errors import InputNotFoundError, OutputPathError, UserError
 SCHEMA_VERSION = 1
 #: ``killed``: the process died while measuring the point (see :mod:`kit.store`)
 STATUSES = ("ok", "oom", "error", "killed", "skipped")
+#: what produced a row: the in-process engine, a served endpoint (OpenAI-compatible API) or the planner
 BACKENDS = ("engine", "openai", "planner")
 
 

@@ -110,7 +110,7 @@ def cache_bytes(cache) -> int:
 
 def cache_bytes_per_token(cache, batch: int) -> float:
     """Bytes one token of one sequence occupies in an allocated cache (all layers, K and V, as stored): the
-    *measured* counterpart of the planner's :func:`kit.plan.spec.kv_bytes_per_token` (from the architecture)."""
+    *measured* counterpart of the planner's :func:`kit.plan.sizes.kv_bytes_per_token` (from the architecture)."""
     layers = _layers(cache)
     if not layers:
         return float("nan")

@@ -24,6 +24,7 @@ from kit.errors import UnknownNameError, UserError
 from kit.plan.parse import arch_fields, row_fields, weight_dtypes_text
 from kit.plan.sizes import kv_bytes_per_token, state_bytes_per_seq
 
+#: parameter groups a weight dtype can be set for (``parse_weight_dtypes``: "default=bf16;routed_experts=mxfp4")
 GROUPS = (
     "embed",
     "lm_head",

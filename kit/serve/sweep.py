@@ -6,8 +6,9 @@ point per concurrency of a :class:`kit.serve.load.LoadConfig`, each measured by 
 owns everything around the points, the same as for the in-process sweep: each finished point's row is appended
 (fsync'd) to ``OUT/points.jsonl`` and ``OUT/results.parquet`` before the next starts; a re-run on the same ``OUT``
 skips points already recorded as ``ok`` (points whose every request failed, ``status = "error"``, are measured
-again); ``resume=False`` (``--no-resume``) moves the earlier run's files to ``OUT/previous/<time>/``; Ctrl-C stops
-after the finished points are saved.
+again; a point an earlier run died on, ``killed``, only with ``retry_killed``); ``resume=False`` (``--no-resume``)
+moves the earlier run's files, the detail files too, to ``OUT/previous/<time>/``; Ctrl-C stops after the finished
+points are saved; one process writes ``OUT`` at a time.
 
 Files in ``OUT`` besides the runner's: ``requests-<point_id>.jsonl``, one JSON line per request of that point
 (warm-up ones flagged; the full error texts), written when the point's requests have finished. Rows concatenate
@@ -33,10 +34,10 @@ from kit.cli import DefaultsHelpFormatter, add_config_args, config_from_args, in
 from kit.errors import UserError
 from kit.measure.grid import GridPoint, archive_previous, run_grid
 from kit.results import run_metadata
-from kit.store import run_lock
 from kit.serve.client import DEFAULT_API_KEY_ENV, get_model_id, load_tokenizer, short_error
 from kit.serve.load import LoadConfig, aggregate, default_workload, not_sent, run_coro, run_load_async
 from kit.serve.workload import WORKLOAD_PRESETS, RequestInput
+from kit.store import run_lock
 
 log = logging.getLogger("kit")
 
@@ -129,7 +130,7 @@ class ServedBackend:
                  workload: Sequence[RequestInput] | None = None, extra: dict | None = None,
                  metadata: dict | None = None, model_error: str | None = None,
                  on_progress: Callable[[int, bool], None] | None = None):
-        concs = [int(c) for c in concurrencies]
+        concs = list(dict.fromkeys(int(c) for c in concurrencies))  # each once, in the order given
         if not concs or min(concs) < 1:
             raise UserError(f"concurrencies={list(concurrencies)}; give one or more integers >= 1")
         self.config = config.validate()
@@ -149,9 +150,11 @@ class ServedBackend:
                 self.config = replace(c, model=run_coro(get_model_id(c.base_url, c.api_key_env, c.timeout_s)))
             except UserError as e:
                 self.model_error = str(e)
+                log.warning("%s; no request is sent, every planned request is counted as failed", e)
         return self.config.model
 
     def points(self) -> list[GridPoint]:
+        """One point per concurrency (the model id resolved first: it is part of each point's id)."""
         if self._points is None:
             self.resolve_model()
             self._points = []
@@ -162,20 +165,24 @@ class ServedBackend:
         return self._points
 
     def metadata(self) -> dict:
+        """Run metadata with the config (without the API-key variable) and the concurrencies."""
         cfg = {k: v for k, v in asdict(self.config).items() if k != "api_key_env"}
         return run_metadata(backend=self.kind, config=cfg, concurrencies=self.concurrencies, **self.extra_metadata)
 
     @contextlib.contextmanager
     def session(self):
+        """Builds the workload (once, for every point) if none was given."""
         if self.workload is None:  # one workload for every point, so the points differ only in concurrency
             self.workload = default_workload(self.config, self.tokenizer)
         yield self
 
     def measure(self, point: GridPoint) -> dict:
+        """The row of one load point (:func:`run_load_point`; writes its detail file)."""
         return run_load_point(point.config, self.out_dir, self.tokenizer, self.workload, self.extra,
                               self.on_progress, self.model_error, point.point_id)
 
     def after_failure(self) -> dict:
+        """Nothing to free (the point ran on the server): no extra columns."""
         return {}
 
 
@@ -198,8 +205,8 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
         retry_killed: measure again a point an earlier run died on (recorded ``killed``; skipped by default).
         tokenizer, workload, extra, metadata, model_error, on_progress: see :class:`ServedBackend`.
 
-    Returns: this sweep's rows in concurrency order (the latest row of each of its points, also those a resume
-    skipped); every row of ``out_dir`` stays in ``out_dir/results.parquet``.
+    Returns: this sweep's rows in the order of ``concurrencies`` (the latest row of each of its points, also
+    those a resume skipped); every row of ``out_dir`` stays in ``out_dir/results.parquet``.
 
     Raises:
         UserError: no concurrency, one < 1, or an invalid ``cfg``; OutputPathError: ``out_dir`` is a file (both

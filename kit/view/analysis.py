@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from kit.errors import UserError
+from kit.results import ok_mask, row_problems, verdict
 
 #: x_ columns holding per-step lists; dropped from flat exports (CSV, Markdown)
 LIST_COLUMNS = ("x_step_ms", "x_prefill_ms")
@@ -81,8 +82,9 @@ def concurrency_knee(df: pd.DataFrame, y: str = "decode_tok_s", min_exponent: fl
 def dtype_comparison(df: pd.DataFrame, baseline: str = "float32") -> pd.DataFrame:
     """Speed of each dtype relative to ``baseline`` at the same (KV length, concurrency), numerics first.
 
-    A point whose logits were non-finite (``x_logits_finite`` False) measured garbage arithmetic: its speed is not
-    reported (NaN) and ``flag`` says why. OOM/error points are flagged with their status.
+    A point with a problem flag (:func:`kit.results.row_problems`; e.g. non-finite logits, ``x_logits_finite``
+    False: it measured garbage arithmetic) has its speed not reported (NaN) and ``flag`` says why. OOM/error points
+    are flagged with their status.
 
     Returns: DataFrame dtype, context_len, concurrency, status, logits_finite, decode_tok_s, tpot_ms_p50,
     speedup_vs_<baseline>, flag.
@@ -98,8 +100,8 @@ def dtype_comparison(df: pd.DataFrame, baseline: str = "float32") -> pd.DataFram
     for _, r in d.iterrows():
         if r["status"] != "ok":
             flags.append(f"{r['status']}: not measured")
-        elif r["logits_finite"] is False:
-            flags.append("non-finite logits: speed not reported")
+        elif problems := row_problems(r):
+            flags.append("; ".join(problems) + "; speed not reported")
         else:
             flags.append("")
     d["flag"] = flags
@@ -115,13 +117,15 @@ def dtype_comparison(df: pd.DataFrame, baseline: str = "float32") -> pd.DataFram
 
 
 def ci_summary(df: pd.DataFrame) -> list[dict]:
-    """One JSON-ready dict per point: identity, status, TTFT/TPOT/throughput with sample count (no per-step lists)."""
+    """One JSON-ready dict per point: identity, status and ``verdict`` (:func:`kit.results.verdict`: ``flagged`` for
+    status ok with a problem flag), TTFT/TPOT/throughput with sample count (no per-step lists)."""
     keep = ["model", "dtype", "device", "device_name", "context_len", "concurrency", "decode_steps", "repeats",
             "status", "error", "ttft_ms", "tpot_ms_p50", "tpot_ms_p90", "tpot_n", "decode_tok_s",
             "tok_s_per_stream", "peak_mem_gb"]
     out = []
-    for _, r in df.iterrows():
-        rec = {}
+    verdicts = verdict(df) if len(df) else pd.Series([], dtype=object)
+    for i, r in df.iterrows():
+        rec = {"verdict": verdicts.loc[i]}
         for c in keep:
             if c in df.columns:
                 v = r[c]
@@ -136,7 +140,8 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
 
     - ``results.parquet`` + ``results.json`` (full rows + run metadata, :func:`kit.results.save_results`),
     - ``results.csv`` (flat: per-step list columns dropped),
-    - ``summary.json`` (``{"n_points", "n_ok", "statuses", "points": [...]}``, see :func:`ci_summary`),
+    - ``summary.json`` (``{"n_points", "n_ok", "n_flagged", "statuses", "points": [...]}``, see :func:`ci_summary`;
+      ``n_ok`` counts :func:`kit.results.ok_mask` rows, so a flagged row is not ok),
     - ``summary.md`` (a Markdown table, e.g. for ``$GITHUB_STEP_SUMMARY``).
 
     Returns: name → path.
@@ -152,10 +157,12 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
     flat.to_csv(paths["csv"], index=False)
     points = ci_summary(df)
     statuses = {s: int(n) for s, n in df["status"].value_counts().items()} if len(df) else {}
-    summary = {"n_points": len(df), "n_ok": statuses.get("ok", 0), "statuses": statuses, "points": points}
+    n_ok = int(ok_mask(df).sum()) if len(df) else 0
+    summary = {"n_points": len(df), "n_ok": n_ok, "n_flagged": statuses.get("ok", 0) - n_ok, "statuses": statuses,
+               "points": points}
     paths["summary_json"] = out / "summary.json"
     paths["summary_json"].write_text(json.dumps(summary, indent=2, default=str))
-    cols = ["dtype", "context_len", "concurrency", "status", "ttft_ms", "tpot_ms_p50", "tpot_n", "decode_tok_s"]
+    cols = ["dtype", "context_len", "concurrency", "verdict", "ttft_ms", "tpot_ms_p50", "tpot_n", "decode_tok_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for p in points:
         cells = []

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from kit.errors import KitError, UserError
-from kit.results import load_results
+from kit.results import load_results, ok_mask
 from kit.view.render import figure_png, snapshot_html, widget_bundle
 
 #: what the view's y menu offers (columns of :func:`compare_frame`)
@@ -72,8 +72,9 @@ def load_sets(paths: dict[str, str | Path]) -> dict[str, pd.DataFrame]:
 
 def compare_summary(df: pd.DataFrame, by=("label", "context_len", "concurrency")) -> pd.DataFrame:
     """Side-by-side table of speed (decode tok/s, TPOT p50 ms) and cost ($/GPU-hour, $/Mtok, tok/$) per
-    (label, KV length, concurrency), ok points only, rounded to 4 decimals."""
-    ok = df[df["status"] == "ok"] if "status" in df else df
+    (label, KV length, concurrency), ok points only (:func:`kit.results.ok_mask`: a flagged row is left out),
+    rounded to 4 decimals."""
+    ok = df[ok_mask(df)] if "status" in df else df
     cols = [c for c in ("decode_tok_s", "tpot_ms_p50", "usd_per_gpu_hr", "usd_per_mtok", "tok_per_usd") if c in ok]
     return ok[list(by) + cols].sort_values(list(by)).reset_index(drop=True).round(4)
 

@@ -13,11 +13,12 @@ Inputs: model preset, dtype(s), device, KV lengths and concurrencies (editable c
 decode steps, warm-up steps, repeats, KV fill mode, output directory. **Run** validates everything first (a bad
 value is shown in the panel's message area, nothing runs) and then sweeps point by point; after each finished point
 the progress bar, the plot (:func:`panel_plot`: a figure of :mod:`kit.view.plots`) and the results table are
-redrawn. **Stop** ends the sweep after the point that is
-running; every finished point is kept (they are appended to ``run_dir/points.jsonl`` as they finish). OOM and error
-points, and points whose logits were non-finite, are listed in the message area. **Export** writes the results as
-Parquet or CSV. In a notebook the sweep runs in a background thread (``threaded=True``) so the Stop button stays
-responsive while the kernel is busy measuring. The compare view is :class:`kit.view.compare_view.CompareView`.
+redrawn. **Stop** ends the sweep after the point that is running; every finished point is kept (they are appended
+to ``run_dir/points.jsonl`` as they finish). OOM and error points, and flagged points (status ok with a problem
+flag such as non-finite logits; the table shows them as ``flagged``), are listed in the message area. **Export**
+writes the results as Parquet or CSV. In a notebook the sweep runs in a background thread (``threaded=True``) so
+the Stop button stays responsive while the kernel is busy measuring. The compare view is
+:class:`kit.view.compare_view.CompareView`.
 """
 from __future__ import annotations
 
@@ -77,7 +78,6 @@ def panel_plot(df: pd.DataFrame | None, kind: str = "decode tok/s vs concurrency
     if label is None and "dtype" in df.columns and df["dtype"].nunique() > 1:
         label = "dtype"
     return fn(df, y=y, label=label)
-
 
 
 class ControlPanel:

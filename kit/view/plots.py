@@ -1,7 +1,8 @@
 """Figures from results DataFrames: columns are picked by name, every function returns a matplotlib Figure.
 
-Points whose ``status`` is not ``ok`` (oom, error) are drawn, not dropped: a red ``x`` on the x position at the
-bottom of the axes (line plots) or a hatched "OOM" cell (heatmap). Several result sets (devices, dtypes, runs)
+Points that are not ok (:func:`kit.results.ok_mask`: status oom or error, or a problem flag such as non-finite
+logits) are drawn, not dropped: a red ``x`` on the x position at the bottom of the axes (line plots) or a hatched
+cell labelled with the verdict, e.g. "OOM" or "FLAGGED" (heatmap). Several result sets (devices, dtypes, runs)
 share axes when ``label`` names a column that tells them apart: one line style per label value.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kit.errors import UserError
+from kit.results import ok_mask, verdict
 
 _LABELS = {
     "decode_tok_s": "decode throughput (tok/s, all streams)",
@@ -66,7 +68,8 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, label: str | None = No
         style = _STYLES[gi % len(_STYLES)]
         for hi, h in enumerate(hues):
             sub = gdf[gdf[hue] == h].sort_values(x)
-            ok = sub[sub["status"] == "ok"] if "status" in sub else sub
+            good = ok_mask(sub) if "status" in sub else pd.Series(True, index=sub.index)
+            ok = sub[good]
             name = f"{label_of(hue).split(' (')[0]} {h}" + (f" · {lab}" if lab is not None else "")
             color = cmap(hi)
             if len(ok):
@@ -74,7 +77,7 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, label: str | None = No
                 if band is not None:
                     ax.fill_between(ok[x].astype(float), ok[y].astype(float), ok[band].astype(float), color=color,
                                     alpha=0.15)
-            bad = sub[sub["status"] != "ok"] if "status" in sub else sub.iloc[0:0]
+            bad = sub[~good]
             if len(bad):
                 bad_any = True
                 ax.plot(bad[x], [0.0] * len(bad), "x", color="red", markersize=10, mew=2,
@@ -112,7 +115,8 @@ def tpot_vs_context(df: pd.DataFrame, y: str = "tpot_ms_p50", label: str | None 
 
 def heatmap(df: pd.DataFrame, value: str = "decode_tok_s", x: str = "concurrency", y: str = "context_len",
             ax=None, fmt: str = "{:.0f}"):
-    """Heatmap of ``value`` over the (y, x) grid; OOM/error cells hatched and labelled with their status.
+    """Heatmap of ``value`` over the (y, x) grid; cells that are not ok hatched and labelled with their verdict
+    (:func:`kit.results.verdict`: OOM, ERROR, FLAGGED).
 
     Raises: ValueError for a missing column or duplicate (x, y) points (filter to one model/dtype first).
     """
@@ -122,9 +126,10 @@ def heatmap(df: pd.DataFrame, value: str = "decode_tok_s", x: str = "concurrency
     xs, ys = sorted(df[x].unique()), sorted(df[y].unique())
     grid = np.full((len(ys), len(xs)), np.nan)
     status = {}
+    df = df.assign(_verdict=verdict(df)) if "status" in df else df.assign(_verdict="ok")
     for _, r in df.iterrows():
         i, j = ys.index(r[y]), xs.index(r[x])
-        st = r.get("status", "ok")
+        st = r["_verdict"]
         status[(i, j)] = st
         if st == "ok":
             grid[i, j] = r[value]
@@ -195,12 +200,8 @@ def dtype_plot(df: pd.DataFrame, y: str = "decode_tok_s"):
     """Decode tok/s vs concurrency per dtype (line style) and KV length (colour). A point whose logits were
     non-finite (``x_logits_finite`` False) measured broken arithmetic: it is drawn as not measured (red x), never
     as a speed. Returns the Figure."""
-    d = df.copy()
-    if "x_logits_finite" in d.columns:
-        broken = d["x_logits_finite"].map(lambda v: v is False or v is np.False_)
-        d.loc[broken, "status"] = "non-finite"
-    return line_plot(d, "concurrency", y, "context_len", label="dtype", logy=True,
-                     title=_title(d, f"{label_of(y).split(' (')[0]} by dtype (x: non-finite logits or not measured)"))
+    return line_plot(df, "concurrency", y, "context_len", label="dtype", logy=True,
+                     title=_title(df, f"{label_of(y).split(' (')[0]} by dtype (x: non-finite logits or not measured)"))
 
 
 def knee_plot(df: pd.DataFrame, knee: pd.DataFrame, y: str = "decode_tok_s"):

@@ -10,6 +10,8 @@ import io
 
 import pandas as pd
 
+from kit.results import row_problems, verdict
+
 #: columns of the results table shown in the panel (all from the kit.results schema)
 TABLE_COLUMNS = ("dtype", "context_len", "concurrency", "status", "ttft_ms", "tpot_ms_p50", "tpot_ms_p90",
                  "tpot_n", "decode_tok_s", "tok_s_per_stream", "peak_mem_gb")
@@ -18,11 +20,14 @@ TABLE_COLUMNS = ("dtype", "context_len", "concurrency", "status", "ttft_ms", "tp
 def results_table(df: pd.DataFrame | None, columns=TABLE_COLUMNS) -> pd.DataFrame:
     """The rows the panel shows: one per point, sorted by dtype, KV length and concurrency, rounded to 3 decimals.
 
-    Columns of ``columns`` missing from ``df`` are left out; an empty or None ``df`` gives an empty frame with
-    ``columns``.
+    The ``status`` column shows each row's verdict (:func:`kit.results.verdict`): a row with status ok and a
+    problem flag (non-finite logits) reads ``flagged``, never ``ok``. Columns of ``columns`` missing from ``df`` are
+    left out; an empty or None ``df`` gives an empty frame with ``columns``.
     """
     if df is None or df.empty:
         return pd.DataFrame(columns=list(columns))
+    if "status" in df.columns:
+        df = df.assign(status=verdict(df))
     cols = [c for c in columns if c in df.columns]
     t = df[cols].sort_values([c for c in ("dtype", "context_len", "concurrency") if c in cols]).reset_index(drop=True)
     return t.round(3)
@@ -50,17 +55,18 @@ def _present(value) -> bool:
 
 
 def point_problems(df: pd.DataFrame | None) -> list[str]:
-    """One line per point that is not a clean measurement: status oom or error, or status ok with an ``error``
-    text (non-finite logits), e.g. ``"oom: float32 kv=32 B=2: CUDA out of memory"``."""
+    """One line per point that is not a clean measurement: status oom or error, a problem flag
+    (:func:`kit.results.row_problems`, e.g. non-finite logits), or status ok with an ``error`` text; e.g.
+    ``"oom: float32 kv=32 B=2: CUDA out of memory"``."""
     out: list[str] = []
     if df is None or df.empty:
         return out
     for _, r in df.iterrows():
         err = r.get("error")
-        has_err = _present(err)
-        if r.get("status") != "ok" or has_err:
+        why = ([str(err)] if _present(err) else []) + [p for p in row_problems(r) if not _present(err)]
+        if r.get("status") != "ok" or why:
             out.append(f"{r.get('status')}: {r.get('dtype')} kv={r.get('context_len')} B={r.get('concurrency')}: "
-                       f"{err if has_err else ''}".rstrip(": "))
+                       f"{'; '.join(why)}".rstrip(": "))
     return out
 
 

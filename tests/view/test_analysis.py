@@ -66,3 +66,14 @@ def test_export_for_ci(tmp_path):
     assert load_results(paths["parquet"]).attrs["metadata"] == {"who": "test"}
     md = paths["summary_md"].read_text()
     assert md.startswith("1/2 points ok") and md.count("\n| float32") == 2
+
+
+def test_export_for_ci_does_not_count_a_flagged_row_ok(tmp_path):
+    df = pd.DataFrame([{"backend": "engine", "status": "ok", "dtype": "float16", "context_len": 16, "concurrency": 1,
+                        "decode_tok_s": 900.0, "x_logits_finite": False},
+                       {"backend": "engine", "status": "ok", "dtype": "float32", "context_len": 16, "concurrency": 1,
+                        "decode_tok_s": 100.0, "x_logits_finite": True}])
+    s = json.loads(export_for_ci(df, tmp_path / "ci")["summary_json"].read_text())
+    assert s["n_ok"] == 1 and s["n_flagged"] == 1 and [p["verdict"] for p in s["points"]] == ["flagged", "ok"]
+    assert (tmp_path / "ci" / "summary.md").read_text().startswith("1/2 points ok")
+    assert "| flagged |" in (tmp_path / "ci" / "summary.md").read_text()

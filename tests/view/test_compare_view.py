@@ -104,3 +104,10 @@ def test_compare_view_offers_the_catalog_bases_and_labels_unlabelled_rows(tmp_pa
     assert v.last_error is None and set(v.frame["label"]) == {"a", "set 2"}
     bundle = v._repr_mimebundle_()
     assert "a, set 2" in bundle["text/plain"] and "data:image/png;base64" in bundle["text/html"]
+
+
+def test_compare_summary_leaves_flagged_rows_out():
+    a = _fake_set("MI355X", 100.0)
+    a["x_logits_finite"] = [False, True, True, True]
+    s = compare_summary(compare_frame({"a": a}))
+    assert len(s) == 3 and not ((s.context_len == 128) & (s.concurrency == 1)).any()

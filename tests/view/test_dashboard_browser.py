@@ -79,3 +79,18 @@ def test_dashboard_in_headless_chromium(tmp_path):
     df = load_results(runs[0])
     assert sorted(zip(df.context_len, df.concurrency)) == [(16, 1), (16, 2), (32, 1), (32, 2)]
     assert set(df.decode_steps) == {4} and set(df.status) == {"ok"}
+
+
+def test_launch_on_a_busy_port_fails_with_voilas_log(tmp_path):
+    """Voilà on a port already taken exits at once (no port retries): the one launcher reports it with the log."""
+    import socket
+
+    from kit.errors import ServerError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ServerError, match="exited") as ei:
+            launch(out_dir=tmp_path / "d", port=port, timeout_s=60, device="cpu")
+    assert str(port) in str(ei.value) and (tmp_path / "d" / "voila.log").exists()

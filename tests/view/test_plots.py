@@ -98,3 +98,13 @@ def test_knee_plot_marks_reached_knees(tmp_path):
     assert plots.knee_plot(df, concurrency_knee(df)).axes  # straight from the analysis
     with pytest.raises(ValueError, match="reached"):
         plots.knee_plot(df, knee.drop(columns=["reached"]))
+
+
+def test_flagged_points_are_not_drawn_as_measured():
+    df = _frame()
+    df["x_logits_finite"] = [True, False, True, True, True, None]  # kv=128 B=4 overflowed
+    ax = plots.throughput_vs_concurrency(df).axes[0]
+    kv128 = [ln for ln in ax.get_lines() if ln.get_label() == "KV-cache length 128"][0]
+    assert list(kv128.get_xdata()) == [1, 16]
+    texts = [t.get_text() for t in plots.heatmap(df).axes[0].texts]
+    assert "FLAGGED" in texts and "OOM" in texts

@@ -75,3 +75,14 @@ def test_snapshot_and_bundle():
     b = widget_bundle(W(), "summary", "<p>snap</p>")
     assert b["text/plain"] == "summary" and b["text/html"] == "<p>snap</p>"
     assert b["application/vnd.jupyter.widget-view+json"] == {"model_id": "x"}
+
+
+def test_a_flagged_row_never_reads_ok():
+    """Status ok with a problem flag (non-finite logits, no error text): the table says flagged and it is listed."""
+    df = pd.DataFrame([{"dtype": "float16", "context_len": 16, "concurrency": 1, "status": "ok",
+                        "x_logits_finite": False, "error": None},
+                       {"dtype": "float32", "context_len": 16, "concurrency": 1, "status": "ok",
+                        "x_logits_finite": True, "error": None}])
+    assert list(results_table(df).status) == ["flagged", "ok"]
+    probs = point_problems(df)
+    assert len(probs) == 1 and probs[0].startswith("ok: float16 kv=16 B=1: non-finite logits")
