@@ -13,4 +13,7 @@ if [ ! -x /usr/bin/chromium ]; then
     echo "set-up: /usr/bin/chromium is missing; the dashboard browser test is skipped (sudo apt-get install chromium)"
   fi
 fi
+# lint and format check first (seconds): a style slip fails fast, before minutes of tests
+.venv/bin/ruff check -q . || { echo "ruff check failed (fix: .venv/bin/ruff check --fix .)"; exit 1; }
+.venv/bin/ruff format --check -q . || { echo "ruff format --check failed (fix: .venv/bin/ruff format .)"; exit 1; }
 exec .venv/bin/python -m pytest -q "$@"

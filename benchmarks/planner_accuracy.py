@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from kit.measure.sweep import SweepConfig, run_sweep
     from kit.plan.roofline import compare, predict_like
     from kit.results import load_results, save_results
-    from kit.view.plots import overlay_figure
+    from kit.view.plan_plots import overlay_figure
 
     out = Path(args.out or tempfile.mkdtemp(prefix="planner-accuracy-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ executed once, by papermill, and a notebook whose execution fails fails the buil
 
 Exit code: 0 on success; non-zero when a notebook fails to execute or Sphinx reports a warning or an error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,11 @@ def api_modules() -> list[str]:
     sys.path.insert(0, str(ROOT))
     import kit
 
-    return sorted(m.name for m in pkgutil.walk_packages(kit.__path__, "kit.")
-                  if not m.ispkg and not any(part.startswith("_") for part in m.name.split(".")))
+    return sorted(
+        m.name
+        for m in pkgutil.walk_packages(kit.__path__, "kit.")
+        if not m.ispkg and not any(part.startswith("_") for part in m.name.split("."))
+    )
 
 
 def api_page() -> str:
@@ -102,8 +106,9 @@ def assemble(src: Path, executed: Path | None) -> list[str]:
     return bare
 
 
-def build(out: Path = DOCS / "_build", executed: Path | None = None, execute: bool = True,
-          extra_args: list[str] | None = None) -> int:
+def build(
+    out: Path = DOCS / "_build", executed: Path | None = None, execute: bool = True, extra_args: list[str] | None = None
+) -> int:
     """Assemble and build; returns the exit code (see the module docstring)."""
     out = Path(out)
     t0 = time.perf_counter()
@@ -118,19 +123,38 @@ def build(out: Path = DOCS / "_build", executed: Path | None = None, execute: bo
     bare = assemble(out / "src", executed)
     if bare:
         print(f"docs: rendered without outputs (no executed copy): {bare}", flush=True)
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-n", "-W", "--keep-going", "-q", "-j", "1",
-           str(out / "src"), str(out / "html"), *(extra_args or [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sphinx",
+        "-b",
+        "html",
+        "-n",
+        "-W",
+        "--keep-going",
+        "-q",
+        "-j",
+        "1",
+        str(out / "src"),
+        str(out / "html"),
+        *(extra_args or []),
+    ]
     rc = subprocess.call(cmd, cwd=str(ROOT), env={**__import__("os").environ, "KIT_REPO_ROOT": str(ROOT)})
-    print(f"docs: sphinx-build exit {rc} in {time.perf_counter() - t0:.1f} s -> {out / 'html' / 'index.html'}",
-          flush=True)
+    print(
+        f"docs: sphinx-build exit {rc} in {time.perf_counter() - t0:.1f} s -> {out / 'html' / 'index.html'}", flush=True
+    )
     return rc
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DOCS / "_build", help="build directory (src/, html/)")
-    ap.add_argument("--executed", type=Path, default=None,
-                    help="directory mirroring notebooks/ with papermill-executed copies to render")
+    ap.add_argument(
+        "--executed",
+        type=Path,
+        default=None,
+        help="directory mirroring notebooks/ with papermill-executed copies to render",
+    )
     ap.add_argument("--no-execute", action="store_true", help="render notebooks without executing them")
     a = ap.parse_args(argv)
     return build(a.out, a.executed, execute=not a.no_execute)

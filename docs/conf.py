@@ -5,6 +5,7 @@ and a generated API page) under ``docs/_build/src`` and runs ``sphinx-build -nW`
 MyST-NB's execution switched off: they arrive already executed by papermill (the doc tests' run, or the build
 script's own run), so no notebook is executed twice.
 """
+
 import os
 import sys
 from pathlib import Path
@@ -39,11 +40,17 @@ napoleon_use_ivar = True  # "Attributes:" sections as fields, not duplicate attr
 # -n (nitpicky): types from third-party packages are not cross-referenced offline (no intersphinx)
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(pd|pandas|np|numpy|torch|transformers|matplotlib|plt|ipywidgets|httpx|aiohttp|subprocess|"
-               r"pathlib|typing|collections|datetime|asyncio|concurrent|threading|os|io|nbformat|papermill|"
-               r"argparse|resource|platform|socket|json|re|math|dataclasses|enum)(\..*)?"),
-    (r"py:.*", r"(Path|Callable|Iterable|Sequence|Mapping|Any|Literal|Figure|Axes|DataFrame|Series|Popen|"
-               r"PathLike|Module|dtype|device|Tensor|optional|callable|Future)"),
+    (
+        r"py:.*",
+        r"(pd|pandas|np|numpy|torch|transformers|matplotlib|plt|ipywidgets|httpx|aiohttp|subprocess|"
+        r"pathlib|typing|collections|datetime|asyncio|concurrent|threading|os|io|nbformat|papermill|"
+        r"argparse|resource|platform|socket|json|re|math|dataclasses|enum)(\..*)?",
+    ),
+    (
+        r"py:.*",
+        r"(Path|Callable|Iterable|Sequence|Mapping|Any|Literal|Figure|Axes|DataFrame|Series|Popen|"
+        r"PathLike|Module|dtype|device|Tensor|optional|callable|Future)",
+    ),
     (r"py:.*", r".*\._[A-Za-z].*"),  # private helpers named in signatures
     (r"py:.*", r".*\s.*"),  # napoleon reads "text: more text" in an attribute comment as a type; not a reference
     (r"py:(attr|data|meth|func|obj)", r"[A-Za-z_][A-Za-z0-9_]*"),  # unqualified short names in prose
@@ -74,8 +81,13 @@ def _plain_text_docstrings(app, what, name, obj, options, lines):
             in_literal = False
         if not in_literal and "``" not in line:
             line = _BARE_UNDERSCORE.sub(r"\1\\_", line)
-        if (stripped.startswith(("- ", "* ")) and out and out[-1].strip() and out[-1].rstrip().endswith(":")
-                and not out[-1].strip().startswith(("- ", "* "))):
+        if (
+            stripped.startswith(("- ", "* "))
+            and out
+            and out[-1].strip()
+            and out[-1].rstrip().endswith(":")
+            and not out[-1].strip().startswith(("- ", "* "))
+        ):
             out.append("")
         out.append(line)
     lines[:] = out

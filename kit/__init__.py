@@ -5,4 +5,5 @@ in-process point), sweep (grids, persistence), results (schema, storage), metric
 specs (model architectures, weight/KV bytes), planner (memory fit, roofline), serving/loadgen/launch (endpoints),
 sampling/resolver/checks/fp8/doctor (kernel and dtype sanity), ui (widgets), cli.
 """
+
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@ directory, so the rename never crosses file systems), flushed and fsync'd, then 
 the old file or the new one, never half of one, and the temporary file is removed on any failure. Append logs
 (``points.jsonl``) are written by :class:`kit.results.ResultStore`, a line at a time with fsync.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,8 +62,9 @@ def check_out_dir(path: str | Path, what: str = "output directory", example: str
         if q.exists():
             if not q.is_dir():
                 where = "" if q == d else f" (its parent {str(q)!r})"
-                raise OutputPathError(f"{what} {str(d)!r}{where} exists and is a file; give a directory path "
-                                      "(it is created if missing)")
+                raise OutputPathError(
+                    f"{what} {str(d)!r}{where} exists and is a file; give a directory path (it is created if missing)"
+                )
             break
     return d
 

@@ -12,28 +12,41 @@ Price bases shipped:
 A user can add accelerators or override prices with their own CSV (same columns; rows with an existing ``name``
 replace it) or with :func:`Catalog.with_price`.
 """
+
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import pandas as pd
+
 from kit import dtypes
 from kit._io import data_path
 from kit.errors import InputNotFoundError, UnknownNameError, UserError
 
 ACCEL_REQUIRED = {
-    "name": str, "vendor": str, "hbm_gb": float, "hbm_tb_s": float, "fp32_tflops": float, "bf16_tflops": float,
-    "fp16_tflops": float, "gpus_per_node": int, "fp8_format": str,
+    "name": str,
+    "vendor": str,
+    "hbm_gb": float,
+    "hbm_tb_s": float,
+    "fp32_tflops": float,
+    "bf16_tflops": float,
+    "fp16_tflops": float,
+    "gpus_per_node": int,
+    "fp8_format": str,
 }
 ACCEL_OPTIONAL_NUM = ("hbm_gb_nominal", "fp8_tflops", "fp4_tflops", "tdp_w", "scaleup_gb_s", "scaleup_domain_gpus")
 FP8_FORMATS = ("e4m3fn", "e4m3fnuz")
 #: peak-TFLOPS figure (:func:`kit.dtypes.peak_key`) → its column in accelerators.csv
-PEAK_COLUMNS = {"float32": "fp32_tflops", "bfloat16": "bf16_tflops", "float16": "fp16_tflops", "fp8": "fp8_tflops",
-                "fp4": "fp4_tflops"}
+PEAK_COLUMNS = {
+    "float32": "fp32_tflops",
+    "bfloat16": "bf16_tflops",
+    "float16": "fp16_tflops",
+    "fp8": "fp8_tflops",
+    "fp4": "fp4_tflops",
+}
 PRICE_REQUIRED = ("accelerator", "usd_per_gpu_hr", "basis")
 DEFAULT_BASIS = "tco"
 
@@ -91,8 +104,9 @@ def _validate_prices(df: pd.DataFrame, origin: str, known: dict[str, str]) -> pd
     for i, row in df.iterrows():
         where = f"{origin} row {i + 2}"
         if str(row["accelerator"]).strip().lower() not in known:
-            raise CatalogError(f"{where}: accelerator={row['accelerator']!r} is not in the catalog "
-                               f"{sorted(known.values())}")
+            raise CatalogError(
+                f"{where}: accelerator={row['accelerator']!r} is not in the catalog {sorted(known.values())}"
+            )
         df.loc[i, "accelerator"] = known[str(row["accelerator"]).strip().lower()]
         try:
             v = float(row["usd_per_gpu_hr"])
@@ -105,8 +119,9 @@ def _validate_prices(df: pd.DataFrame, origin: str, known: dict[str, str]) -> pd
     df["usd_per_gpu_hr"] = df["usd_per_gpu_hr"].astype(float)
     dup = df[df.duplicated(["accelerator", "basis"], keep=False)]
     if len(dup):
-        raise CatalogError(f"{origin}: more than one price for (accelerator, basis) "
-                           f"{sorted(set(zip(dup.accelerator, dup.basis)))}")
+        raise CatalogError(
+            f"{origin}: more than one price for (accelerator, basis) {sorted(set(zip(dup.accelerator, dup.basis)))}"
+        )
     return df
 
 
@@ -185,7 +200,7 @@ class Catalog:
         r = rows.iloc[0]
         return Price(n, float(r.usd_per_gpu_hr), basis, str(r.get("source", "")))
 
-    def with_price(self, name: str, usd_per_gpu_hr: float, basis: str = "user") -> "Catalog":
+    def with_price(self, name: str, usd_per_gpu_hr: float, basis: str = "user") -> Catalog:
         """A copy with one price set (added or replaced).
 
         Raises:
@@ -195,14 +210,28 @@ class Catalog:
             raise UserError(f"usd_per_gpu_hr={usd_per_gpu_hr!r} must be > 0")
         n = self.resolve(name)
         keep = self.prices[~((self.prices.accelerator == n) & (self.prices.basis == basis))]
-        new = pd.DataFrame([{"accelerator": n, "usd_per_gpu_hr": float(usd_per_gpu_hr), "basis": basis,
-                             "source": "set by user"}])
+        new = pd.DataFrame(
+            [{"accelerator": n, "usd_per_gpu_hr": float(usd_per_gpu_hr), "basis": basis, "source": "set by user"}]
+        )
         return Catalog(self.accelerators.reset_index(drop=True), pd.concat([keep, new], ignore_index=True))
 
     def table(self) -> pd.DataFrame:
         """The accelerators with their ``tco`` price, for display."""
-        cols = ["vendor", "arch", "gfx_arch", "hbm_gb", "hbm_tb_s", "fp32_tflops", "bf16_tflops", "fp8_tflops",
-                "fp4_tflops", "tdp_w", "scaleup_gb_s", "gpus_per_node", "fp8_format"]
+        cols = [
+            "vendor",
+            "arch",
+            "gfx_arch",
+            "hbm_gb",
+            "hbm_tb_s",
+            "fp32_tflops",
+            "bf16_tflops",
+            "fp8_tflops",
+            "fp4_tflops",
+            "tdp_w",
+            "scaleup_gb_s",
+            "gpus_per_node",
+            "fp8_format",
+        ]
         t = self.accelerators[[c for c in cols if c in self.accelerators.columns]].copy()
         tco = self.prices[self.prices.basis == DEFAULT_BASIS].set_index("accelerator")["usd_per_gpu_hr"]
         t["usd_per_gpu_hr_tco"] = t.index.map(tco)
@@ -227,8 +256,9 @@ def _read_user_csv(path: str | Path) -> pd.DataFrame:
 @functools.lru_cache(maxsize=1)
 def _shipped() -> tuple[pd.DataFrame, pd.DataFrame]:
     """The shipped accelerators and prices, read and validated once per process (the planner asks per point)."""
-    acc = _validate_accels(pd.read_csv(data_path("accelerators.csv"), dtype={"gfx_arch": str}),
-                           "kit/data/accelerators.csv")
+    acc = _validate_accels(
+        pd.read_csv(data_path("accelerators.csv"), dtype={"gfx_arch": str}), "kit/data/accelerators.csv"
+    )
     return acc, _validate_prices(pd.read_csv(data_path("prices.csv")), "kit/data/prices.csv", _by_lower(acc))
 
 

@@ -5,6 +5,7 @@ Each subcommand lives beside its concern: the module named in :data:`COMMANDS` d
 the exit code). A module is imported only when its subcommand is named (``kit sweep ...``, ``kit sweep --help``);
 ``kit --help`` lists the commands from :data:`COMMANDS` alone, without importing torch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ import importlib
 import logging
 import os
 import sys
+
 from kit.errors import KitError, UserError
 
 #: subcommand → (module defining ``add_cli(subparsers)``, one-line help shown by ``kit --help``)
@@ -22,16 +24,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kit.measure.bench", "benchmark the kit: harness overhead and speed vs model.generate()"),
     "plan": ("kit.plan.cli", "will it fit, how fast, at what cost (analytic; no GPU needed)"),
     "calibrate": ("kit.measure.calibrate", "measure local memory bandwidth, matmul TFLOPS and step overhead"),
-    "serve-bench": ("kit.serve.sweep", "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, "
-                                   "goodput)"),
+    "serve-bench": (
+        "kit.serve.cli",
+        "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, goodput)",
+    ),
     "dashboard": ("kit.view.dashboard", "serve the sweep control panel as a web page (Voila, 127.0.0.1)"),
-    "doctor": ("kit.check.doctor", "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel "
-                             "libraries and their sampling ops"),
+    "doctor": (
+        "kit.check.doctor",
+        "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel libraries and their sampling ops",
+    ),
 }
 
 
-def parse_int_list(text: str, name: str | None = None, minimum: int | None = 1,
-                   example: str = "128,512") -> list[int]:
+def parse_int_list(text: str, name: str | None = None, minimum: int | None = 1, example: str = "128,512") -> list[int]:
     """Parse a list of integers typed by a user: ``"128, 512 2048"`` → ``[128, 512, 2048]``.
 
     Items are separated by commas (or spaces); duplicates are dropped, order kept. Used by every CLI option and
@@ -87,14 +92,21 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action):
         h = action.help or ""
         d = action.default
-        if (not action.option_strings or d is None or d is False or d is argparse.SUPPRESS
-                or "default" in h.lower()):
+        if not action.option_strings or d is None or d is False or d is argparse.SUPPRESS or "default" in h.lower():
             return action.help
         return (h + " " if h else "") + "(default: %(default)s)"
 
 
-def config_field(default=dataclasses.MISSING, *, help: str, flag: str | None = None, parse=None, choices=None,
-                 cli: bool = True, default_factory=dataclasses.MISSING):
+def config_field(
+    default=dataclasses.MISSING,
+    *,
+    help: str,
+    flag: str | None = None,
+    parse=None,
+    choices=None,
+    cli: bool = True,
+    default_factory=dataclasses.MISSING,
+):
     """A dataclass field of a config (``SweepConfig``, ``LoadConfig``, ...) that also defines its CLI option.
 
     Args:
@@ -137,13 +149,29 @@ def add_config_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] 
         default = getattr(d, f.name)
         typ = m.get("parse") or _scalar_type(f.type)
         if typ is bool:
-            parser.add_argument(flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction,
-                                help=m["help"])
+            parser.add_argument(
+                flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction, help=m["help"]
+            )
             continue
         if typ is None:
             raise TypeError(f"{cls.__name__}.{f.name}: give parse= for a field of type {f.type}")
-        parser.add_argument(flag, dest=f.name, default=default, type=typ, choices=m.get("choices"),
-                            help=m["help"])
+        parser.add_argument(flag, dest=f.name, default=default, type=typ, choices=m.get("choices"), help=m["help"])
+
+
+def add_run_dir_args(parser: argparse.ArgumentParser, default_out: str) -> None:
+    """The options every command that writes a run directory shares: ``--out``, ``--no-resume`` and
+    ``--retry-killed`` (the grid runner's resume rules, :func:`kit.measure.grid.run_grid`)."""
+    parser.add_argument("--out", default=default_out, help="output directory (created; a re-run resumes)")
+    parser.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="measure every point again (an earlier run's files move to OUT/previous/)",
+    )
+    parser.add_argument(
+        "--retry-killed",
+        action="store_true",
+        help="measure again points an earlier run died on (recorded as killed, skipped by default)",
+    )
 
 
 def config_from_args(cls, args: argparse.Namespace, **overrides):

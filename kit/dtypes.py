@@ -9,6 +9,7 @@ E4M3 scale = 4.5 bits, the per-tensor fp32 scale ignored).
 
 torch is imported only by :func:`to_torch` / :func:`name_of`, so the planner can use this module without it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,20 +37,34 @@ class DType:
 
 
 #: canonical name → :class:`DType`
-DTYPES: dict[str, DType] = {d.name: d for d in (
-    DType("float32", 4.0, "float32", "float32"),
-    DType("bfloat16", 2.0, "bfloat16", "bfloat16"),
-    DType("float16", 2.0, "float16", "float16"),
-    DType("fp8", 1.0, "fp8"),
-    DType("int8", 1.0, "fp8"),
-    DType("mxfp4", 4.25 / 8, "fp4"),
-    DType("nvfp4", 4.5 / 8, "fp4"),
-)}
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("float32", 4.0, "float32", "float32"),
+        DType("bfloat16", 2.0, "bfloat16", "bfloat16"),
+        DType("float16", 2.0, "float16", "float16"),
+        DType("fp8", 1.0, "fp8"),
+        DType("int8", 1.0, "fp8"),
+        DType("mxfp4", 4.25 / 8, "fp4"),
+        DType("nvfp4", 4.5 / 8, "fp4"),
+    )
+}
 #: alias → canonical name (lower case; ``torch.`` prefixes are stripped before lookup)
 ALIASES: dict[str, str] = {
-    "fp32": "float32", "float": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16",
-    "half": "float16", "f16": "float16", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8",
-    "e4m3": "fp8", "fp8_e4m3": "fp8", "float8_e5m2": "fp8", "e5m2": "fp8",
+    "fp32": "float32",
+    "float": "float32",
+    "f32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "e4m3": "fp8",
+    "fp8_e4m3": "fp8",
+    "float8_e5m2": "fp8",
+    "e5m2": "fp8",
 }
 #: dtypes a model is built and run in (in-process engine, panel, kernel checks), in display order
 MODEL_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -91,8 +106,7 @@ def model_dtype(name) -> str:
     try:
         c = canonical(name)
     except UserError:
-        raise UserError(f"unknown dtype {name!r}; allowed: {list(MODEL_DTYPES)} "
-                        "(aliases fp32, bf16, fp16)") from None
+        raise UserError(f"unknown dtype {name!r}; allowed: {list(MODEL_DTYPES)} (aliases fp32, bf16, fp16)") from None
     if c not in MODEL_DTYPES:
         raise UserError(f"dtype {name!r} cannot be used to run a model here; allowed: {list(MODEL_DTYPES)}")
     return c

@@ -10,6 +10,7 @@ Each subclass also derives from the built-in exception that code written before 
 (``ValueError``, ``KeyError``, ``FileNotFoundError``, ...), so ``except ValueError`` around a kit call keeps
 working.
 """
+
 from __future__ import annotations
 
 

@@ -9,6 +9,7 @@ only ever grows within a process; :func:`peak_memory_gb` therefore also reports 
 the caller provides it. On cuda/rocm it is ``torch.cuda.max_memory_allocated`` (the caching allocator's peak of
 live tensors), reset per point with :func:`reset_peak_memory`.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
+
 from kit import dtypes
 from kit.errors import UserError
 
@@ -107,18 +109,29 @@ def identify_part(name: str, arch: str | None, compute_units: int | None, memory
             return None, f"the device name {name!r} is a {key}, which is not in the accelerator catalog"
     parts = GFX_PARTS.get(arch or "")
     if not parts:
-        return None, (f"unknown gfx arch {arch!r} (no catalog part)" if arch else
-                      f"device name {name!r} matches no catalog accelerator")
+        return None, (
+            f"unknown gfx arch {arch!r} (no catalog part)"
+            if arch
+            else f"device name {name!r} matches no catalog accelerator"
+        )
     mem_gib = memory_gb * 1e9 / 2**30
-    fits = [p for p in parts if (compute_units is None or p[1] == compute_units)
-            and abs(mem_gib - p[2]) <= PART_MEMORY_TOLERANCE * p[2]]
+    fits = [
+        p
+        for p in parts
+        if (compute_units is None or p[1] == compute_units) and abs(mem_gib - p[2]) <= PART_MEMORY_TOLERANCE * p[2]
+    ]
     seen = f"{arch}, {compute_units if compute_units is not None else '?'} CUs, {mem_gib:.0f} GiB"
     if not fits:
-        return None, (f"unknown {arch} part ({seen}; {arch} parts: "
-                      + ", ".join(f"{p} {c} CUs / {m} GiB" for p, c, m in parts) + "); the measured memory is used")
+        return None, (
+            f"unknown {arch} part ({seen}; {arch} parts: "
+            + ", ".join(f"{p} {c} CUs / {m} GiB" for p, c, m in parts)
+            + "); the measured memory is used"
+        )
     if len(fits) > 1:
-        return None, (f"cannot tell {' from '.join(p[0] for p in fits)} apart ({seen}: same compute units and "
-                      "memory); the measured memory is used; name the part with --accelerator")
+        return None, (
+            f"cannot tell {' from '.join(p[0] for p in fits)} apart ({seen}: same compute units and "
+            "memory); the measured memory is used; name the part with --accelerator"
+        )
     part = fits[0][0]
     if part not in known:
         return None, f"{part} ({seen}) is not in the accelerator catalog; the measured memory is used"
@@ -168,9 +181,11 @@ def visible_devices(platform: str | None = None, env=None) -> dict:
     if platform == "rocm":
         hip, cuda = norm.get("HIP_VISIBLE_DEVICES"), norm.get("CUDA_VISIBLE_DEVICES")
         if hip is not None and cuda is not None and hip != cuda:
-            raise UserError(f"HIP_VISIBLE_DEVICES={found['HIP_VISIBLE_DEVICES']!r} and "
-                            f"CUDA_VISIBLE_DEVICES={found['CUDA_VISIBLE_DEVICES']!r} disagree on this ROCm machine; "
-                            "set one of them (HIP_VISIBLE_DEVICES), or both to the same list")
+            raise UserError(
+                f"HIP_VISIBLE_DEVICES={found['HIP_VISIBLE_DEVICES']!r} and "
+                f"CUDA_VISIBLE_DEVICES={found['CUDA_VISIBLE_DEVICES']!r} disagree on this ROCm machine; "
+                "set one of them (HIP_VISIBLE_DEVICES), or both to the same list"
+            )
         if "ROCR_VISIBLE_DEVICES" in norm:
             notes.append(f"ROCR_VISIBLE_DEVICES={found['ROCR_VISIBLE_DEVICES']!r} filters first")
         sel = hip if hip is not None else cuda
@@ -180,8 +195,10 @@ def visible_devices(platform: str | None = None, env=None) -> dict:
     elif platform == "cuda":
         if "CUDA_VISIBLE_DEVICES" in norm:
             sel = norm["CUDA_VISIBLE_DEVICES"]
-            notes.append(f"CUDA_VISIBLE_DEVICES={found['CUDA_VISIBLE_DEVICES']!r} selects "
-                         + ("no device" if sel == "" else "these devices"))
+            notes.append(
+                f"CUDA_VISIBLE_DEVICES={found['CUDA_VISIBLE_DEVICES']!r} selects "
+                + ("no device" if sel == "" else "these devices")
+            )
         ignored = [v for v in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if v in norm]
         if ignored:
             notes.append(f"{', '.join(ignored)} set but ignored by a CUDA build")
@@ -215,17 +232,30 @@ def detect(device: str | None = None) -> DeviceInfo:
     if want in ("cuda", "rocm"):
         if have == "cpu":
             why = f"; {vis['explanation']}" if vis["set"] else ""
-            raise UserError(f"device={device!r} requested but torch {torch.__version__} sees no GPU "
-                             f"(torch.cuda.is_available() is False{why}); use device='cpu'")
+            raise UserError(
+                f"device={device!r} requested but torch {torch.__version__} sees no GPU "
+                f"(torch.cuda.is_available() is False{why}); use device='cpu'"
+            )
         if want != have:
-            raise UserError(f"device={device!r} requested but this torch build is {have} "
-                             f"(torch.version.hip={getattr(torch.version, 'hip', None)!r}); use device={have!r}")
+            raise UserError(
+                f"device={device!r} requested but this torch build is {have} "
+                f"(torch.version.hip={getattr(torch.version, 'hip', None)!r}); use device={have!r}"
+            )
     if want == "cpu":
         mem = _cpu_total_gb()
-        return DeviceInfo(platform="cpu", device="cpu", name=cpu_name(), count=1, memory_gb=mem,
-                          catalog_name="CPU", compute_units=os.cpu_count(), identity="the host CPU",
-                          visibility=vis["explanation"],
-                          cuda_version=None, hip_version=None)
+        return DeviceInfo(
+            platform="cpu",
+            device="cpu",
+            name=cpu_name(),
+            count=1,
+            memory_gb=mem,
+            catalog_name="CPU",
+            compute_units=os.cpu_count(),
+            identity="the host CPU",
+            visibility=vis["explanation"],
+            cuda_version=None,
+            hip_version=None,
+        )
     props = torch.cuda.get_device_properties(0)
     name = getattr(props, "name", "") or ""
     arch = gfx_arch(props) if want == "rocm" else None
@@ -241,10 +271,19 @@ def detect(device: str | None = None) -> DeviceInfo:
     else:
         catalog_name, identity = identify_part(name, arch, cus, mem_gb)
     return DeviceInfo(
-        platform=want, device="cuda", name=name, count=torch.cuda.device_count(), memory_gb=mem_gb, gfx_arch=arch,
-        family=family, catalog_name=catalog_name, compute_units=cus, identity=identity,
+        platform=want,
+        device="cuda",
+        name=name,
+        count=torch.cuda.device_count(),
+        memory_gb=mem_gb,
+        gfx_arch=arch,
+        family=family,
+        catalog_name=catalog_name,
+        compute_units=cus,
+        identity=identity,
         visibility=vis["explanation"],
-        cuda_version=getattr(torch.version, "cuda", None), hip_version=getattr(torch.version, "hip", None),
+        cuda_version=getattr(torch.version, "cuda", None),
+        hip_version=getattr(torch.version, "hip", None),
     )
 
 
@@ -284,8 +323,11 @@ def cpu_threads_for_timing(sample_s: float = 0.3) -> tuple[int, str, float]:
     busy = sum(mine)
     free = sum(1 for u in mine if u < BUSY_CORE_FRACTION)
     threads = max(1, free)
-    reason = (f"{threads} of {len(cores)} cores free at the start ({busy:.1f} cores busy with other work)"
-              if busy >= BUSY_CORE_FRACTION else f"{len(cores)} cores, all free at the start")
+    reason = (
+        f"{threads} of {len(cores)} cores free at the start ({busy:.1f} cores busy with other work)"
+        if busy >= BUSY_CORE_FRACTION
+        else f"{len(cores)} cores, all free at the start"
+    )
     return threads, reason, busy
 
 
@@ -354,8 +396,7 @@ def check_dtype_supported(dtype: torch.dtype, device: str | torch.device) -> Non
     """
     dev = torch.device(device)
     if dev.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise UserError(f"dtype=bfloat16 is not supported on {torch.cuda.get_device_name(dev)}; "
-                         "use float16 or float32")
+        raise UserError(f"dtype=bfloat16 is not supported on {torch.cuda.get_device_name(dev)}; use float16 or float32")
     try:
         a = torch.ones(4, 4, dtype=dtype, device=dev)
         (a @ a).sum().item()
@@ -365,9 +406,11 @@ def check_dtype_supported(dtype: torch.dtype, device: str | torch.device) -> Non
 
 def add_cli(sub) -> None:
     """``kit devices``: the detected device and the accelerator catalog."""
-    p = sub.add_parser("devices",
-                       description="Show the device torch sees (cpu | cuda | rocm, name, memory, gfx arch) and the "
-                                   "accelerator catalog with default $/GPU-hour (tco basis).")
+    p = sub.add_parser(
+        "devices",
+        description="Show the device torch sees (cpu | cuda | rocm, name, memory, gfx arch) and the "
+        "accelerator catalog with default $/GPU-hour (tco basis).",
+    )
     p.add_argument("--accelerators", default=None, help="extra accelerator CSV merged into the catalog")
     p.add_argument("--prices", default=None, help="extra price CSV (accelerator, usd_per_gpu_hr, basis)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -384,8 +427,9 @@ def _cli_devices(args) -> int:
     info = detect()
     cat = load_catalog(args.accelerators, args.prices)
     if args.json:
-        print(json.dumps({"device": info.as_dict(), "catalog": json.loads(cat.table().to_json(orient="index"))},
-                         indent=2))
+        print(
+            json.dumps({"device": info.as_dict(), "catalog": json.loads(cat.table().to_json(orient="index"))}, indent=2)
+        )
         return 0
     print("Detected device")
     for k, v in info.as_dict().items():

@@ -30,13 +30,15 @@ Cost: usd_per_mtok = usd_per_gpu_hr × n_gpus / (tok_s × 3600) × 1e6; tok_per_
 Collectives (nccl-tests): algbw = S / t; busbw = algbw × 2(n−1)/n (all-reduce), × (n−1)/n (all-gather,
 reduce-scatter), × 1 (broadcast, reduce).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
+
 from kit.errors import UserError
 
 PERCENTILE_METHOD = "linear"
@@ -48,8 +50,7 @@ def percentiles(values: Iterable[float], qs: Sequence[float] = (50, 90, 99)) -> 
     Returns:
         ``{"p50": .., "p90": .., "p99": .., "n": count}``; with n == 0 every percentile is NaN.
     """
-    arr = np.asarray([v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))],
-                     dtype=float)
+    arr = np.asarray([v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))], dtype=float)
     out: dict[str, float] = {"n": int(arr.size)}
     for q in qs:
         key = f"p{q:g}"
@@ -69,7 +70,7 @@ class Latency:
     n: int
 
     @classmethod
-    def from_values(cls, values_ms: Iterable[float]) -> "Latency":
+    def from_values(cls, values_ms: Iterable[float]) -> Latency:
         v = [float(x) for x in values_ms if x is not None and not math.isnan(float(x))]
         if not v:
             nan = float("nan")
@@ -78,8 +79,10 @@ class Latency:
         return cls(p["p50"], p["p90"], p["p99"], float(min(v)), float(np.mean(v)), len(v))
 
     def __str__(self) -> str:
-        return (f"p50 {self.p50:.3f} ms, p90 {self.p90:.3f}, p99 {self.p99:.3f}, min {self.min:.3f}, "
-                f"mean {self.mean:.3f} (n={self.n})")
+        return (
+            f"p50 {self.p50:.3f} ms, p90 {self.p90:.3f}, p99 {self.p99:.3f}, min {self.min:.3f}, "
+            f"mean {self.mean:.3f} (n={self.n})"
+        )
 
 
 # ---------------------------------------------------------------- in-process
@@ -116,8 +119,9 @@ class RequestTimings:
     itl_ms: list[float]
 
 
-def request_timings(chunk_times_s: Sequence[float], chunk_tokens: Sequence[int], output_tokens: int,
-                    t0_s: float = 0.0) -> RequestTimings:
+def request_timings(
+    chunk_times_s: Sequence[float], chunk_tokens: Sequence[int], output_tokens: int, t0_s: float = 0.0
+) -> RequestTimings:
     """Per-request TTFT, E2EL, TPOT, chunk gaps and token-normalised ITL from token-bearing chunks.
 
     Args:
@@ -161,9 +165,15 @@ def tpot_ms(ttft_ms: float, e2el_ms: float, output_tokens: int) -> float | None:
     return (e2el_ms - ttft_ms) / (output_tokens - 1) if output_tokens > 1 else None
 
 
-def meets_slo(ttft: float | None, tpot: float | None, e2el: float | None, output_tokens: int,
-              slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
-              slo_e2el_ms: float | None = None) -> bool:
+def meets_slo(
+    ttft: float | None,
+    tpot: float | None,
+    e2el: float | None,
+    output_tokens: int,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    slo_e2el_ms: float | None = None,
+) -> bool:
     """Whether one request meets every given SLO (inclusive ≤). ≤ 1 output token passes the TPOT SLO."""
     if slo_ttft_ms is not None and (ttft is None or ttft > slo_ttft_ms):
         return False
@@ -184,8 +194,11 @@ def throughputs(completed: int, input_tokens: int, output_tokens: int, duration_
     if duration_s <= 0:
         nan = float("nan")
         return {"request_throughput": nan, "output_tok_s": nan, "total_tok_s": nan}
-    return {"request_throughput": completed / duration_s, "output_tok_s": output_tokens / duration_s,
-            "total_tok_s": (input_tokens + output_tokens) / duration_s}
+    return {
+        "request_throughput": completed / duration_s,
+        "output_tok_s": output_tokens / duration_s,
+        "total_tok_s": (input_tokens + output_tokens) / duration_s,
+    }
 
 
 # ---------------------------------------------------------------- cost

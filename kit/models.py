@@ -21,6 +21,7 @@ deepseek-v3        DeepSeek-V3 (671B)                                   planner 
 kimi-k2            Kimi K2 (1.03T, DeepSeek-V3 architecture)            planner / multi-GPU only
 =================  ==================================================  =========================
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,8 +32,9 @@ from pathlib import Path
 
 import torch
 
-from kit.errors import UserError
 from kit import dtypes
+from kit._io import data_path
+from kit.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -47,64 +49,35 @@ class Preset:
     cpu_ok: bool = False
 
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+def _merged(base: dict, over: dict) -> dict:
+    """``base`` with ``over`` applied; a dict value (e.g. ``rope_parameters``) is merged key by key."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
 
-_DEEPSEEK_V3 = dict(
-    hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
-    num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
-    qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1,
-    first_k_dense_replace=3, n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
-    vocab_size=129280, max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False,
-    rope_parameters={"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-                     "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0})
 
-PRESETS: dict[str, Preset] = {p.name: p for p in [
-    Preset("tiny-llama", "llama", dict(
-        hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-        head_dim=32, vocab_size=4096, max_position_embeddings=16384, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-        "tiny Llama (GQA 8/2 heads, 4 layers, ~4.9M params); runs a sweep on a laptop CPU in seconds",
-        "kit's own (Llama-3 architecture, scaled down)", cpu_ok=True),
-    Preset("llama-3.2-1b", "llama", dict(
-        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=64, vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        rope_parameters={**_LLAMA3_ROPE, "factor": 32.0}),
-        "Llama-3.2-1B shape (1.24B params)", "HF meta-llama/Llama-3.2-1B config.json", cpu_ok=True),
-    Preset("tiny-deepseek", "deepseek_v3", dict(
-        hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=4, q_lora_rank=96, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32,
-        v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
-        n_group=1, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, vocab_size=4096,
-        max_position_embeddings=16384, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-        "tiny DeepSeek-V3 architecture: MLA attention + MoE (8 routed experts, top-2, 1 shared)",
-        "kit's own (DeepSeek-V3 architecture, scaled down)", cpu_ok=True),
-    Preset("llama-3.1-8b", "llama", dict(
-        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, rope_parameters=dict(_LLAMA3_ROPE)),
-        "Llama-3.1-8B (8.03B params)", "HF meta-llama/Llama-3.1-8B config.json"),
-    Preset("llama-3.1-70b", "llama", dict(
-        hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-        num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, rope_parameters=dict(_LLAMA3_ROPE)),
-        "Llama-3.1-70B (70.6B params)", "HF meta-llama/Llama-3.1-70B config.json"),
-    Preset("qwen3-32b", "qwen3", dict(
-        hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
-        num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-        "Qwen3-32B (32.8B params, QK-norm)", "HF Qwen/Qwen3-32B config.json"),
-    Preset("deepseek-v3", "deepseek_v3", dict(_DEEPSEEK_V3),
-        "DeepSeek-V3 (671B total / 37B active; MLA + MoE)", "HF deepseek-ai/DeepSeek-V3 config.json"),
-    # Kimi K2 is the DeepSeek-V3 architecture with half the heads, 384 experts and one dense layer
-    Preset("kimi-k2", "deepseek_v3", {**_DEEPSEEK_V3, **dict(
-        num_attention_heads=64, num_key_value_heads=64, n_routed_experts=384, first_k_dense_replace=1, n_group=1,
-        topk_group=1, routed_scaling_factor=2.827, vocab_size=163840, max_position_embeddings=131072,
-        rope_parameters={**_DEEPSEEK_V3["rope_parameters"], "factor": 32.0, "beta_fast": 1.0,
-                         "rope_theta": 50000.0})},
-        "Kimi K2 (1.03T total / 32.9B active; DeepSeek-V3 architecture)", "HF moonshotai/Kimi-K2-Instruct config.json"),
-]}
+def _load_presets() -> dict[str, Preset]:
+    """The presets of ``kit/data/presets.json`` (a preset may name a ``base`` preset it overrides)."""
+    raw = {k: v for k, v in json.loads(data_path("presets.json").read_text()).items() if not k.startswith("_")}
+    out: dict[str, Preset] = {}
+    for name, d in raw.items():
+        base = out[d["base"]] if "base" in d else None
+        fields = _merged(base.fields, d["fields"]) if base else d["fields"]
+        out[name] = Preset(
+            name,
+            base.model_type if base else d["model_type"],
+            fields,
+            d["description"],
+            d["source"],
+            bool(d.get("cpu_ok", False)),
+        )
+    return out
+
+
+#: name → :class:`Preset`, from ``kit/data/presets.json`` (each with its source: a published config.json, or the
+#: kit's own scaled-down architecture for the CPU presets)
+PRESETS: dict[str, Preset] = _load_presets()
 DEFAULT_PRESET = "tiny-llama"
 
 
@@ -129,9 +102,11 @@ def check_custom_code(path: str | os.PathLike, trust_remote_code: bool = False) 
     except (OSError, ValueError, AttributeError):
         return  # unreadable configs are reported by transformers' own loader below
     if auto_map and not trust_remote_code:
-        raise UserError(f"checkpoint {str(path)!r} needs its own Python code (config.json auto_map: "
-                        f"{sorted(auto_map)}); the kit does not run it unless you pass --trust-remote-code "
-                        "(trust_remote_code=True) after reading that code")
+        raise UserError(
+            f"checkpoint {str(path)!r} needs its own Python code (config.json auto_map: "
+            f"{sorted(auto_map)}); the kit does not run it unless you pass --trust-remote-code "
+            "(trust_remote_code=True) after reading that code"
+        )
 
 
 def get_config(model: str, trust_remote_code: bool = False):
@@ -158,13 +133,19 @@ def get_config(model: str, trust_remote_code: bool = False):
         except (ValueError, KeyError, OSError) as e:
             raise UserError(f"cannot read the config of checkpoint {str(model)!r}: {str(e).splitlines()[0]}") from e
     if Path(model).exists():
-        raise UserError(f"model={model!r} is a path but holds no config.json; a checkpoint directory needs "
-                         "config.json + *.safetensors")
+        raise UserError(
+            f"model={model!r} is a path but holds no config.json; a checkpoint directory needs "
+            "config.json + *.safetensors"
+        )
     if any(sep in str(model) for sep in ("/", "\\")) or str(model).startswith((".", "~")):
-        raise UserError(f"model={model!r} looks like a checkpoint path but it does not exist; give an existing "
-                         f"directory (config.json + *.safetensors) or a preset: {sorted(PRESETS)}")
-    raise UserError(f"unknown model preset {model!r}; allowed presets: {sorted(PRESETS)}, "
-                     "or a local checkpoint directory (config.json + *.safetensors)")
+        raise UserError(
+            f"model={model!r} looks like a checkpoint path but it does not exist; give an existing "
+            f"directory (config.json + *.safetensors) or a preset: {sorted(PRESETS)}"
+        )
+    raise UserError(
+        f"unknown model preset {model!r}; allowed presets: {sorted(PRESETS)}, "
+        "or a local checkpoint directory (config.json + *.safetensors)"
+    )
 
 
 def max_positions(config) -> int:
@@ -187,8 +168,13 @@ def param_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def build_model(model: str = DEFAULT_PRESET, dtype: str | torch.dtype = "float32", device: str = "cpu",
-                seed: int = 0, trust_remote_code: bool = False) -> torch.nn.Module:
+def build_model(
+    model: str = DEFAULT_PRESET,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+    trust_remote_code: bool = False,
+) -> torch.nn.Module:
     """Build a preset with random weights (or load a local checkpoint) on ``device`` in ``dtype``, eval mode.
 
     Args:
@@ -217,8 +203,9 @@ def build_model(model: str = DEFAULT_PRESET, dtype: str | torch.dtype = "float32
     return m.eval()
 
 
-def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = "bfloat16", device: str = "cpu",
-                    trust_remote_code: bool = False):
+def load_checkpoint(
+    path: str | os.PathLike, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", trust_remote_code: bool = False
+):
     """Load a causal LM from a local directory (config.json + safetensors); never touches the network.
 
     Raises:
@@ -233,9 +220,14 @@ def load_checkpoint(path: str | os.PathLike, dtype: str | torch.dtype = "bfloat1
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise UserError(f"checkpoint directory {str(p)!r} has config.json but no *.safetensors weights")
     check_custom_code(p, trust_remote_code)
-    m = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtypes.to_torch(dtype), device_map=str(torch.device(device)),
-                                             local_files_only=True, attn_implementation="sdpa",
-                                             trust_remote_code=trust_remote_code)
+    m = AutoModelForCausalLM.from_pretrained(
+        str(p),
+        dtype=dtypes.to_torch(dtype),
+        device_map=str(torch.device(device)),
+        local_files_only=True,
+        attn_implementation="sdpa",
+        trust_remote_code=trust_remote_code,
+    )
     return m.eval()
 
 
@@ -254,13 +246,35 @@ def preset_table():
     rows = []
     for p in PRESETS.values():
         f = p.fields
-        rows.append({"preset": p.name, "model_type": p.model_type, "layers": f["num_hidden_layers"],
-                     "hidden": f["hidden_size"], "heads": f["num_attention_heads"],
-                     "kv_heads": f.get("num_key_value_heads"), "max_positions": f["max_position_embeddings"],
-                     "mla": "kv_lora_rank" in f, "moe_experts": f.get("n_routed_experts"),
-                     "cpu_ok": p.cpu_ok, "description": p.description, "source": p.source})
+        rows.append(
+            {
+                "preset": p.name,
+                "model_type": p.model_type,
+                "layers": f["num_hidden_layers"],
+                "hidden": f["hidden_size"],
+                "heads": f["num_attention_heads"],
+                "kv_heads": f.get("num_key_value_heads"),
+                "max_positions": f["max_position_embeddings"],
+                "mla": "kv_lora_rank" in f,
+                "moe_experts": f.get("n_routed_experts"),
+                "cpu_ok": p.cpu_ok,
+                "description": p.description,
+                "source": p.source,
+            }
+        )
     return pd.DataFrame(rows)
 
 
-__all__ = ["PRESETS", "DEFAULT_PRESET", "Preset", "get_config", "build_model", "load_checkpoint",
-           "save_checkpoint", "count_params", "param_bytes", "max_positions", "preset_table"]
+__all__ = [
+    "PRESETS",
+    "DEFAULT_PRESET",
+    "Preset",
+    "get_config",
+    "build_model",
+    "load_checkpoint",
+    "save_checkpoint",
+    "count_params",
+    "param_bytes",
+    "max_positions",
+    "preset_table",
+]

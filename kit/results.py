@@ -8,19 +8,20 @@ once in :mod:`kit.metrics`. Columns a backend does not produce are missing (NaN/
 Storage of a run directory (the append log, its lock, crash recovery) is :mod:`kit.store`; this module holds
 the schema, validation, the Parquet + JSON round trip and the one definition of an ok row (:func:`ok_mask`).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import platform
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
 from kit._io import atomic_write_bytes, atomic_write_with
-from kit.errors import InputNotFoundError, OutputPathError, UserError
+from kit.errors import InputNotFoundError, UserError
 
 SCHEMA_VERSION = 1
 #: ``killed``: the process died while measuring the point (see :mod:`kit.store`)
@@ -172,8 +173,10 @@ def validate_record(rec: dict) -> dict:
     """
     unknown = [k for k in rec if k not in _DTYPES and not k.startswith("x_")]
     if unknown:
-        raise UserError(f"record has unknown column(s) {unknown}; schema columns are in kit.results.COLUMN_NAMES "
-                         "(backend-specific extras must start with 'x_')")
+        raise UserError(
+            f"record has unknown column(s) {unknown}; schema columns are in kit.results.COLUMN_NAMES "
+            "(backend-specific extras must start with 'x_')"
+        )
     if rec.get("status") not in STATUSES:
         raise UserError(f"status={rec.get('status')!r}; allowed: {STATUSES}")
     if rec.get("backend") not in BACKENDS:
@@ -212,8 +215,9 @@ def coerce(df: pd.DataFrame) -> pd.DataFrame:
 def _git_commit() -> str | None:
     try:
         here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or None
     except Exception:
         return None
@@ -242,8 +246,9 @@ def run_metadata(**extra) -> dict:
     return meta
 
 
-def save_results(df: pd.DataFrame, path: str | Path, metadata: dict | None = None,
-                 runs: list[dict] | None = None) -> Path:
+def save_results(
+    df: pd.DataFrame, path: str | Path, metadata: dict | None = None, runs: list[dict] | None = None
+) -> Path:
     """Write ``df`` to ``path`` (a ``.parquet`` file, or a directory → ``results.parquet``) + a JSON sidecar.
 
     The sidecar (same stem, ``.json``) holds ``metadata`` (the latest run's), ``runs`` (every run's metadata
@@ -257,9 +262,12 @@ def save_results(df: pd.DataFrame, path: str | Path, metadata: dict | None = Non
     path.parent.mkdir(parents=True, exist_ok=True)
     df = coerce(df)
     atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
-    side = {"metadata": metadata or {}, "runs": runs if runs is not None else ([metadata] if metadata else []),
-            "schema_version": SCHEMA_VERSION,
-            "columns": {c: str(t) for c, t in df.dtypes.items()}}
+    side = {
+        "metadata": metadata or {},
+        "runs": runs if runs is not None else ([metadata] if metadata else []),
+        "schema_version": SCHEMA_VERSION,
+        "columns": {c: str(t) for c, t in df.dtypes.items()},
+    }
     atomic_write_bytes(path.with_suffix(".json"), json.dumps(side, indent=2, default=str).encode())
     return path
 

@@ -16,6 +16,7 @@ Files of a run directory ``DIR``:
   the directory is opened, so the next record starts on a line of its own; unreadable lines are skipped with a
   warning naming file and line.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -91,8 +92,12 @@ def repair_log(path: Path) -> Path | None:
         f.truncate(cut)
         f.flush()
         os.fsync(f.fileno())
-    log.warning("%s: a torn last line (%d bytes, the process was killed while writing it) was moved to %s",
-                path, len(data) - cut, frag.name)
+    log.warning(
+        "%s: a torn last line (%d bytes, the process was killed while writing it) was moved to %s",
+        path,
+        len(data) - cut,
+        frag.name,
+    )
     return frag
 
 
@@ -117,13 +122,19 @@ def run_lock(out_dir: Path):
             desc = f"pid {who.get('pid')} on {who.get('host')} since {who.get('since')}: {who.get('command')}"
         except (OSError, ValueError):
             desc = "another process"
-        raise UserError(f"{out_dir} is being written by another kit run ({desc}); wait for it to finish or give "
-                        "another output directory") from None
+        raise UserError(
+            f"{out_dir} is being written by another kit run ({desc}); wait for it to finish or give "
+            "another output directory"
+        ) from None
     except OSError as e:
         raise _os_error(out_dir / LOCK_NAME, e) from None
     try:
-        atomic_write_bytes(holder, json.dumps({"pid": os.getpid(), "host": platform.node(), "since": _now(),
-                                               "command": " ".join(sys.argv)[:300]}).encode())
+        atomic_write_bytes(
+            holder,
+            json.dumps(
+                {"pid": os.getpid(), "host": platform.node(), "since": _now(), "command": " ".join(sys.argv)[:300]}
+            ).encode(),
+        )
     except OSError as e:
         lock.release()
         raise _os_error(holder, e) from None
@@ -146,8 +157,10 @@ class ResultStore:
     def __init__(self, out_dir: str | Path, metadata: dict | None = None):
         self.dir = Path(out_dir)
         if self.dir.exists() and not self.dir.is_dir():
-            raise OutputPathError(f"output directory {str(self.dir)!r} exists and is a file; "
-                                  "give a directory path (it will be created if missing)")
+            raise OutputPathError(
+                f"output directory {str(self.dir)!r} exists and is a file; "
+                "give a directory path (it will be created if missing)"
+            )
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -233,15 +246,23 @@ class ResultStore:
         except ValueError:
             self.mark_finished()
             return None
-        rec = {**(doc.get("columns") or {}), "point_id": doc.get("point_id"), "backend": backend,
-               "run_id": run_id, "status": "killed",
-               "error": f"the process died while measuring this point (started {doc.get('started')}, pid "
-                        f"{doc.get('pid')}): killed by the OS (out of host memory?) or crashed; skipped on resume "
-                        "unless retried explicitly"}
+        rec = {
+            **(doc.get("columns") or {}),
+            "point_id": doc.get("point_id"),
+            "backend": backend,
+            "run_id": run_id,
+            "status": "killed",
+            "error": f"the process died while measuring this point (started {doc.get('started')}, pid "
+            f"{doc.get('pid')}): killed by the OS (out of host memory?) or crashed; skipped on resume "
+            "unless retried explicitly",
+        }
         self.append(rec)
         self.mark_finished()
-        log.warning("%s: point %s was being measured when an earlier run died; recorded as killed",
-                    self.dir, doc.get("point_id"))
+        log.warning(
+            "%s: point %s was being measured when an earlier run died; recorded as killed",
+            self.dir,
+            doc.get("point_id"),
+        )
         return rec
 
 

@@ -1,4 +1,5 @@
 """Shared test set-up: offline Hugging Face settings, a small shared tiny model."""
+
 import os
 import sys
 from pathlib import Path

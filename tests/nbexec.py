@@ -5,6 +5,7 @@ The doc tests (``test_notebooks_docs.py``) assert on the files each executed not
 executed twice. Executed copies mirror ``notebooks/`` under ``EXEC_DIR/notebooks``; each notebook's ``out_dir``
 is ``EXEC_DIR/out/<section>/<name>``.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -36,15 +37,29 @@ SMALL: dict[str, dict] = {
     "how-to/what-does-a-million-tokens-cost.ipynb": {"user_prices": {"MI355X": 2.0}, "planner_concurrencies": [1, 64]},
     "explanation/kv-cache-memory-gqa-vs-mla.ipynb": {"context_lens": [1024, 131072]},
     # starts `transformers serve` itself
-    "how-to/benchmark-a-serving-endpoint.ipynb": {"concurrencies": [1, 4], "num_requests": 4, "warmup_requests": 1,
-                                                  "isl": 16, "osl": 8},
+    "how-to/benchmark-a-serving-endpoint.ipynb": {
+        "concurrencies": [1, 4],
+        "num_requests": 4,
+        "warmup_requests": 1,
+        "isl": 16,
+        "osl": 8,
+    },
     "tutorials/02-explore-with-the-panel.ipynb": {**TINY_GRID, "repeats": 1, "device": "cpu"},
-    "how-to/sweep-kv-cache-length.ipynb": {"kv_lens": [16, 64, 256], "decode_steps": 4, "repeats": 1,
-                                           "device": "cpu"},
-    "how-to/find-the-concurrency-knee.ipynb": {"kv_lens": [16], "concurrencies": [1, 2, 4], "decode_steps": 4,
-                                               "repeats": 1, "device": "cpu"},
-    "how-to/compare-dtypes.ipynb": {"kv_lens": [16], "concurrencies": [1, 2], "decode_steps": 4, "repeats": 1,
-                                    "device": "cpu"},
+    "how-to/sweep-kv-cache-length.ipynb": {"kv_lens": [16, 64, 256], "decode_steps": 4, "repeats": 1, "device": "cpu"},
+    "how-to/find-the-concurrency-knee.ipynb": {
+        "kv_lens": [16],
+        "concurrencies": [1, 2, 4],
+        "decode_steps": 4,
+        "repeats": 1,
+        "device": "cpu",
+    },
+    "how-to/compare-dtypes.ipynb": {
+        "kv_lens": [16],
+        "concurrencies": [1, 2],
+        "decode_steps": 4,
+        "repeats": 1,
+        "device": "cpu",
+    },
     "how-to/compare-two-result-sets.ipynb": dict(TINY_GRID),
     "how-to/run-the-seed-workload.ipynb": {"scale": 1 / 64, "device": "cpu"},
     "how-to/load-a-local-checkpoint.ipynb": {**TINY_GRID, "repeats": 1, "device": "cpu"},
@@ -53,8 +68,13 @@ SMALL: dict[str, dict] = {
     "reference/model-presets.ipynb": {},
     "reference/metric-definitions.ipynb": {},
     "reference/results-schema.ipynb": {},
-    "explanation/why-decode-is-memory-bound.ipynb": {"kv_lens": [16, 128], "concurrencies": [1, 4],
-                                                     "decode_steps": 4, "repeats": 1, "device": "cpu"},
+    "explanation/why-decode-is-memory-bound.ipynb": {
+        "kv_lens": [16, 128],
+        "concurrencies": [1, 4],
+        "decode_steps": 4,
+        "repeats": 1,
+        "device": "cpu",
+    },
     "explanation/performance-per-dollar.ipynb": {"concurrencies": [1, 8, 64]},
 }
 
@@ -94,7 +114,7 @@ def start_all(rels=None) -> None:
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="nbexec")
-        for rel in (rels or SMALL):
+        for rel in rels or SMALL:
             if rel not in _futures:
                 _futures[rel] = _pool.submit(_run, rel, SMALL.get(rel, {}))
 

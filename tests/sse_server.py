@@ -22,6 +22,7 @@ chosen by the request's ``model`` field:
 Run in-process with :func:`start_in_thread`, or as a separate process: ``python tests/sse_server.py --port N``
 (prints ``READY <port>`` when listening).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,16 @@ GAP_MS = 5.0
 REQUESTS = web.AppKey("requests", list)
 
 
-def _chunk(obj_id: str, text: str | None = None, *, chat: bool, role: bool = False, finish: str | None = None,
-           usage: dict | None = None, empty_choices: bool = False) -> dict:
+def _chunk(
+    obj_id: str,
+    text: str | None = None,
+    *,
+    chat: bool,
+    role: bool = False,
+    finish: str | None = None,
+    usage: dict | None = None,
+    empty_choices: bool = False,
+) -> dict:
     if empty_choices:
         choices = []
     elif chat:
@@ -49,8 +58,13 @@ def _chunk(obj_id: str, text: str | None = None, *, chat: bool, role: bool = Fal
         choices = [{"index": 0, "delta": delta, "finish_reason": finish}]
     else:
         choices = [{"index": 0, "text": text or "", "finish_reason": finish}]
-    out = {"id": obj_id, "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
-           "model": "scripted", "choices": choices}
+    out = {
+        "id": obj_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": 0,
+        "model": "scripted",
+        "choices": choices,
+    }
     if usage is not None:
         out["usage"] = usage
     return out
@@ -72,14 +86,24 @@ def script(name: str, chat: bool, max_tokens: int, gap_ms: float) -> list[tuple[
         ev.append((1.00, "[DONE]"))
         return ev
     if name == "e2a":
-        return [(0.30, _chunk(i, "A", chat=chat, finish="length")), (0.30, _chunk(i, chat=chat, empty_choices=True,
-                                                                                  usage=u(1))), (0.30, "[DONE]")]
+        return [
+            (0.30, _chunk(i, "A", chat=chat, finish="length")),
+            (0.30, _chunk(i, chat=chat, empty_choices=True, usage=u(1))),
+            (0.30, "[DONE]"),
+        ]
     if name == "e2b":
-        return [(0.05, _chunk(i, "", chat=chat, finish="stop")), (0.05, _chunk(i, chat=chat, empty_choices=True,
-                                                                               usage=u(0))), (0.05, "[DONE]")]
+        return [
+            (0.05, _chunk(i, "", chat=chat, finish="stop")),
+            (0.05, _chunk(i, chat=chat, empty_choices=True, usage=u(0))),
+            (0.05, "[DONE]"),
+        ]
     if name == "e2c":
-        return [(0.10, _chunk(i, "A", chat=chat, usage=u(1))), (0.15, _chunk(i, " ", chat=chat, usage=u(1))),
-                (0.20, _chunk(i, "B", chat=chat, finish="length", usage=u(2))), (0.20, "[DONE]")]
+        return [
+            (0.10, _chunk(i, "A", chat=chat, usage=u(1))),
+            (0.15, _chunk(i, " ", chat=chat, usage=u(1))),
+            (0.20, _chunk(i, "B", chat=chat, finish="length", usage=u(2))),
+            (0.20, "[DONE]"),
+        ]
     if name in ("normal", "flaky", "slow", "fast"):
         g = 0.0 if name == "fast" else (0.05 if name == "slow" else gap_ms / 1000.0)
         ev = [(g * (k + 1), _chunk(i, "t", chat=chat)) for k in range(max_tokens)]
@@ -93,8 +117,10 @@ def script(name: str, chat: bool, max_tokens: int, gap_ms: float) -> list[tuple[
 
 
 SCENARIOS = ("e1", "e1u", "e2a", "e2b", "e2c", "normal", "fast", "flaky", "stall", "truncate", "slow", "html502")
-HTML_502 = ("<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
-            "</center>\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n" + "<!-- padding -->\r\n" * 6)
+HTML_502 = (
+    "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
+    "</center>\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n" + "<!-- padding -->\r\n" * 6
+)
 
 
 def make_app(gap_ms: float = GAP_MS) -> web.Application:
@@ -104,8 +130,9 @@ def make_app(gap_ms: float = GAP_MS) -> web.Application:
     received: list[dict] = []
 
     async def models(_req):
-        return web.json_response({"object": "list", "data": [{"id": s, "object": "model"} for s in
-                                                             ("normal",) + SCENARIOS]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": s, "object": "model"} for s in ("normal",) + SCENARIOS]}
+        )
 
     async def health(_req):
         return web.json_response({"status": "ok"})
@@ -248,8 +275,17 @@ async def _raw_fast(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
                 writer.write(tok)
                 if k % 64 == 63:
                     await writer.drain()
-            writer.write(frame(_chunk("cmpl-1", "", chat=False, finish="length",
-                                      usage={"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1})))
+            writer.write(
+                frame(
+                    _chunk(
+                        "cmpl-1",
+                        "",
+                        chat=False,
+                        finish="length",
+                        usage={"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+                    )
+                )
+            )
             writer.write(b"0\r\n\r\n")
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
@@ -262,10 +298,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--gap-ms", type=float, default=GAP_MS)
-    ap.add_argument("--raw-fast", action="store_true",
-                    help="serve only the 'fast' scenario from a minimal asyncio HTTP server (benchmark)")
+    ap.add_argument(
+        "--raw-fast",
+        action="store_true",
+        help="serve only the 'fast' scenario from a minimal asyncio HTTP server (benchmark)",
+    )
     a = ap.parse_args(argv)
     if a.raw_fast:
+
         async def run_raw():
             srv = await asyncio.start_server(_raw_fast, "127.0.0.1", a.port)
             print(f"READY {srv.sockets[0].getsockname()[1]}", flush=True)

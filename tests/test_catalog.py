@@ -1,4 +1,5 @@
 """The shipped accelerator catalog and price tables: content, validation, user overrides."""
+
 import pandas as pd
 import pytest
 
@@ -45,8 +46,11 @@ HEADER = "name,vendor,hbm_gb,hbm_tb_s,fp32_tflops,bf16_tflops,fp16_tflops,gpus_p
 
 
 def test_user_file_adds_and_overrides(tmp_path):
-    acc = _write(tmp_path, "acc.csv", HEADER + "MyGPU,Acme,96,4.0,50,900,900,8,e4m3fn\n"
-                                              "H200,NVIDIA,141,5.0,67,989.4,989.4,8,e4m3fn\n")
+    acc = _write(
+        tmp_path,
+        "acc.csv",
+        HEADER + "MyGPU,Acme,96,4.0,50,900,900,8,e4m3fn\nH200,NVIDIA,141,5.0,67,989.4,989.4,8,e4m3fn\n",
+    )
     pr = _write(tmp_path, "p.csv", "accelerator,usd_per_gpu_hr,basis\nMyGPU,1.1,rental\nH200,2.0,tco\n")
     cat = load_catalog(acc, pr)
     assert cat.get("MyGPU")["hbm_gb"] == 96 and cat.get("H200")["hbm_tb_s"] == 5.0
@@ -54,11 +58,14 @@ def test_user_file_adds_and_overrides(tmp_path):
     assert cat.price("H200", "tco").usd_per_gpu_hr == 2.0
 
 
-@pytest.mark.parametrize("row,match", [
-    ("Bad,Acme,-5,4.0,50,900,900,8,e4m3fn", "hbm_gb=-5"),
-    ("Bad,Acme,96,fast,50,900,900,8,e4m3fn", "hbm_tb_s='fast' is not a number"),
-    ("Bad,Acme,96,4.0,50,900,900,8,e5m2", "fp8_format='e5m2'"),
-])
+@pytest.mark.parametrize(
+    "row,match",
+    [
+        ("Bad,Acme,-5,4.0,50,900,900,8,e4m3fn", "hbm_gb=-5"),
+        ("Bad,Acme,96,fast,50,900,900,8,e4m3fn", "hbm_tb_s='fast' is not a number"),
+        ("Bad,Acme,96,4.0,50,900,900,8,e5m2", "fp8_format='e5m2'"),
+    ],
+)
 def test_validation_names_the_bad_value(tmp_path, row, match):
     with pytest.raises(CatalogError, match=match):
         load_catalog(_write(tmp_path, "acc.csv", HEADER + row + "\n"))
@@ -70,8 +77,7 @@ def test_validation_missing_column_and_unknown_price_target(tmp_path):
     with pytest.raises(CatalogError, match="accelerator='Nope' is not in the catalog"):
         load_catalog(extra_prices=_write(tmp_path, "p.csv", "accelerator,usd_per_gpu_hr,basis\nNope,1,tco\n"))
     with pytest.raises(CatalogError, match="more than one price"):
-        load_catalog(extra_prices=_write(tmp_path, "p.csv",
-                                         "accelerator,usd_per_gpu_hr,basis\nH100,1,x\nH100,2,x\n"))
+        load_catalog(extra_prices=_write(tmp_path, "p.csv", "accelerator,usd_per_gpu_hr,basis\nH100,1,x\nH100,2,x\n"))
 
 
 def test_user_paths_must_be_files_and_parse_errors_name_the_file(tmp_path, capsys):
@@ -90,31 +96,38 @@ def test_user_paths_must_be_files_and_parse_errors_name_the_file(tmp_path, capsy
     empty.write_text("")
     with pytest.raises(CatalogError, match=rf"{empty}: cannot parse as CSV: No columns to parse"):
         load_catalog(extra_accelerators=empty)
-    for argv in (["devices", "--accelerators", str(tmp_path)], ["devices", "--prices", str(tmp_path)],
-                 ["plan", "--model", "llama-3.1-8b", "--accelerator", "b300", "--prices", str(tmp_path)]):
+    for argv in (
+        ["devices", "--accelerators", str(tmp_path)],
+        ["devices", "--prices", str(tmp_path)],
+        ["plan", "--model", "llama-3.1-8b", "--accelerator", "b300", "--prices", str(tmp_path)],
+    ):
         assert main(argv) == 2, argv
         assert f"{tmp_path}: is a directory" in capsys.readouterr().err
 
 
 def _user_csv(tmp_path, **over):
-    from kit._io import data_path
-
     import pandas as pd
+
+    from kit._io import data_path
 
     row = pd.read_csv(data_path("accelerators.csv")).set_index("name").loc["MI355X"].to_dict()
     row.update(over)
     p = tmp_path / "acc.csv"
     pd.DataFrame([{"name": over.get("name", "MI355X"), **{k: v for k, v in row.items() if k != "name"}}]).to_csv(
-        p, index=False)
+        p, index=False
+    )
     return p
 
 
-@pytest.mark.parametrize("col,value,match", [
-    ("hbm_tb_s", "inf", "hbm_tb_s='?inf'? must be a finite number > 0"),
-    ("bf16_tflops", float("nan"), "is not a number|must be a finite"),
-    ("gpus_per_node", 7.5, "gpus_per_node=7.5 must be a whole number"),
-    ("tdp_w", "-inf", "tdp_w='?-inf'? must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "col,value,match",
+    [
+        ("hbm_tb_s", "inf", "hbm_tb_s='?inf'? must be a finite number > 0"),
+        ("bf16_tflops", float("nan"), "is not a number|must be a finite"),
+        ("gpus_per_node", 7.5, "gpus_per_node=7.5 must be a whole number"),
+        ("tdp_w", "-inf", "tdp_w='?-inf'? must be a finite number >= 0"),
+    ],
+)
 def test_user_rows_need_finite_whole_values(tmp_path, col, value, match):
     with pytest.raises(CatalogError, match=match):
         load_catalog(_user_csv(tmp_path, **{col: value}))

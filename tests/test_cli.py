@@ -1,9 +1,9 @@
 """`kit` CLI end to end: sweep writes results + plots + summary, devices, --help, clear errors on bad input."""
+
 import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from kit import cli
@@ -13,14 +13,28 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _kit(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "kit.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kit.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )
 
 
 def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path):
     out = tmp_path / "run"
-    r = _kit("sweep", "--kv", "32,256", "--concurrency", "1,8", "--decode-steps", "6", "--repeats", "2",
-             "--warmup-steps", "2", "--out", str(out))
+    r = _kit(
+        "sweep",
+        "--kv",
+        "32,256",
+        "--concurrency",
+        "1,8",
+        "--decode-steps",
+        "6",
+        "--repeats",
+        "2",
+        "--warmup-steps",
+        "2",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert "decode_tok_s" in r.stdout and "4 points (4 ok" in r.stdout
     df = load_results(out)
@@ -30,23 +44,40 @@ def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path):
     # (the curves' shape — tok/s rising with concurrency, TPOT with KV length — is a timing property: it is
     # shown by `kit sweep` output in the README and closing notes, not asserted here, where load spikes flake it)
     # a re-run resumes: nothing measured again, same rows
-    r2 = _kit("sweep", "--kv", "32,256", "--concurrency", "1,8", "--decode-steps", "6", "--repeats", "2",
-              "--warmup-steps", "2", "--out", str(out), "--no-plots")
+    r2 = _kit(
+        "sweep",
+        "--kv",
+        "32,256",
+        "--concurrency",
+        "1,8",
+        "--decode-steps",
+        "6",
+        "--repeats",
+        "2",
+        "--warmup-steps",
+        "2",
+        "--out",
+        str(out),
+        "--no-plots",
+    )
     assert r2.returncode == 0 and len(load_results(out)) == 4
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--model", "gpt-9"], "unknown model preset 'gpt-9'"),
-    (["--kv", "0,128"], "KV length 0"),
-    (["--concurrency", "-2"], "concurrency -2"),
-    (["--kv", "100000"], "at most 16384 positions"),
-    (["--dtype", "float8"], "dtype 'float8'"),
-    (["--device", "tpu"], "device='tpu'"),
-    (["--accelerator", "nope"], "unknown accelerator 'nope'"),
-    (["--model", "./no/such/ckpt"], "does not exist"),
-    (["--threads", "0"], "threads=0"),
-    (["--threads", "100000"], "threads=100000 (--threads) must be an integer from 1 to"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--model", "gpt-9"], "unknown model preset 'gpt-9'"),
+        (["--kv", "0,128"], "KV length 0"),
+        (["--concurrency", "-2"], "concurrency -2"),
+        (["--kv", "100000"], "at most 16384 positions"),
+        (["--dtype", "float8"], "dtype 'float8'"),
+        (["--device", "tpu"], "device='tpu'"),
+        (["--accelerator", "nope"], "unknown accelerator 'nope'"),
+        (["--model", "./no/such/ckpt"], "does not exist"),
+        (["--threads", "0"], "threads=0"),
+        (["--threads", "100000"], "threads=100000 (--threads) must be an integer from 1 to"),
+    ],
+)
 def test_bad_input_clear_error(tmp_path, capsys, args, match):
     rc = cli.main(["sweep", *args, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
@@ -60,12 +91,15 @@ def test_output_dir_is_a_file(tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--kv", "12k"], "'12k' is not an integer"),
-    (["--kv", "128,,512"], "'128,,512' has an empty item"),
-    (["--concurrency", ","], "',' has an empty item"),
-    (["--out", ""], "--out is empty"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--kv", "12k"], "'12k' is not an integer"),
+        (["--kv", "128,,512"], "'128,,512' has an empty item"),
+        (["--concurrency", ","], "',' has an empty item"),
+        (["--out", ""], "--out is empty"),
+    ],
+)
 def test_malformed_arguments_rejected(args, match):
     r = _kit("sweep", *args)
     assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr
@@ -73,9 +107,25 @@ def test_malformed_arguments_rejected(args, match):
 
 def test_help_documents_every_option():
     r = _kit("sweep", "--help")
-    for opt in ("--model", "--kv", "--concurrency", "--dtype", "--device", "--decode-steps", "--warmup-steps",
-                "--repeats", "--kv-fill", "--seed", "--accelerator", "--threads", "--out", "--no-resume",
-                "--no-plots", "--json", "--strict"):
+    for opt in (
+        "--model",
+        "--kv",
+        "--concurrency",
+        "--dtype",
+        "--device",
+        "--decode-steps",
+        "--warmup-steps",
+        "--repeats",
+        "--kv-fill",
+        "--seed",
+        "--accelerator",
+        "--threads",
+        "--out",
+        "--no-resume",
+        "--no-plots",
+        "--json",
+        "--strict",
+    ):
         assert opt in r.stdout
     assert "tiny-llama" in r.stdout
     top = _kit("--help")
@@ -99,8 +149,22 @@ def test_ctrl_c_keeps_points_and_says_how_to_resume(tmp_path):
     import time
 
     out = tmp_path / "int"
-    args = [sys.executable, "-m", "kit.cli", "sweep", "--kv", "16,32,64", "--concurrency", "1,2", "--decode-steps",
-            "40", "--repeats", "3", "--out", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "kit.cli",
+        "sweep",
+        "--kv",
+        "16,32,64",
+        "--concurrency",
+        "1,2",
+        "--decode-steps",
+        "40",
+        "--repeats",
+        "3",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not ((out / "points.jsonl").exists() and (out / "points.jsonl").read_text()):
@@ -117,10 +181,37 @@ def test_ctrl_c_keeps_points_and_says_how_to_resume(tmp_path):
 
 def test_other_settings_in_the_same_dir_are_not_shown_as_this_sweep(tmp_path):
     out = tmp_path / "mix"
-    assert _kit("sweep", "--kv", "16", "--concurrency", "1,2", "--decode-steps", "3", "--repeats", "1",
-                "--out", str(out), "--no-plots").returncode == 0
-    r = _kit("sweep", "--kv", "16", "--concurrency", "1", "--decode-steps", "4", "--repeats", "1", "--out", str(out),
-             "--no-plots")
+    assert (
+        _kit(
+            "sweep",
+            "--kv",
+            "16",
+            "--concurrency",
+            "1,2",
+            "--decode-steps",
+            "3",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+            "--no-plots",
+        ).returncode
+        == 0
+    )
+    r = _kit(
+        "sweep",
+        "--kv",
+        "16",
+        "--concurrency",
+        "1",
+        "--decode-steps",
+        "4",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+        "--no-plots",
+    )
     assert r.returncode == 0 and "1 points (1 ok" in r.stdout and "also holds 2 points of other settings" in r.stdout
 
 
@@ -139,9 +230,31 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_bug_reaches_the_user_with_its_traceback_and_exit_1(tmp_path):
-    r = subprocess.run([sys.executable, "-c", BUGGY, "sweep", "--kv", "16", "--concurrency", "1", "--decode-steps",
-                        "2", "--warmup-steps", "0", "--repeats", "1", "--no-plots", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BUGGY,
+            "sweep",
+            "--kv",
+            "16",
+            "--concurrency",
+            "1",
+            "--decode-steps",
+            "2",
+            "--warmup-steps",
+            "0",
+            "--repeats",
+            "1",
+            "--no-plots",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode == 1, r.stderr
     assert "Traceback (most recent call last)" in r.stderr and "broken_helper" in r.stderr
     assert "KeyError: 'a deliberate bug'" in r.stderr and "error: " not in r.stderr.splitlines()[-1][:12]
@@ -154,14 +267,24 @@ def test_a_bad_flag_value_is_one_line_and_exit_2(tmp_path):
 
 
 def test_python_dash_m_kit_is_the_kit_command():
-    r = subprocess.run([sys.executable, "-m", "kit", "--help"], capture_output=True, text=True, cwd=ROOT,
-                       timeout=60)
+    r = subprocess.run([sys.executable, "-m", "kit", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0 and "sweep" in r.stdout and "serve-bench" in r.stdout
 
 
 # ------------------------------------------------------------------------------------------------ output for machines
-SMALL_ARGS = ["--kv", "16", "--concurrency", "1,2", "--decode-steps", "2", "--warmup-steps", "0", "--repeats", "1",
-              "--no-plots"]
+SMALL_ARGS = [
+    "--kv",
+    "16",
+    "--concurrency",
+    "1,2",
+    "--decode-steps",
+    "2",
+    "--warmup-steps",
+    "0",
+    "--repeats",
+    "1",
+    "--no-plots",
+]
 
 
 def test_sweep_json_is_one_object_with_every_row(tmp_path, capsys):
@@ -210,8 +333,24 @@ def test_a_flagged_row_is_never_counted_ok(tmp_path, capsys):
     with torch.no_grad():
         m.lm_head.weight.mul_(1e6)
     ckpt = save_checkpoint(m, tmp_path / "hot")
-    args = ["sweep", "--model", str(ckpt), "--dtype", "float32,float16", "--kv", "16", "--concurrency", "1",
-            "--decode-steps", "2", "--warmup-steps", "0", "--repeats", "1", "--no-plots"]
+    args = [
+        "sweep",
+        "--model",
+        str(ckpt),
+        "--dtype",
+        "float32,float16",
+        "--kv",
+        "16",
+        "--concurrency",
+        "1",
+        "--decode-steps",
+        "2",
+        "--warmup-steps",
+        "0",
+        "--repeats",
+        "1",
+        "--no-plots",
+    ]
     assert cli.main([*args, "--out", str(tmp_path / "o")]) == 0  # one ok row: exit 0 without --strict
     out = capsys.readouterr().out
     assert "2 points (1 ok, 1 not ok)" in out and "flagged: kv=16 B=1 float16: non-finite logits" in out

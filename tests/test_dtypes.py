@@ -1,4 +1,5 @@
 """kit.dtypes: the one dtype vocabulary."""
+
 import pytest
 import torch
 

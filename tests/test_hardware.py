@@ -1,11 +1,11 @@
 """Device detection (ROCm and CUDA simulated by patching torch; no GPU here), dtype parsing, memory helpers."""
+
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from kit import dtypes
-from kit import hardware
+from kit import dtypes, hardware
 
 
 def test_cpu_detection():
@@ -31,11 +31,14 @@ def _fake_gpu_cus(monkeypatch, cus, **kw):
     props.multi_processor_count = cus
 
 
-@pytest.mark.parametrize("arch,name,family,catalog", [
-    ("gfx942:sramecc+:xnack-", "AMD Instinct MI300X", "MI300X/MI325X/MI300A", "MI300X"),
-    ("gfx942", "AMD Instinct MI325X", "MI300X/MI325X/MI300A", "MI325X"),
-    ("gfx950", "AMD Instinct MI355X", "MI350X/MI355X", "MI355X"),
-])
+@pytest.mark.parametrize(
+    "arch,name,family,catalog",
+    [
+        ("gfx942:sramecc+:xnack-", "AMD Instinct MI300X", "MI300X/MI325X/MI300A", "MI300X"),
+        ("gfx942", "AMD Instinct MI325X", "MI300X/MI325X/MI300A", "MI325X"),
+        ("gfx950", "AMD Instinct MI355X", "MI350X/MI355X", "MI355X"),
+    ],
+)
 def test_rocm_detection_a_real_name_maps_directly(monkeypatch, arch, name, family, catalog):
     _fake_gpu(monkeypatch, hip="7.0.1", name=name, arch=arch)
     info = hardware.detect()
@@ -47,12 +50,15 @@ def test_rocm_detection_a_real_name_maps_directly(monkeypatch, arch, name, famil
 
 
 @pytest.mark.parametrize("name", ["", "AMD Radeon Graphics"])
-@pytest.mark.parametrize("cus,mem_mib,catalog,says", [
-    (304, 196_592, "MI300X", "MI300X from gfx942, 304 CUs"),             # case D1 (a)
-    (304, 256 * 1024, "MI325X", "MI325X from gfx942, 304 CUs, 256 GiB"),  # case D1 (b)
-    (228, 128 * 1024, None, "MI300A (gfx942, 228 CUs, 128 GiB) is not in the accelerator catalog"),  # D1 (c)
-    (200, 96 * 1024, None, "unknown gfx942 part (gfx942, 200 CUs, 96 GiB"),  # the same kind: no part fits
-])
+@pytest.mark.parametrize(
+    "cus,mem_mib,catalog,says",
+    [
+        (304, 196_592, "MI300X", "MI300X from gfx942, 304 CUs"),  # case D1 (a)
+        (304, 256 * 1024, "MI325X", "MI325X from gfx942, 304 CUs, 256 GiB"),  # case D1 (b)
+        (228, 128 * 1024, None, "MI300A (gfx942, 228 CUs, 128 GiB) is not in the accelerator catalog"),  # D1 (c)
+        (200, 96 * 1024, None, "unknown gfx942 part (gfx942, 200 CUs, 96 GiB"),  # the same kind: no part fits
+    ],
+)
 def test_rocm_parts_of_one_arch_are_told_apart_by_cus_and_memory(monkeypatch, name, cus, mem_mib, catalog, says):
     _fake_gpu_cus(monkeypatch, cus, hip="7.0.1", name=name, arch="gfx942:sramecc+:xnack-", mem=mem_mib * 2**20)
     info = hardware.detect()
@@ -99,7 +105,7 @@ def test_dtype_the_device_cannot_do(monkeypatch):
 
     def broken(*a, dtype=None, **k):
         if dtype is torch.float16:
-            raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Half\'')
+            raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'")
         return real_ones(*a, dtype=dtype, **k)
 
     monkeypatch.setattr(torch, "ones", broken)
@@ -117,8 +123,10 @@ def test_memory_helpers_on_cpu():
 
 def test_visible_devices_say_why_and_refuse_conflicts():
     v = hardware.visible_devices("rocm", {"ROCR_VISIBLE_DEVICES": "0,1,2,3", "HIP_VISIBLE_DEVICES": "1"})
-    assert "ROCR_VISIBLE_DEVICES='0,1,2,3' filters first" in v["explanation"] and "HIP_VISIBLE_DEVICES='1'" in \
-        v["explanation"]
+    assert (
+        "ROCR_VISIBLE_DEVICES='0,1,2,3' filters first" in v["explanation"]
+        and "HIP_VISIBLE_DEVICES='1'" in v["explanation"]
+    )
     assert "read by HIP" in hardware.visible_devices("rocm", {"CUDA_VISIBLE_DEVICES": "2"})["explanation"]
     assert hardware.visible_devices("rocm", {"HIP_VISIBLE_DEVICES": "0, 1", "CUDA_VISIBLE_DEVICES": "0,1"})["set"]
     with pytest.raises(ValueError, match="HIP_VISIBLE_DEVICES='0' and CUDA_VISIBLE_DEVICES='1' disagree"):

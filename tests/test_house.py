@@ -1,15 +1,16 @@
 """The kit's house rules, checked on the source: module size, one home per name (no re-export shims, no private
 names across modules), no repeated blocks, honest notebooks, package metadata (license, py.typed)."""
+
 from __future__ import annotations
 
 import ast
 import json
 import re
-import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT = ROOT / "kit"
@@ -30,13 +31,18 @@ def _private_imports(tree: ast.AST) -> list[str]:
     """``from kit... import _x`` or ``... as _x``: a private name taken across modules."""
     bad = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("kit", "") or (
-                isinstance(node, ast.ImportFrom) and node.level):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").split(".")[0] in ("kit", "")
+            or (isinstance(node, ast.ImportFrom) and node.level)
+        ):
             for a in node.names:
                 for name in (a.name, a.asname or ""):
                     if name.startswith("_") and not name.startswith("__"):
-                        bad.append(f"from {'.' * node.level}{node.module or ''} import {a.name}"
-                                   + (f" as {a.asname}" if a.asname else ""))
+                        bad.append(
+                            f"from {'.' * node.level}{node.module or ''} import {a.name}"
+                            + (f" as {a.asname}" if a.asname else "")
+                        )
     return bad
 
 
@@ -46,9 +52,14 @@ def test_modules_are_small():
 
 
 def test_no_module_level_getattr_shims():
-    shims = [_rel(p) for p in MODULES
-             if any(isinstance(n, ast.FunctionDef) and n.name in ("__getattr__", "__dir__")
-                    for n in ast.parse(p.read_text()).body)]
+    shims = [
+        _rel(p)
+        for p in MODULES
+        if any(
+            isinstance(n, ast.FunctionDef) and n.name in ("__getattr__", "__dir__")
+            for n in ast.parse(p.read_text()).body
+        )
+    ]
     assert not shims, f"module-level __getattr__/__dir__ (a re-export shim): {shims}"
 
 
@@ -109,7 +120,7 @@ def test_no_block_of_six_lines_is_repeated_within_kit():
     for p in MODULES:
         lines = [(i + 1, s) for i, raw in enumerate(p.read_text().splitlines()) if (s := _significant(raw))]
         for k in range(len(lines) - 5):
-            window = tuple(s for _, s in lines[k:k + 6])
+            window = tuple(s for _, s in lines[k : k + 6])
             if sum(len(s) for s in window) < 120:  # short boilerplate (returns, else:, pass) is not logic
                 continue
             seen[window].append(f"{_rel(p)}:{lines[k][0]}")

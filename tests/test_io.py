@@ -1,4 +1,5 @@
 """kit._io: atomic writes, output-path checks, data files, cache dir, free port."""
+
 import os
 import socket
 

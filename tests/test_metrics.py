@@ -1,4 +1,5 @@
 """kit.metrics: every formula on hand-computed numbers (each value below is worked out in the comment)."""
+
 import math
 
 import numpy as np
@@ -23,10 +24,10 @@ def test_latency_summary():
 
 
 def test_in_process_throughputs():
-    assert M.decode_tok_s(16, 20.0) == 800.0            # 16 sequences / 0.020 s
-    assert M.tok_s_per_stream(20.0) == 50.0             # 1000 / 20 ms
-    assert M.prefill_tok_s(4, 512, 100.0) == 20480.0    # 4 × 512 / 0.1 s
-    assert M.achieved_gb_s(16e9, 4.0) == 4.0            # 16 GB in 4 s
+    assert M.decode_tok_s(16, 20.0) == 800.0  # 16 sequences / 0.020 s
+    assert M.tok_s_per_stream(20.0) == 50.0  # 1000 / 20 ms
+    assert M.prefill_tok_s(4, 512, 100.0) == 20480.0  # 4 × 512 / 0.1 s
+    assert M.achieved_gb_s(16e9, 4.0) == 4.0  # 16 GB in 4 s
     assert all(math.isnan(x) for x in (M.decode_tok_s(1, 0), M.tok_s_per_stream(0), M.achieved_gb_s(1, 0)))
 
 

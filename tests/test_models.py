@@ -1,4 +1,5 @@
 """Presets build real transformers architectures offline; local checkpoints load."""
+
 import pytest
 import torch
 
@@ -19,9 +20,17 @@ def test_tiny_deepseek_is_mla_moe():
     assert cfg.model_type == "deepseek_v3" and cfg.kv_lora_rank > 0 and cfg.n_routed_experts > cfg.num_experts_per_tok
 
 
-@pytest.mark.parametrize("name,published_b", [
-    ("llama-3.2-1b", 1.24), ("llama-3.1-8b", 8.03), ("llama-3.1-70b", 70.55), ("qwen3-32b", 32.76),
-    ("deepseek-v3", 671.03), ("kimi-k2", 1026.41)])
+@pytest.mark.parametrize(
+    "name,published_b",
+    [
+        ("llama-3.2-1b", 1.24),
+        ("llama-3.1-8b", 8.03),
+        ("llama-3.1-70b", 70.55),
+        ("qwen3-32b", 32.76),
+        ("deepseek-v3", 671.03),
+        ("kimi-k2", 1026.41),
+    ],
+)
 def test_full_size_configs_have_published_parameter_counts(name, published_b):
     from transformers import AutoModelForCausalLM
 

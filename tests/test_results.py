@@ -1,26 +1,41 @@
 """Results schema: round trip, validation, the append log surviving a torn write."""
+
 import json
 import math
 
 import pandas as pd
 import pytest
 
-from kit.errors import OutputPathError
 from kit import results
 
 
 def _rec(**kw):
-    base = {"backend": "engine", "status": "ok", "model": "tiny-llama", "dtype": "float32", "concurrency": 4,
-            "context_len": 128, "tpot_ms_p50": 3.2, "tpot_n": 48, "decode_tok_s": 1250.0, "x_step_ms": [3.1, 3.3]}
+    base = {
+        "backend": "engine",
+        "status": "ok",
+        "model": "tiny-llama",
+        "dtype": "float32",
+        "concurrency": 4,
+        "context_len": 128,
+        "tpot_ms_p50": 3.2,
+        "tpot_n": 48,
+        "decode_tok_s": 1250.0,
+        "x_step_ms": [3.1, 3.3],
+    }
     base.update(kw)
     return base
 
 
 def test_round_trip_is_identical(tmp_path):
-    df = results.to_frame([_rec(), _rec(status="oom", error="OutOfMemoryError: boom", tpot_ms_p50=None),
-                           {"backend": "openai", "status": "ok", "request_rate": math.inf, "output_tok_s": 10.5},
-                           {"backend": "planner", "status": "ok", "assumptions": "eff_bw=0.8", "tp": 8}])
-    assert list(df.columns[:len(results.COLUMN_NAMES)]) == list(results.COLUMN_NAMES)
+    df = results.to_frame(
+        [
+            _rec(),
+            _rec(status="oom", error="OutOfMemoryError: boom", tpot_ms_p50=None),
+            {"backend": "openai", "status": "ok", "request_rate": math.inf, "output_tok_s": 10.5},
+            {"backend": "planner", "status": "ok", "assumptions": "eff_bw=0.8", "tp": 8},
+        ]
+    )
+    assert list(df.columns[: len(results.COLUMN_NAMES)]) == list(results.COLUMN_NAMES)
     path = results.save_results(df, tmp_path / "r.parquet", {"model": "tiny-llama"})
     back = results.load_results(path)
     pd.testing.assert_frame_equal(df, back)
@@ -46,13 +61,15 @@ def test_schema_table_documents_every_column():
 def test_one_definition_of_ok_flagged_rows_are_never_ok():
     from kit.results import ok_mask, row_problems, to_frame, verdict
 
-    df = to_frame([
-        {"backend": "engine", "status": "ok", "x_logits_finite": True},
-        {"backend": "engine", "status": "ok", "x_logits_finite": False, "error": "non-finite logits"},
-        {"backend": "engine", "status": "oom"},
-        {"backend": "openai", "status": "ok", "x_valid": False},
-        {"backend": "planner", "status": "ok"},  # no flag columns at all: ok
-    ])
+    df = to_frame(
+        [
+            {"backend": "engine", "status": "ok", "x_logits_finite": True},
+            {"backend": "engine", "status": "ok", "x_logits_finite": False, "error": "non-finite logits"},
+            {"backend": "engine", "status": "oom"},
+            {"backend": "openai", "status": "ok", "x_valid": False},
+            {"backend": "planner", "status": "ok"},  # no flag columns at all: ok
+        ]
+    )
     assert list(ok_mask(df)) == [True, False, False, False, True]
     assert list(verdict(df)) == ["ok", "flagged", "oom", "flagged", "ok"]
     assert row_problems(df.iloc[1]) and "non-finite" in row_problems(df.iloc[1])[0]

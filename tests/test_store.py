@@ -1,7 +1,7 @@
 """kit.store: the run directory — append log, lock, torn tails, unreadable lines, killed points, run metadata."""
+
 import json
 import multiprocessing as mp
-import os
 
 import pytest
 

@@ -14,6 +14,7 @@ runs while the fp8 and library probes do, after the matmul timing (so the two do
 failing (not: timing out); an importable kernel library lacking an expected op (the message names the symbol);
 a ``--require``\\ d library that is not importable. Everything else is a warning.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,57 +43,140 @@ SCHEMA: dict = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "kit doctor report",
     "type": "object",
-    "required": ["schema_version", "ok", "problems", "warnings", "elapsed_s", "platform", "torch", "device",
-                 "devices", "dtypes", "fp8", "compile", "libraries", "packages"],
+    "required": [
+        "schema_version",
+        "ok",
+        "problems",
+        "warnings",
+        "elapsed_s",
+        "platform",
+        "torch",
+        "device",
+        "devices",
+        "dtypes",
+        "fp8",
+        "compile",
+        "libraries",
+        "packages",
+    ],
     "properties": {
         "schema_version": {"const": SCHEMA_VERSION},
         "ok": {"type": "boolean", "description": "true when problems is empty"},
         "problems": {"type": "array", "items": {"type": "string"}, "description": "what fails --strict"},
         "warnings": {"type": "array", "items": {"type": "string"}},
         "elapsed_s": {"type": "number", "minimum": 0, "description": "wall time of the doctor run, seconds"},
-        "platform": {"type": "object", "required": ["python", "os", "machine"],
-                     "properties": {"python": {"type": "string"}, "os": {"type": "string"},
-                                    "machine": {"type": "string"}}},
-        "torch": {"type": "object", "required": ["version", "cuda", "hip"],
-                  "properties": {"version": {"type": "string"}, "cuda": _NULLSTR, "hip": _NULLSTR}},
-        "device": {"type": "object", "required": ["platform", "device", "name", "count", "memory_gb", "gfx_arch"],
-                   "properties": {"platform": {"enum": ["cpu", "cuda", "rocm"]}, "device": {"type": "string"},
-                                  "name": {"type": "string"}, "count": {"type": "integer", "minimum": 1},
-                                  "memory_gb": {"type": "number"}, "gfx_arch": _NULLSTR}},
-        "devices": {"type": "array", "items": {
-            "type": "object", "required": ["index", "name", "memory_gb", "capability", "gfx_arch"],
-            "properties": {"index": {"type": "integer"}, "name": {"type": "string"}, "memory_gb": {"type": "number"},
-                           "capability": _NULLSTR, "gfx_arch": _NULLSTR}}},
-        "dtypes": {"type": "array", "items": {
-            "type": "object", "required": ["dtype", "works", "error", "matmul_n", "matmul_ms_p50", "tflops", "n",
-                                           "vs_float32"],
-            "properties": {"dtype": {"enum": ["float32", "float16", "bfloat16"]}, "works": {"type": "boolean"},
-                           "error": _NULLSTR, "matmul_n": {"type": "integer"}, "matmul_ms_p50": _NULLNUM,
-                           "tflops": _NULLNUM, "n": {"type": "integer", "minimum": 0},
-                           "vs_float32": {**_NULLNUM, "description": "throughput relative to float32"},
-                           "spread": {**_NULLNUM, "description": "slowest / fastest of the timed repeats "
-                                                                 "(noisy above kit.check.probes.NOISY_SPREAD)"}}}},
-        "fp8": {"type": "object", "required": ["native_format", "formats"], "properties": {
-            "native_format": {"enum": list(FP8_FORMAT_INFO)},
-            "formats": {"type": "array", "items": {
-                "type": "object", "required": ["format", "available", "max", "cast_ok", "raw_overflow", "error"],
-                "properties": {"format": {"enum": list(FP8_FORMAT_INFO)}, "available": {"type": "boolean"},
-                               "max": _NULLNUM, "cast_ok": {"type": "boolean"},
-                               "raw_overflow": {**_NULLSTR, "description": "what casting 2×max without clamping "
-                                                                             "gives: saturates | nan | inf"},
-                               "error": _NULLSTR}}}}},
-        "compile": {"type": "object", "required": ["checked", "ok", "backend", "seconds", "timed_out", "error"],
-                    "properties": {"checked": {"type": "boolean"}, "ok": {"type": ["boolean", "null"]},
-                                   "backend": {"type": "string", "description": "torch.compile backend"},
-                                   "seconds": _NULLNUM,
-                                   "timed_out": {"type": "boolean"}, "error": _NULLSTR}},
-        "libraries": {"type": "array", "description": "kernel libraries (kit.check.resolver.KERNEL_LIBRARIES)",
-                      "items": {
-            "type": "object", "required": ["name", "module", "importable", "version", "error", "ops", "missing"],
-            "properties": {"name": {"type": "string"}, "module": {"type": "string"},
-                           "importable": {"type": "boolean"}, "version": _NULLSTR, "error": _NULLSTR,
-                           "ops": {"type": "object", "additionalProperties": _NULLSTR},
-                           "missing": {"type": "array", "items": {"type": "string"}}}}},
+        "platform": {
+            "type": "object",
+            "required": ["python", "os", "machine"],
+            "properties": {"python": {"type": "string"}, "os": {"type": "string"}, "machine": {"type": "string"}},
+        },
+        "torch": {
+            "type": "object",
+            "required": ["version", "cuda", "hip"],
+            "properties": {"version": {"type": "string"}, "cuda": _NULLSTR, "hip": _NULLSTR},
+        },
+        "device": {
+            "type": "object",
+            "required": ["platform", "device", "name", "count", "memory_gb", "gfx_arch"],
+            "properties": {
+                "platform": {"enum": ["cpu", "cuda", "rocm"]},
+                "device": {"type": "string"},
+                "name": {"type": "string"},
+                "count": {"type": "integer", "minimum": 1},
+                "memory_gb": {"type": "number"},
+                "gfx_arch": _NULLSTR,
+            },
+        },
+        "devices": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "name", "memory_gb", "capability", "gfx_arch"],
+                "properties": {
+                    "index": {"type": "integer"},
+                    "name": {"type": "string"},
+                    "memory_gb": {"type": "number"},
+                    "capability": _NULLSTR,
+                    "gfx_arch": _NULLSTR,
+                },
+            },
+        },
+        "dtypes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["dtype", "works", "error", "matmul_n", "matmul_ms_p50", "tflops", "n", "vs_float32"],
+                "properties": {
+                    "dtype": {"enum": ["float32", "float16", "bfloat16"]},
+                    "works": {"type": "boolean"},
+                    "error": _NULLSTR,
+                    "matmul_n": {"type": "integer"},
+                    "matmul_ms_p50": _NULLNUM,
+                    "tflops": _NULLNUM,
+                    "n": {"type": "integer", "minimum": 0},
+                    "vs_float32": {**_NULLNUM, "description": "throughput relative to float32"},
+                    "spread": {
+                        **_NULLNUM,
+                        "description": "slowest / fastest of the timed repeats "
+                        "(noisy above kit.check.probes.NOISY_SPREAD)",
+                    },
+                },
+            },
+        },
+        "fp8": {
+            "type": "object",
+            "required": ["native_format", "formats"],
+            "properties": {
+                "native_format": {"enum": list(FP8_FORMAT_INFO)},
+                "formats": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["format", "available", "max", "cast_ok", "raw_overflow", "error"],
+                        "properties": {
+                            "format": {"enum": list(FP8_FORMAT_INFO)},
+                            "available": {"type": "boolean"},
+                            "max": _NULLNUM,
+                            "cast_ok": {"type": "boolean"},
+                            "raw_overflow": {
+                                **_NULLSTR,
+                                "description": "what casting 2×max without clamping gives: saturates | nan | inf",
+                            },
+                            "error": _NULLSTR,
+                        },
+                    },
+                },
+            },
+        },
+        "compile": {
+            "type": "object",
+            "required": ["checked", "ok", "backend", "seconds", "timed_out", "error"],
+            "properties": {
+                "checked": {"type": "boolean"},
+                "ok": {"type": ["boolean", "null"]},
+                "backend": {"type": "string", "description": "torch.compile backend"},
+                "seconds": _NULLNUM,
+                "timed_out": {"type": "boolean"},
+                "error": _NULLSTR,
+            },
+        },
+        "libraries": {
+            "type": "array",
+            "description": "kernel libraries (kit.check.resolver.KERNEL_LIBRARIES)",
+            "items": {
+                "type": "object",
+                "required": ["name", "module", "importable", "version", "error", "ops", "missing"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "module": {"type": "string"},
+                    "importable": {"type": "boolean"},
+                    "version": _NULLSTR,
+                    "error": _NULLSTR,
+                    "ops": {"type": "object", "additionalProperties": _NULLSTR},
+                    "missing": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
         "packages": {"type": "object", "additionalProperties": _NULLSTR},
     },
 }
@@ -104,14 +188,18 @@ class DoctorConfig:
 
     device: str = config_field("auto", help="auto | cpu | cuda | rocm (see kit.hardware.detect)")
     libraries: tuple[str, ...] = config_field(
-        (), cli=False, help="NAME=MODULE: look kernel library NAME's ops up in MODULE (a fork or a test double)")
+        (), cli=False, help="NAME=MODULE: look kernel library NAME's ops up in MODULE (a fork or a test double)"
+    )
     require: tuple[str, ...] = config_field(
-        (), cli=False, help="kernel libraries that must be importable (e.g. flashinfer on a CUDA node)")
-    compile_check: bool = config_field(True, flag="--compile",
-                                       help="run the torch.compile check (a subprocess, beside the other probes)")
+        (), cli=False, help="kernel libraries that must be importable (e.g. flashinfer on a CUDA node)"
+    )
+    compile_check: bool = config_field(
+        True, flag="--compile", help="run the torch.compile check (a subprocess, beside the other probes)"
+    )
     compile_backend: str = config_field("inductor", help="torch.compile backend of the compile check")
-    compile_timeout_s: float = config_field(25.0, flag="--compile-timeout",
-                                            help="seconds the torch.compile check may take (then a warning)")
+    compile_timeout_s: float = config_field(
+        25.0, flag="--compile-timeout", help="seconds the torch.compile check may take (then a warning)"
+    )
     timing: bool = config_field(True, help="time the matmul speed sanity check (off: only 'does it run')")
 
     def __post_init__(self):
@@ -161,16 +249,20 @@ def run_doctor(config: DoctorConfig | None = None, **overrides) -> dict:
         if not d["works"]:
             problems.append(f"dtype {d['dtype']} does not run on {info.name}: {d['error']}")
         elif info.platform != "cpu" and d["dtype"] != "float32" and d["vs_float32"] is not None and d["vs_float32"] < 1:
-            warnings.append(f"{d['dtype']} matmul is slower than float32 on {info.name} ({d['vs_float32']}×): "
-                            "an emulated or untuned path?")
+            warnings.append(
+                f"{d['dtype']} matmul is slower than float32 on {info.name} ({d['vs_float32']}×): "
+                "an emulated or untuned path?"
+            )
     warnings.extend(probes.timing_caveats(dtypes, info.platform, info.name))
     fp8 = probes.probe_fp8(info.device, info.platform, info.gfx_arch)
     for f in fp8["formats"]:
         if f["format"] == fp8["native_format"] and not f["cast_ok"]:
             problems.append(f"native fp8 format {f['format']} does not cast on {info.name}: {f['error']}")
         if f["raw_overflow"] == "nan":
-            warnings.append(f"casting an out-of-range value to float8_{f['format']} gives NaN here: clamp to ±"
-                            f"{f['max']:g} first (kit.check.fp8.to_fp8)")
+            warnings.append(
+                f"casting an out-of-range value to float8_{f['format']} gives NaN here: clamp to ±"
+                f"{f['max']:g} first (kit.check.fp8.to_fp8)"
+            )
     found = [probe_library(b) for b in libraries]
     for p in found:
         problems.extend(p["problems"])
@@ -189,35 +281,54 @@ def run_doctor(config: DoctorConfig | None = None, **overrides) -> dict:
     dev = {k: info.as_dict()[k] for k in ("platform", "device", "name", "count", "gfx_arch")}
     dev["memory_gb"] = round(info.memory_gb, 2)
     return {
-        "schema_version": SCHEMA_VERSION, "ok": not problems, "problems": problems, "warnings": warnings,
+        "schema_version": SCHEMA_VERSION,
+        "ok": not problems,
+        "problems": problems,
+        "warnings": warnings,
         "elapsed_s": round(time.perf_counter() - t0, 2),
         "platform": {"python": platform.python_version(), "os": platform.platform(), "machine": platform.machine()},
-        "torch": {"version": torch.__version__, "cuda": getattr(torch.version, "cuda", None),
-                  "hip": getattr(torch.version, "hip", None)},
-        "device": dev, "devices": probes.gpu_list(), "dtypes": dtypes, "fp8": fp8, "compile": comp,
-        "libraries": found, "packages": probes.package_versions(),
+        "torch": {
+            "version": torch.__version__,
+            "cuda": getattr(torch.version, "cuda", None),
+            "hip": getattr(torch.version, "hip", None),
+        },
+        "device": dev,
+        "devices": probes.gpu_list(),
+        "dtypes": dtypes,
+        "fp8": fp8,
+        "compile": comp,
+        "libraries": found,
+        "packages": probes.package_versions(),
     }
 
 
 def format_report(r: dict) -> str:
     """The report as readable text (what ``kit doctor`` prints without ``--json``)."""
     t, d = r["torch"], r["device"]
-    lines = [f"kit doctor — torch {t['version']} (CUDA {t['cuda'] or '-'}, HIP {t['hip'] or '-'}), "
-             f"python {r['platform']['python']}, {r['elapsed_s']:.1f} s",
-             f"device         {d['platform']}: {d['name']} ×{d['count']}, {d['memory_gb']:.1f} GB"
-             + (f", {d['gfx_arch']}" if d["gfx_arch"] else "")]
+    lines = [
+        f"kit doctor — torch {t['version']} (CUDA {t['cuda'] or '-'}, HIP {t['hip'] or '-'}), "
+        f"python {r['platform']['python']}, {r['elapsed_s']:.1f} s",
+        f"device         {d['platform']}: {d['name']} ×{d['count']}, {d['memory_gb']:.1f} GB"
+        + (f", {d['gfx_arch']}" if d["gfx_arch"] else ""),
+    ]
     for g in r["devices"]:
-        lines.append(f"  [{g['index']}] {g['name']}  {g['memory_gb']} GB  capability {g['capability']}"
-                     + (f"  {g['gfx_arch']}" if g["gfx_arch"] else ""))
+        lines.append(
+            f"  [{g['index']}] {g['name']}  {g['memory_gb']} GB  capability {g['capability']}"
+            + (f"  {g['gfx_arch']}" if g["gfx_arch"] else "")
+        )
     for i, x in enumerate(r["dtypes"]):
         head = "dtypes         " if i == 0 else "               "
         if not x["works"]:
             lines.append(f"{head}{x['dtype']:9s} FAILS: {x['error']}")
             continue
-        speed = (f"{x['matmul_n']}² matmul {x['matmul_ms_p50']:.3g} ms p50 (n={x['n']}), {x['tflops'] * 1e3:.3g} "
-                 f"GFLOP/s" + (f", {x['vs_float32']}× float32" if x["dtype"] != "float32" else "")
-                 + (f" (noisy: repeats vary {x['spread']:.3g}×)" if (x.get("spread") or 0) > NOISY_SPREAD else "")
-                 if x["matmul_ms_p50"] is not None else "runs")
+        speed = (
+            f"{x['matmul_n']}² matmul {x['matmul_ms_p50']:.3g} ms p50 (n={x['n']}), {x['tflops'] * 1e3:.3g} "
+            f"GFLOP/s"
+            + (f", {x['vs_float32']}× float32" if x["dtype"] != "float32" else "")
+            + (f" (noisy: repeats vary {x['spread']:.3g}×)" if (x.get("spread") or 0) > NOISY_SPREAD else "")
+            if x["matmul_ms_p50"] is not None
+            else "runs"
+        )
         lines.append(f"{head}{x['dtype']:9s} ok   {speed}")
     f8 = r["fp8"]
     parts = []
@@ -231,16 +342,22 @@ def format_report(r: dict) -> str:
         lines.append("torch.compile  not checked")
     else:
         state = "ok" if c["ok"] else ("TIMED OUT" if c["timed_out"] else "FAILS")
-        lines.append(f"torch.compile  {state} ({c['backend']}" + (f", {c['seconds']} s" if c["seconds"] else "")
-                     + ")" + (f": {c['error']}" if c["error"] and not c["ok"] else ""))
+        lines.append(
+            f"torch.compile  {state} ({c['backend']}"
+            + (f", {c['seconds']} s" if c["seconds"] else "")
+            + ")"
+            + (f": {c['error']}" if c["error"] and not c["ok"] else "")
+        )
     for i, b in enumerate(r["libraries"]):
         head = "kernel libs    " if i == 0 else "               "
         if not b["importable"]:
             lines.append(f"{head}{b['name']:11s} -  {b['error']}")
             continue
         have = [op for op, where in b["ops"].items() if where]
-        lines.append(f"{head}{b['name']:11s} {b['version'] or '?'} ({b['module']}): has {', '.join(have) or 'none'}"
-                     + (f"; MISSING {', '.join(b['missing'])}" if b["missing"] else ""))
+        lines.append(
+            f"{head}{b['name']:11s} {b['version'] or '?'} ({b['module']}): has {', '.join(have) or 'none'}"
+            + (f"; MISSING {', '.join(b['missing'])}" if b["missing"] else "")
+        )
     pk = ", ".join(f"{k} {v}" for k, v in r["packages"].items() if v)
     lines.append(f"packages       {pk or '-'}")
     for w in r["warnings"]:
@@ -259,10 +376,21 @@ def add_cli(sub) -> None:
     p.add_argument("--strict", action="store_true", help="exit 1 when there is any problem (for CI gates)")
     add_config_args(p, DoctorConfig)
     fields = {f.name: f for f in dataclasses.fields(DoctorConfig)}
-    p.add_argument("--library", dest="libraries", action="append", default=[], metavar="NAME=MODULE",
-                   help=fields["libraries"].metadata["help"] + "; repeatable (none by default)")
-    p.add_argument("--require", action="append", default=[], metavar="NAME",
-                   help=fields["require"].metadata["help"] + "; repeatable (none by default)")
+    p.add_argument(
+        "--library",
+        dest="libraries",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE",
+        help=fields["libraries"].metadata["help"] + "; repeatable (none by default)",
+    )
+    p.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=fields["require"].metadata["help"] + "; repeatable (none by default)",
+    )
     p.add_argument("--quick", action="store_true", help="skip timing and the torch.compile check")
     p.add_argument("--out", default=None, help="also write the JSON report to this file")
     p.set_defaults(func=_cli)

@@ -5,6 +5,7 @@
 250 → e4m3fnuz is NaN; pytorch #150756), :func:`e4m3fn_to_e4m3fnuz` (re-encode OCP-fp8 data for an MI300-series
 device without changing its values) and :func:`positive_values` (every positive finite value of a format).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,12 +35,15 @@ class Fp8Format:
 #: format name → :class:`Fp8Format`. Sources: OCP 8-bit floating point spec (e4m3fn max 448, e5m2 max 57344);
 #: AMD MI300 ISA / ROCm docs (fnuz variants: no negative zero, NaN = 0x80, e4m3fnuz max 240);
 #: ROCm/TransformerEngine PR #485.
-FP8_FORMAT_INFO: dict[str, Fp8Format] = {f.name: f for f in (
-    Fp8Format("e4m3fn", "float8_e4m3fn", 448.0, "OCP FP8: NVIDIA Hopper/Blackwell, AMD MI355X (gfx950)"),
-    Fp8Format("e4m3fnuz", "float8_e4m3fnuz", 240.0, "AMD MI300 series (gfx942)"),
-    Fp8Format("e5m2", "float8_e5m2", 57344.0, "OCP FP8 (gradients/KV cache): NVIDIA, gfx950"),
-    Fp8Format("e5m2fnuz", "float8_e5m2fnuz", 57344.0, "AMD MI300 series (gfx942)"),
-)}
+FP8_FORMAT_INFO: dict[str, Fp8Format] = {
+    f.name: f
+    for f in (
+        Fp8Format("e4m3fn", "float8_e4m3fn", 448.0, "OCP FP8: NVIDIA Hopper/Blackwell, AMD MI355X (gfx950)"),
+        Fp8Format("e4m3fnuz", "float8_e4m3fnuz", 240.0, "AMD MI300 series (gfx942)"),
+        Fp8Format("e5m2", "float8_e5m2", 57344.0, "OCP FP8 (gradients/KV cache): NVIDIA, gfx950"),
+        Fp8Format("e5m2fnuz", "float8_e5m2fnuz", 57344.0, "AMD MI300 series (gfx942)"),
+    )
+}
 
 
 def fp8_dtype(fmt: str) -> torch.dtype:

@@ -13,6 +13,7 @@ Tolerances (:data:`DEFAULT_TOL`) are ``torch.testing.assert_close``'s defaults p
 "torch.testing"): the reference runs on the *same* rounded inputs upcast to float64, so the error measured is the
 implementation's own rounding plus any bug.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -32,7 +33,10 @@ from kit.errors import UserError
 MODES = ("eager", "compile")
 #: dtype name → (atol, rtol); torch.testing.assert_close defaults (float64 tightened for the reference itself)
 DEFAULT_TOL: dict[str, tuple[float, float]] = {
-    "float32": (1e-5, 1.3e-6), "float16": (1e-5, 1e-3), "bfloat16": (1e-5, 1.6e-2), "float64": (1e-7, 1e-7),
+    "float32": (1e-5, 1.3e-6),
+    "float16": (1e-5, 1e-3),
+    "bfloat16": (1e-5, 1.6e-2),
+    "float64": (1e-7, 1e-7),
 }
 
 
@@ -48,8 +52,9 @@ def checked_dtype(d) -> str:
     try:
         return model_dtype(d)
     except UserError:
-        raise UserError(f"dtype {str(d).removeprefix('torch.')!r} is not checked; allowed: "
-                        f"{sorted(MODEL_DTYPES) + ['float64']}") from None
+        raise UserError(
+            f"dtype {str(d).removeprefix('torch.')!r} is not checked; allowed: {sorted(MODEL_DTYPES) + ['float64']}"
+        ) from None
 
 
 def checked_torch_dtype(name: str) -> torch.dtype:
@@ -79,16 +84,24 @@ class OpCheck:
 
 
 #: op name → :class:`OpCheck`, for every op :func:`check_op` can check
-OP_CHECKS: dict[str, OpCheck] = {c.name: c for c in (
-    OpCheck("top_k_renorm_prob", S.top_k_renorm_prob, "probs", K.top_k_cases),
-    OpCheck("top_p_renorm_prob", S.top_p_renorm_prob, "probs", K.top_p_cases),
-    OpCheck("min_p_renorm_prob", S.min_p_renorm_prob, "probs", K.min_p_cases),
-    OpCheck("top_k_mask_logits", S.top_k_mask_logits, "logits", K.mask_logits_cases),
-    OpCheck("softmax_with_temperature", S.softmax_with_temperature, "probs", K.temperature_cases),
-    OpCheck("top_k_top_p_sampling_from_probs", S.top_k_top_p_sampling_from_probs, "ids", K.sampling_cases,
-            _support_sampling),
-    OpCheck("sampling_from_probs", S.sampling_from_probs, "ids", K.plain_sampling_cases, _support_plain),
-)}
+OP_CHECKS: dict[str, OpCheck] = {
+    c.name: c
+    for c in (
+        OpCheck("top_k_renorm_prob", S.top_k_renorm_prob, "probs", K.top_k_cases),
+        OpCheck("top_p_renorm_prob", S.top_p_renorm_prob, "probs", K.top_p_cases),
+        OpCheck("min_p_renorm_prob", S.min_p_renorm_prob, "probs", K.min_p_cases),
+        OpCheck("top_k_mask_logits", S.top_k_mask_logits, "logits", K.mask_logits_cases),
+        OpCheck("softmax_with_temperature", S.softmax_with_temperature, "probs", K.temperature_cases),
+        OpCheck(
+            "top_k_top_p_sampling_from_probs",
+            S.top_k_top_p_sampling_from_probs,
+            "ids",
+            K.sampling_cases,
+            _support_sampling,
+        ),
+        OpCheck("sampling_from_probs", S.sampling_from_probs, "ids", K.plain_sampling_cases, _support_plain),
+    )
+}
 
 
 # ================================================================================================================
@@ -104,8 +117,10 @@ def _bad_values(ref: torch.Tensor, out: torch.Tensor, i: int, atol: float, rtol:
     r, o = ref[i].double().cpu(), out[i].double().cpu()
     cols = (~torch.isclose(o, r, rtol=rtol, atol=atol, equal_nan=True)).nonzero().flatten()[:n].tolist()
     more = " …" if int((~torch.isclose(o, r, rtol=rtol, atol=atol, equal_nan=True)).sum()) > n else ""
-    return {"expected": f"tokens {cols}{more}: {_fmt(r[cols].tolist())}", "got": f"tokens {cols}{more}: "
-            f"{_fmt(o[cols].tolist())}"}
+    return {
+        "expected": f"tokens {cols}{more}: {_fmt(r[cols].tolist())}",
+        "got": f"tokens {cols}{more}: {_fmt(o[cols].tolist())}",
+    }
 
 
 def _compare_float(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: float) -> dict:
@@ -115,15 +130,20 @@ def _compare_float(ref: torch.Tensor, out: torch.Tensor, atol: float, rtol: floa
     diff = (o - r).abs().where(both, torch.zeros_like(r))
     rel = (diff / r.abs()).where(both & (r.abs() > atol), torch.zeros_like(r))
     bad_rows = (~close).any(-1).nonzero().flatten().tolist()
-    return {"max_abs_err": float(diff.max()) if diff.numel() else 0.0,
-            "max_rel_err": float(rel.max()) if rel.numel() else 0.0,
-            "mismatches": int((~close).sum()), "n_elements": r.numel(),
-            "nonfinite_ref": int((~torch.isfinite(r)).sum()), "nonfinite_out": int((~torch.isfinite(o)).sum()),
-            "bad_rows": bad_rows}
+    return {
+        "max_abs_err": float(diff.max()) if diff.numel() else 0.0,
+        "max_rel_err": float(rel.max()) if rel.numel() else 0.0,
+        "mismatches": int((~close).sum()),
+        "n_elements": r.numel(),
+        "nonfinite_ref": int((~torch.isfinite(r)).sum()),
+        "nonfinite_out": int((~torch.isfinite(o)).sum()),
+        "bad_rows": bad_rows,
+    }
 
 
-def _compare_ids(ref: torch.Tensor, out: torch.Tensor, q: torch.Tensor, u: torch.Tensor, atol: float,
-                 rtol: float) -> dict:
+def _compare_ids(
+    ref: torch.Tensor, out: torch.Tensor, q: torch.Tensor, u: torch.Tensor, atol: float, rtol: float
+) -> dict:
     """Ids agree, or differ only where ``u`` lies within the tolerance of a CDF boundary of the filtered
     distribution ``q`` (rounding may legitimately move the choice to a neighbour there)."""
     ref, out, q, u = ref.cpu().long(), out.cpu().long(), q.double().cpu(), u.double().cpu()
@@ -143,9 +163,15 @@ def _compare_ids(ref: torch.Tensor, out: torch.Tensor, q: torch.Tensor, u: torch
         hi = float(cdf[i, b])
         if not (lo - tol <= float(u[i]) <= hi + tol):
             bad.append(i)
-    return {"max_abs_err": float("nan"), "max_rel_err": float("nan"), "mismatches": len(bad),
-            "n_elements": ref.numel(), "nonfinite_ref": int((ref < 0).sum()), "nonfinite_out": int((out < 0).sum()),
-            "bad_rows": bad}
+    return {
+        "max_abs_err": float("nan"),
+        "max_rel_err": float("nan"),
+        "mismatches": len(bad),
+        "n_elements": ref.numel(),
+        "nonfinite_ref": int((ref < 0).sum()),
+        "nonfinite_out": int((out < 0).sum()),
+        "bad_rows": bad,
+    }
 
 
 _COMPILED: dict = {}
@@ -207,8 +233,10 @@ class CheckReport:
         f = self.failures
         if f.empty:
             return None
-        return {k: (None if v is None or (not isinstance(v, str) and pd.isna(v))
-                    else v.item() if hasattr(v, "item") else v) for k, v in f.iloc[0].to_dict().items()}
+        return {
+            k: (None if v is None or (not isinstance(v, str) and pd.isna(v)) else v.item() if hasattr(v, "item") else v)
+            for k, v in f.iloc[0].to_dict().items()
+        }
 
     def summary(self, max_lines: int = 6) -> str:
         """Readable text: one headline, then one line per failing cell naming dtype, mode, input, first bad row."""
@@ -216,9 +244,11 @@ class CheckReport:
 
         n, nf = len(self.df), int((~self.df["passed"]).sum())
         skipped = int((self.df["status"] == "skipped").sum())
-        head = (f"check {self.op}: impl {self.impl!r} vs kit reference on {self.device} — "
-                + (f"all {n - skipped} cells passed" if nf == 0 else f"{nf} of {n} cells FAILED")
-                + (f" ({skipped} skipped)" if skipped else ""))
+        head = (
+            f"check {self.op}: impl {self.impl!r} vs kit reference on {self.device} — "
+            + (f"all {n - skipped} cells passed" if nf == 0 else f"{nf} of {n} cells FAILED")
+            + (f" ({skipped} skipped)" if skipped else "")
+        )
         lines = [head]
         for _, r in self.failures.head(max_lines).iterrows():
             where = f"op={self.op} dtype={r['dtype']} mode={r['mode']} input={r['input']}"
@@ -227,9 +257,11 @@ class CheckReport:
                 continue
             label = f" ({r['first_bad_label']})" if pd.notna(r["first_bad_label"]) else ""
             unit = "rows" if r["n_elements"] == r["batch"] and OP_CHECKS[self.op].output == "ids" else "elements"
-            lines.append(f"  FAIL  {where} first bad row={r['first_bad_row']}{label}: {r['mismatches']}/"
-                         f"{r['n_elements']} {unit} outside atol={r['atol']:g} rtol={r['rtol']:g}"
-                         + (f", max abs err {r['max_abs_err']:.3g}" if pd.notna(r["max_abs_err"]) else ""))
+            lines.append(
+                f"  FAIL  {where} first bad row={r['first_bad_row']}{label}: {r['mismatches']}/"
+                f"{r['n_elements']} {unit} outside atol={r['atol']:g} rtol={r['rtol']:g}"
+                + (f", max abs err {r['max_abs_err']:.3g}" if pd.notna(r["max_abs_err"]) else "")
+            )
             lines.append(f"        expected {r['expected']}")
             lines.append(f"        got      {r['got']}")
         if nf > max_lines:
@@ -242,11 +274,20 @@ class CheckReport:
         return self.summary()
 
 
-def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = None,
-             dtypes: Sequence = ("float32", "float16", "bfloat16"), modes: Sequence[str] = MODES,
-             device: str = "cpu", inputs: Callable | Sequence[Case] | None = None,
-             tol: dict[str, tuple[float, float]] | None = None, compile_backend: str = "inductor",
-             compile_kwargs: dict | None = None, seed: int = 0) -> CheckReport:
+def check_op(
+    op: str,
+    impl: Callable | None = None,
+    *,
+    impl_name: str | None = None,
+    dtypes: Sequence = ("float32", "float16", "bfloat16"),
+    modes: Sequence[str] = MODES,
+    device: str = "cpu",
+    inputs: Callable | Sequence[Case] | None = None,
+    tol: dict[str, tuple[float, float]] | None = None,
+    compile_backend: str = "inductor",
+    compile_kwargs: dict | None = None,
+    seed: int = 0,
+) -> CheckReport:
     """Compare ``impl`` with the kit's reference for ``op`` over dtypes × modes × inputs.
 
     The reference runs in eager mode on the same inputs upcast to float64; ``impl`` runs on the inputs in each
@@ -294,8 +335,9 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
         try:
             hardware.check_dtype_supported(dtype, device)
         except UserError as e:
-            rows += [{**base, "mode": m, "input": "*", "status": "skipped", "passed": True, "error": str(e)}
-                     for m in modes]
+            rows += [
+                {**base, "mode": m, "input": "*", "status": "skipped", "passed": True, "error": str(e)} for m in modes
+            ]
             continue
         g = torch.Generator().manual_seed(seed)
         if inputs is None:
@@ -303,8 +345,10 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
         elif callable(inputs):
             cases = inputs(dtype, device, g)
         else:
-            cases = [Case(c.name, (c.args[0].to(dtype=dtype, device=device),) + tuple(c.args[1:]), c.kwargs, c.rows)
-                     for c in inputs]
+            cases = [
+                Case(c.name, (c.args[0].to(dtype=dtype, device=device),) + tuple(c.args[1:]), c.kwargs, c.rows)
+                for c in inputs
+            ]
         refs = []
         for c in cases:
             ref = spec.reference(c.args[0].double(), *c.args[1:], **c.kwargs)
@@ -313,9 +357,18 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
         for mode in modes:
             fn = impl if mode == "eager" else compiled(impl, compile_backend, **(compile_kwargs or {}))
             for c, (ref, q) in zip(cases, refs):
-                row = {**base, "mode": mode, "input": c.name, "shape": str(tuple(c.args[0].shape)),
-                       "batch": c.args[0].shape[0], "error": None, "first_bad_row": None, "first_bad_label": None,
-                       "expected": None, "got": None}
+                row = {
+                    **base,
+                    "mode": mode,
+                    "input": c.name,
+                    "shape": str(tuple(c.args[0].shape)),
+                    "batch": c.args[0].shape[0],
+                    "error": None,
+                    "first_bad_row": None,
+                    "first_bad_label": None,
+                    "expected": None,
+                    "got": None,
+                }
                 try:
                     if mode == "compile":
                         with _compile_guard():
@@ -323,11 +376,19 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
                     else:
                         out = fn(*c.args, **c.kwargs)
                     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
-                        raise UserError(f"output {type(out).__name__} of shape "
-                                         f"{tuple(getattr(out, 'shape', ()))}; expected shape {tuple(ref.shape)}")
+                        raise UserError(
+                            f"output {type(out).__name__} of shape "
+                            f"{tuple(getattr(out, 'shape', ()))}; expected shape {tuple(ref.shape)}"
+                        )
                 except Exception as e:  # the impl failing is a result, not a harness error
-                    rows.append({**row, "status": "error", "passed": False,
-                                 "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
+                    rows.append(
+                        {
+                            **row,
+                            "status": "error",
+                            "passed": False,
+                            "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                        }
+                    )
                     continue
                 if spec.output == "ids":
                     m = _compare_ids(ref, out, q, c.kwargs["uniform"], atol, rtol)
@@ -337,13 +398,39 @@ def check_op(op: str, impl: Callable | None = None, *, impl_name: str | None = N
                 row.update(m, out_dtype=str(out.dtype).removeprefix("torch."))
                 if bad:
                     i = bad[0]
-                    row.update(first_bad_row=i, first_bad_label=c.rows[i] if c.rows else None,
-                               **_bad_values(ref, out, i, atol, rtol))
+                    row.update(
+                        first_bad_row=i,
+                        first_bad_label=c.rows[i] if c.rows else None,
+                        **_bad_values(ref, out, i, atol, rtol),
+                    )
                 row.update(status="fail" if bad else "pass", passed=not bad)
                 rows.append(row)
-    cols = ["op", "impl", "device", "dtype", "mode", "input", "shape", "status", "passed", "max_abs_err",
-            "max_rel_err", "mismatches", "n_elements", "nonfinite_ref", "nonfinite_out", "first_bad_row",
-            "first_bad_label", "atol", "rtol", "out_dtype", "expected", "got", "error", "batch"]
+    cols = [
+        "op",
+        "impl",
+        "device",
+        "dtype",
+        "mode",
+        "input",
+        "shape",
+        "status",
+        "passed",
+        "max_abs_err",
+        "max_rel_err",
+        "mismatches",
+        "n_elements",
+        "nonfinite_ref",
+        "nonfinite_out",
+        "first_bad_row",
+        "first_bad_label",
+        "atol",
+        "rtol",
+        "out_dtype",
+        "expected",
+        "got",
+        "error",
+        "batch",
+    ]
     df = pd.DataFrame(rows).reindex(columns=cols)
     df["passed"] = df["passed"].astype(bool)
     for col in ("mismatches", "n_elements", "nonfinite_ref", "nonfinite_out", "first_bad_row", "batch"):

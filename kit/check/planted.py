@@ -3,6 +3,7 @@
 Not used by the kit: the how-to notebook and the tests pass it to :func:`kit.check.harness.check_op` to show what
 a failing check looks like.
 """
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ crashes): they return it as data for :func:`kit.check.doctor.run_doctor` to judg
 in a child process (:func:`start_compile_check` / :func:`finish_compile_check`) so a compiler crash or hang cannot
 take the doctor down.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,14 +50,24 @@ except Exception as e:
 def start_compile_check(device: str, compile_backend: str) -> subprocess.Popen:
     """Start the ``torch.compile`` check in a child process: compile a small function on ``device`` with
     ``compile_backend`` (``"inductor"``) and compare it with eager. Collect it with :func:`finish_compile_check`."""
-    return subprocess.Popen([sys.executable, "-c", _COMPILE_CODE, device, compile_backend], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _COMPILE_CODE, device, compile_backend],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def compile_not_checked(compile_backend: str) -> dict:
     """The ``compile`` section of the report when the check was skipped."""
-    return {"checked": False, "ok": None, "backend": compile_backend, "seconds": None, "timed_out": False,
-            "error": None}
+    return {
+        "checked": False,
+        "ok": None,
+        "backend": compile_backend,
+        "seconds": None,
+        "timed_out": False,
+        "error": None,
+    }
 
 
 def finish_compile_check(proc: subprocess.Popen, compile_backend: str, deadline: float, timeout_s: float) -> dict:
@@ -70,8 +81,11 @@ def finish_compile_check(proc: subprocess.Popen, compile_backend: str, deadline:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        out.update(timed_out=True, error=f"did not finish within {timeout_s:g} s (a cold compiler cache can take "
-                                         "longer; rerun, or raise --compile-timeout)")
+        out.update(
+            timed_out=True,
+            error=f"did not finish within {timeout_s:g} s (a cold compiler cache can take "
+            "longer; rerun, or raise --compile-timeout)",
+        )
         return out
     lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -83,8 +97,9 @@ def finish_compile_check(proc: subprocess.Popen, compile_backend: str, deadline:
     return out
 
 
-def _time_matmul(dtype: torch.dtype, device: str, n: int, reps: int = 5,
-                 warmup_s: float = 0.2) -> tuple[float, float, float]:
+def _time_matmul(
+    dtype: torch.dtype, device: str, n: int, reps: int = 5, warmup_s: float = 0.2
+) -> tuple[float, float, float]:
     """Median ms of an n×n matmul (after ≥ 3 warm-up runs and ≥ ``warmup_s`` seconds of them — CPU BLAS libraries
     JIT their kernels over the first calls — synchronised), the TFLOP/s it implies (2n³ flop) and the spread of the
     repeats (slowest / fastest; near 1 on a quiet machine)."""
@@ -92,7 +107,7 @@ def _time_matmul(dtype: torch.dtype, device: str, n: int, reps: int = 5,
     b = torch.randn(n, n, device=device).to(dtype)
     times = sorted(t * 1e3 for t in timed_repeats(lambda: a @ b, device, 3, reps, warmup_s=warmup_s))
     ms = times[len(times) // 2]
-    return ms, 2 * n ** 3 / (ms / 1e3) / 1e12, times[-1] / times[0] if times[0] > 0 else float("inf")
+    return ms, 2 * n**3 / (ms / 1e3) / 1e12, times[-1] / times[0] if times[0] > 0 else float("inf")
 
 
 def probe_dtypes(device: str, timing: bool = True) -> list[dict]:
@@ -107,8 +122,17 @@ def probe_dtypes(device: str, timing: bool = True) -> list[dict]:
     rows = []
     for name in MODEL_DTYPES:
         dt = to_torch(name)
-        row = {"dtype": name, "works": True, "error": None, "matmul_n": n, "matmul_ms_p50": None, "tflops": None,
-               "n": 0, "vs_float32": None, "spread": None}
+        row = {
+            "dtype": name,
+            "works": True,
+            "error": None,
+            "matmul_n": n,
+            "matmul_ms_p50": None,
+            "tflops": None,
+            "n": 0,
+            "vs_float32": None,
+            "spread": None,
+        }
         try:
             hardware.check_dtype_supported(dt, device)
             if timing:
@@ -132,15 +156,19 @@ def timing_caveats(dtype_rows: list[dict], platform: str = "cpu", name: str = "t
     for d in dtype_rows:
         sp = d.get("spread")
         if d.get("works") and sp is not None and sp > NOISY_SPREAD:
-            out.append(f"noisy: {d['dtype']} matmul timings vary {sp:.3g}× between repeats (slowest/fastest of "
-                       f"n={d.get('n')}) on {name}; its speed and ratios to it are unreliable (rerun on a quieter "
-                       "machine)")
+            out.append(
+                f"noisy: {d['dtype']} matmul timings vary {sp:.3g}× between repeats (slowest/fastest of "
+                f"n={d.get('n')}) on {name}; its speed and ratios to it are unreliable (rerun on a quieter "
+                "machine)"
+            )
     lim = IMPLAUSIBLE_VS_FLOAT32["cpu" if platform == "cpu" else "gpu"]
     for d in dtype_rows:
         r = d.get("vs_float32")
         if d.get("dtype") != "float32" and r is not None and r > lim:
-            out.append(f"implausible: {d['dtype']} matmul measured {r:.4g}× float32 on {name} (more than {lim:g}× "
-                       "is not expected here); the float32 timing was probably disturbed: rerun kit doctor")
+            out.append(
+                f"implausible: {d['dtype']} matmul measured {r:.4g}× float32 on {name} (more than {lim:g}× "
+                "is not expected here); the float32 timing was probably disturbed: rerun kit doctor"
+            )
     return out
 
 
@@ -155,8 +183,14 @@ def probe_fp8(device: str, platform: str, gfx_arch: str | None) -> dict:
     """
     out = []
     for name, f in fp8.FP8_FORMAT_INFO.items():
-        row = {"format": name, "available": hasattr(torch, f.torch_attr), "max": None, "cast_ok": False,
-               "raw_overflow": None, "error": None}
+        row = {
+            "format": name,
+            "available": hasattr(torch, f.torch_attr),
+            "max": None,
+            "cast_ok": False,
+            "raw_overflow": None,
+            "error": None,
+        }
         if row["available"]:
             try:
                 dt = fp8.fp8_dtype(name)
@@ -181,9 +215,15 @@ def gpu_list() -> list[dict]:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
-            out.append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 1e9, 2),
-                        "capability": f"{p.major}.{p.minor}",
-                        "gfx_arch": hardware.gfx_arch(p) if getattr(torch.version, "hip", None) else None})
+            out.append(
+                {
+                    "index": i,
+                    "name": p.name,
+                    "memory_gb": round(p.total_memory / 1e9, 2),
+                    "capability": f"{p.major}.{p.minor}",
+                    "gfx_arch": hardware.gfx_arch(p) if getattr(torch.version, "hip", None) else None,
+                }
+            )
     return out
 
 

@@ -8,6 +8,7 @@ left ``None`` behind and the sampler crashed on the first request — sglang #32
 which listed ops one library exposes (``kit doctor``). The check harness that compares an op with the reference is
 :mod:`kit.check.harness`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -44,10 +45,12 @@ class KernelLibrary:
 
 def _aiter_top_k(raw: Callable) -> Callable:
     """aiter's ``top_k_renorm_probs(probs, maybe_top_k_arr, top_k_val)`` → ``(probs, top_k)``."""
+
     def top_k_renorm_prob(probs, top_k):
         if isinstance(top_k, torch.Tensor):
             return raw(probs, top_k.to(torch.int32), 0)
         return raw(probs, None, int(top_k))
+
     return top_k_renorm_prob
 
 
@@ -58,22 +61,35 @@ def _aiter_top_k(raw: Callable) -> Callable:
 #: sampling-from-probs symbols differ between libraries and versions (explicit noise vs generator) — wrap them
 #: before :func:`kit.check.harness.check_op`.
 KERNEL_LIBRARIES: tuple[KernelLibrary, ...] = (
-    KernelLibrary("flashinfer", "flashinfer.sampling", {
-        "top_k_renorm_prob": ("top_k_renorm_probs", "top_k_renorm_prob"),
-        "top_p_renorm_prob": ("top_p_renorm_probs", "top_p_renorm_prob"),
-        "top_k_mask_logits": ("top_k_mask_logits",),
-        "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
-        "sampling_from_probs": ("sampling_from_probs",),
-    }),
-    KernelLibrary("sgl_kernel", "sgl_kernel", {
-        "top_k_renorm_prob": ("top_k_renorm_prob", "top_k_renorm_probs"),
-        "top_p_renorm_prob": ("top_p_renorm_prob", "top_p_renorm_probs"),
-        "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
-    }),
-    KernelLibrary("aiter", "aiter.ops.sampling", {
-        "top_k_renorm_prob": ("top_k_renorm_probs",),
-        "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
-    }, adapters={"top_k_renorm_prob": _aiter_top_k}),
+    KernelLibrary(
+        "flashinfer",
+        "flashinfer.sampling",
+        {
+            "top_k_renorm_prob": ("top_k_renorm_probs", "top_k_renorm_prob"),
+            "top_p_renorm_prob": ("top_p_renorm_probs", "top_p_renorm_prob"),
+            "top_k_mask_logits": ("top_k_mask_logits",),
+            "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
+            "sampling_from_probs": ("sampling_from_probs",),
+        },
+    ),
+    KernelLibrary(
+        "sgl_kernel",
+        "sgl_kernel",
+        {
+            "top_k_renorm_prob": ("top_k_renorm_prob", "top_k_renorm_probs"),
+            "top_p_renorm_prob": ("top_p_renorm_prob", "top_p_renorm_probs"),
+            "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
+        },
+    ),
+    KernelLibrary(
+        "aiter",
+        "aiter.ops.sampling",
+        {
+            "top_k_renorm_prob": ("top_k_renorm_probs",),
+            "top_k_top_p_sampling_from_probs": ("top_k_top_p_sampling_from_probs",),
+        },
+        adapters={"top_k_renorm_prob": _aiter_top_k},
+    ),
 )
 REFERENCE = "kit.reference"
 
@@ -160,7 +176,7 @@ def resolve_op(op: str, libraries: Sequence[KernelLibrary] | None = None, *, fal
     if op not in S.REFERENCE_OPS:
         raise UserError(f"unknown op {op!r}; known ops: {sorted(S.REFERENCE_OPS)}")
     tried: list[str] = []
-    for b in (KERNEL_LIBRARIES if libraries is None else libraries):
+    for b in KERNEL_LIBRARIES if libraries is None else libraries:
         if op not in b.symbols:
             continue
         mod, why = _import(b.module)
@@ -174,8 +190,9 @@ def resolve_op(op: str, libraries: Sequence[KernelLibrary] | None = None, *, fal
         tried.extend(f"{b.name}: {r}" for r in reasons)
     if fallback:
         log.debug("%s: no kernel library has it; using the kit reference (tried: %s)", op, "; ".join(tried))
-        return ResolvedOp(op, S.REFERENCE_OPS[op], REFERENCE, f"kit.check.sampling.{S.REFERENCE_OPS[op].__name__}",
-                          tuple(tried))
+        return ResolvedOp(
+            op, S.REFERENCE_OPS[op], REFERENCE, f"kit.check.sampling.{S.REFERENCE_OPS[op].__name__}", tuple(tried)
+        )
     tried.append(f"{REFERENCE}: kit.check.sampling.{op}: not used (fallback=False)")
     raise OpNotFoundError(op, tried)
 
@@ -187,8 +204,16 @@ def probe_library(library: KernelLibrary) -> dict:
         ``{"name", "module", "importable", "version", "error", "ops": {op: "module.symbol" | None},
         "missing": [op, ...], "problems": [text naming each missing symbol]}``. Never raises.
     """
-    out = {"name": library.name, "module": library.module, "importable": False, "version": None, "error": None,
-           "ops": {}, "missing": [], "problems": []}
+    out = {
+        "name": library.name,
+        "module": library.module,
+        "importable": False,
+        "version": None,
+        "error": None,
+        "ops": {},
+        "missing": [],
+        "problems": [],
+    }
     mod, why = _import(library.module)
     if mod is None:
         out["error"] = why

@@ -32,6 +32,7 @@ per-row parameter shapes and integer/floating kinds always; the *values* of per-
 temperature > 0, uniform in [0, 1)) in eager mode only — under ``torch.compile`` a value check would need a
 device-to-host sync and a graph break, so it is skipped there.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -41,8 +42,15 @@ import torch
 from kit.errors import UserError
 
 __all__ = [
-    "top_k_renorm_prob", "top_p_renorm_prob", "min_p_renorm_prob", "top_k_mask_logits", "apply_temperature",
-    "softmax_with_temperature", "sampling_from_probs", "top_k_top_p_sampling_from_probs", "REFERENCE_OPS",
+    "top_k_renorm_prob",
+    "top_p_renorm_prob",
+    "min_p_renorm_prob",
+    "top_k_mask_logits",
+    "apply_temperature",
+    "softmax_with_temperature",
+    "sampling_from_probs",
+    "top_k_top_p_sampling_from_probs",
+    "REFERENCE_OPS",
 ]
 
 
@@ -71,8 +79,9 @@ def _per_row(v, name: str, batch: int, device, *, integer: bool, allowed: str) -
         if v.dim() == 0:
             v = v.reshape(1).expand(batch)
         elif tuple(v.shape) != (batch,):
-            raise UserError(f"{name} must be a scalar or a tensor of shape (batch,) = ({batch},); "
-                             f"got shape {tuple(v.shape)}")
+            raise UserError(
+                f"{name} must be a scalar or a tensor of shape (batch,) = ({batch},); got shape {tuple(v.shape)}"
+            )
         if integer and (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool):
             raise UserError(f"{name} must be an integer tensor (int32/int64); got {v.dtype}")
         if not integer and not v.is_floating_point():
@@ -82,12 +91,15 @@ def _per_row(v, name: str, batch: int, device, *, integer: bool, allowed: str) -
         return v.to(device=device, dtype=torch.int64 if integer else torch.float32)
     if integer:
         if not isinstance(v, numbers.Integral):
-            raise UserError(f"{name} must be {allowed}: an int or an integer tensor of shape ({batch},); "
-                             f"got {type(v).__name__} {v!r}")
+            raise UserError(
+                f"{name} must be {allowed}: an int or an integer tensor of shape ({batch},); "
+                f"got {type(v).__name__} {v!r}"
+            )
         return torch.full((batch,), int(v), dtype=torch.int64, device=device)
     if not isinstance(v, numbers.Real):
-        raise UserError(f"{name} must be {allowed}: a float or a float tensor of shape ({batch},); "
-                         f"got {type(v).__name__} {v!r}")
+        raise UserError(
+            f"{name} must be {allowed}: a float or a float tensor of shape ({batch},); got {type(v).__name__} {v!r}"
+        )
     return torch.full((batch,), float(v), dtype=torch.float32, device=device)
 
 
@@ -112,8 +124,7 @@ def _check_range(t: torch.Tensor, name: str, raw, allowed: str, lo, hi, lo_open=
     bad = (~_in_range(t, lo, hi, lo_open, hi_open)).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
-        raise UserError(f"{name}[{i}]={t[i].item()!r} is out of range ({bad.numel()} bad value(s)); "
-                         f"allowed: {allowed}")
+        raise UserError(f"{name}[{i}]={t[i].item()!r} is out of range ({bad.numel()} bad value(s)); allowed: {allowed}")
 
 
 def _k(top_k, batch, device) -> torch.Tensor:
@@ -256,11 +267,24 @@ def top_k_mask_logits(logits: torch.Tensor, top_k) -> torch.Tensor:
 
 
 def _temperature(temperature, batch, device) -> torch.Tensor:
-    t = _per_row(temperature, "temperature", batch, device, integer=False,
-                 allowed="a finite float > 0 (for greedy decoding use argmax, not temperature 0)")
-    _check_range(t, "temperature", temperature,
-                 "finite floats > 0 (for greedy decoding use argmax, not temperature 0)", 0.0, float("inf"),
-                 lo_open=True, hi_open=True)
+    t = _per_row(
+        temperature,
+        "temperature",
+        batch,
+        device,
+        integer=False,
+        allowed="a finite float > 0 (for greedy decoding use argmax, not temperature 0)",
+    )
+    _check_range(
+        t,
+        "temperature",
+        temperature,
+        "finite floats > 0 (for greedy decoding use argmax, not temperature 0)",
+        0.0,
+        float("inf"),
+        lo_open=True,
+        hi_open=True,
+    )
     return t
 
 
@@ -314,8 +338,9 @@ def _uniform(uniform, generator, batch, device) -> torch.Tensor:
         raise UserError("pass either uniform (explicit noise) or generator, not both")
     if not isinstance(uniform, torch.Tensor) or tuple(uniform.shape) != (batch,) or not uniform.is_floating_point():
         shape = tuple(uniform.shape) if isinstance(uniform, torch.Tensor) else type(uniform).__name__
-        raise UserError(f"uniform must be a floating tensor of shape (batch,) = ({batch},) with values in [0, 1); "
-                         f"got {shape}")
+        raise UserError(
+            f"uniform must be a floating tensor of shape (batch,) = ({batch},) with values in [0, 1); got {shape}"
+        )
     u = uniform.to(device=device, dtype=torch.float32)
     _check_range(u, "uniform", uniform, "floats in [0, 1)", 0.0, 1.0, hi_open=True)
     return u
@@ -333,8 +358,14 @@ def _inverse_cdf(q: torch.Tensor, u: torch.Tensor, valid: torch.Tensor) -> torch
     return torch.where(valid, idx, torch.full_like(idx, -1))
 
 
-def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k=0, top_p=1.0, *, uniform: torch.Tensor | None = None,
-                                    generator: torch.Generator | None = None) -> torch.Tensor:
+def top_k_top_p_sampling_from_probs(
+    probs: torch.Tensor,
+    top_k=0,
+    top_p=1.0,
+    *,
+    uniform: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Sample one token id per row after top-k then top-p filtering (top-p acts on the top-k-renormalised row).
 
     Sampling is by inverse CDF: with noise ``u`` the id is the first token whose cumulative (filtered) mass exceeds
@@ -368,8 +399,9 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k=0, top_p=1.0, *, 
     return _inverse_cdf(torch.nan_to_num(q, nan=0.0), u, valid)
 
 
-def sampling_from_probs(probs: torch.Tensor, *, uniform: torch.Tensor | None = None,
-                        generator: torch.Generator | None = None) -> torch.Tensor:
+def sampling_from_probs(
+    probs: torch.Tensor, *, uniform: torch.Tensor | None = None, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Sample one id per row from ``probs`` with no filtering (see :func:`top_k_top_p_sampling_from_probs`).
 
     Returns: ``(batch,)`` int64 ids, ``-1`` for rows with nothing to sample. Raises: ValueError as there.

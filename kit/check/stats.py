@@ -5,6 +5,7 @@ cannot be compared draw by draw; their distributions can. :func:`frequency_check
 Pearson's χ² goodness-of-fit test against the probabilities; a draw of a zero-probability (or invalid) id fails
 outright.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -41,13 +42,16 @@ class FrequencyResult:
 
     def __str__(self) -> str:
         verdict = "pass" if self.passed else "FAIL"
-        return (f"frequency check {verdict}: n={self.n_draws}, counts={self.counts}, expected="
-                f"{[round(e, 1) for e in self.expected]}, chi2={self.chi2:.3g} (dof {self.dof}), "
-                f"p={self.p_value:.3g} (alpha {self.alpha:g}), impossible draws={self.impossible}")
+        return (
+            f"frequency check {verdict}: n={self.n_draws}, counts={self.counts}, expected="
+            f"{[round(e, 1) for e in self.expected]}, chi2={self.chi2:.3g} (dof {self.dof}), "
+            f"p={self.p_value:.3g} (alpha {self.alpha:g}), impossible draws={self.impossible}"
+        )
 
 
-def frequency_check(sampler: Callable[[torch.Tensor], torch.Tensor], probs, n_draws: int = 1000,
-                    alpha: float = 1e-3) -> FrequencyResult:
+def frequency_check(
+    sampler: Callable[[torch.Tensor], torch.Tensor], probs, n_draws: int = 1000, alpha: float = 1e-3
+) -> FrequencyResult:
     """Draw ``n_draws`` ids with ``sampler`` and test them against ``probs`` (Pearson's χ² test).
 
     The sampler is called once on ``probs`` repeated ``n_draws`` times, shape ``(n_draws, vocab)``, and must
@@ -69,8 +73,10 @@ def frequency_check(sampler: Callable[[torch.Tensor], torch.Tensor], probs, n_dr
     """
     p = torch.as_tensor(probs, dtype=torch.float64) if not isinstance(probs, torch.Tensor) else probs
     if p.dim() != 1 or not p.is_floating_point() or not bool((p >= 0).all()) or float(p.sum()) <= 0:
-        raise UserError(f"probs must be a 1-d floating tensor of non-negative values with a positive sum; got "
-                        f"{tuple(p.shape)} {p.dtype}")
+        raise UserError(
+            f"probs must be a 1-d floating tensor of non-negative values with a positive sum; got "
+            f"{tuple(p.shape)} {p.dtype}"
+        )
     if not isinstance(n_draws, int) or n_draws < 1:
         raise UserError(f"n_draws must be an int ≥ 1; got {n_draws!r}")
     if not 0 < alpha < 1:
@@ -88,5 +94,6 @@ def frequency_check(sampler: Callable[[torch.Tensor], torch.Tensor], probs, n_dr
     chi2 = float(((counts[m] - expected[m]) ** 2 / expected[m]).sum())
     dof = int(m.sum()) - 1
     pval = 1.0 if dof < 1 else float(scipy.stats.chi2.sf(chi2, dof))
-    return FrequencyResult([int(c) for c in counts.tolist()], expected.tolist(), chi2, dof, pval, alpha, impossible,
-                           n_draws)
+    return FrequencyResult(
+        [int(c) for c in counts.tolist()], expected.tolist(), chi2, dof, pval, alpha, impossible, n_draws
+    )

@@ -12,6 +12,7 @@ the kit's reference (named like :mod:`numpy.testing` / :mod:`torch.testing`).
 
 pytest is imported only by the functions that build ``pytest.param`` objects.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -54,7 +55,7 @@ def device_dtype_params(dtypes: Sequence = MODEL_DTYPES, devices: Sequence[str] 
     import pytest
 
     out = []
-    for dev in (devices or available_devices()):
+    for dev in devices or available_devices():
         ok = set(supported_dtypes(dev, dtypes))
         for d in dtypes:
             name = checked_dtype(d)
@@ -78,8 +79,9 @@ def mode_params(modes: Sequence[str] = MODES, compile_marks: Sequence = ()) -> l
     return [pytest.param(m, id=m, marks=tuple(compile_marks) if m == "compile" else ()) for m in modes]
 
 
-def assert_matches_reference(op: str, impl: Callable | None = None, *, device: str = "cpu", dtype="float32",
-                             mode: str = "eager", **kwargs) -> CheckReport:
+def assert_matches_reference(
+    op: str, impl: Callable | None = None, *, device: str = "cpu", dtype="float32", mode: str = "eager", **kwargs
+) -> CheckReport:
     """One cell of :func:`kit.check.harness.check_op` as a test assertion.
 
     Raises:

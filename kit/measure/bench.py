@@ -10,6 +10,7 @@
 Both alternate the two sides for ``rounds`` rounds (interleaved, so machine noise hits both alike) and report
 medians and minima with n.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,8 @@ import time
 import numpy as np
 import torch
 
-from kit.errors import UserError
 from kit import hardware, metrics
+from kit.errors import UserError
 from kit.measure.engine import PointConfig, bare_decode_loop_ms, run_point
 from kit.measure.sweep import get_model
 
@@ -33,13 +34,20 @@ def harness_overhead(model, batch: int, context_len: int, steps: int, rounds: in
     """
     kit_ms, bare_ms = [], []
     for _ in range(rounds):
-        r = run_point(model, PointConfig(batch, context_len, steps, warmup_steps=3, repeats=1,
-                                         kv_fill="synthetic"), device)
+        r = run_point(
+            model, PointConfig(batch, context_len, steps, warmup_steps=3, repeats=1, kv_fill="synthetic"), device
+        )
         kit_ms.append(r["tpot_ms_p50"])
         bare_ms.append(bare_decode_loop_ms(model, batch, context_len, steps, device))
     k, b = float(np.median(kit_ms)), float(np.median(bare_ms))
-    return {"kit_step_ms_p50": k, "kit_step_ms_min": float(min(kit_ms)), "bare_step_ms_p50": b,
-            "bare_step_ms_min": float(min(bare_ms)), "n": rounds, "ratio": k / b}
+    return {
+        "kit_step_ms_p50": k,
+        "kit_step_ms_min": float(min(kit_ms)),
+        "bare_step_ms_p50": b,
+        "bare_step_ms_min": float(min(bare_ms)),
+        "n": rounds,
+        "ratio": k / b,
+    }
 
 
 class _StepClock:
@@ -60,8 +68,15 @@ def generate_step_ms(model, ids, new_tokens: int, device) -> list[float]:
     from transformers import StoppingCriteriaList
 
     clock = _StepClock(device)
-    model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                   eos_token_id=None, stopping_criteria=StoppingCriteriaList([clock]))
+    model.generate(
+        ids,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+        stopping_criteria=StoppingCriteriaList([clock]),
+    )
     return [(b - a) * 1000.0 for a, b in zip(clock.times, clock.times[1:])]
 
 
@@ -78,14 +93,22 @@ def versus_generate(model, batch: int, context_len: int, steps: int, rounds: int
     with torch.inference_mode():
         generate_step_ms(model, ids[:, :16], 3, device)  # warm-up
         for _ in range(rounds):
-            r = run_point(model, PointConfig(batch, context_len, steps, warmup_steps=3, repeats=1,
-                                             kv_fill="prefill"), device)
+            r = run_point(
+                model, PointConfig(batch, context_len, steps, warmup_steps=3, repeats=1, kv_fill="prefill"), device
+            )
             kit_tps.append(r["decode_tok_s"])
-            gen_tps.append(metrics.decode_tok_s(batch, float(np.median(generate_step_ms(model, ids, steps + 1,
-                                                                                        device)))))
+            gen_tps.append(
+                metrics.decode_tok_s(batch, float(np.median(generate_step_ms(model, ids, steps + 1, device))))
+            )
     k, gm = float(np.median(kit_tps)), float(np.median(gen_tps))
-    return {"kit_decode_tok_s_p50": k, "generate_decode_tok_s_p50": gm, "kit_decode_tok_s_max": float(max(kit_tps)),
-            "generate_decode_tok_s_max": float(max(gen_tps)), "n": rounds, "speedup": k / gm}
+    return {
+        "kit_decode_tok_s_p50": k,
+        "generate_decode_tok_s_p50": gm,
+        "kit_decode_tok_s_max": float(max(kit_tps)),
+        "generate_decode_tok_s_max": float(max(gen_tps)),
+        "n": rounds,
+        "speedup": k / gm,
+    }
 
 
 def add_cli(sub) -> None:
@@ -108,8 +131,14 @@ def _cli(args) -> int:
             raise UserError(f"--{name}={getattr(args, name)} must be >= 1")
     info = hardware.detect(args.device)
     model = get_model(args.model, args.dtype, info.device)
-    out = {"model": args.model, "dtype": args.dtype, "device": info.name, "batch": args.batch,
-           "context": args.context, "steps": args.steps}
+    out = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "device": info.name,
+        "batch": args.batch,
+        "context": args.context,
+        "steps": args.steps,
+    }
     if args.which in ("overhead", "all"):
         out["overhead"] = harness_overhead(model, args.batch, args.context, args.steps, args.rounds, info.device)
     if args.which in ("generate", "all"):
@@ -117,16 +146,22 @@ def _cli(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{args.model} {args.dtype} on {info.name}: B={args.batch}, C={args.context}, {args.steps} steps, "
-          f"{args.rounds} interleaved rounds")
+    print(
+        f"{args.model} {args.dtype} on {info.name}: B={args.batch}, C={args.context}, {args.steps} steps, "
+        f"{args.rounds} interleaved rounds"
+    )
     if "overhead" in out:
         o = out["overhead"]
-        print(f"(a) harness overhead: kit step p50 {o['kit_step_ms_p50']:.3f} ms (min {o['kit_step_ms_min']:.3f}) vs "
-              f"bare loop {o['bare_step_ms_p50']:.3f} ms (min {o['bare_step_ms_min']:.3f}), n={o['n']}: "
-              f"ratio {o['ratio']:.3f} (goal <= 1.05)")
+        print(
+            f"(a) harness overhead: kit step p50 {o['kit_step_ms_p50']:.3f} ms (min {o['kit_step_ms_min']:.3f}) vs "
+            f"bare loop {o['bare_step_ms_p50']:.3f} ms (min {o['bare_step_ms_min']:.3f}), n={o['n']}: "
+            f"ratio {o['ratio']:.3f} (goal <= 1.05)"
+        )
     if "vs_generate" in out:
         v = out["vs_generate"]
-        print(f"(b) vs model.generate(): kit {v['kit_decode_tok_s_p50']:.0f} tok/s vs generate "
-              f"{v['generate_decode_tok_s_p50']:.0f} tok/s (medians, n={v['n']}): speedup {v['speedup']:.2f}x "
-              f"(goal >= 1.3x)")
+        print(
+            f"(b) vs model.generate(): kit {v['kit_decode_tok_s_p50']:.0f} tok/s vs generate "
+            f"{v['generate_decode_tok_s_p50']:.0f} tok/s (medians, n={v['n']}): speedup {v['speedup']:.2f}x "
+            f"(goal >= 1.3x)"
+        )
     return 0

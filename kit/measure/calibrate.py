@@ -16,25 +16,24 @@ Three measurements, each warmed up, synchronised, repeated, and summarised by th
   This is what makes small batches *overhead-bound* on CPU; the planner adds it to the roofline time.
 
 The result is a JSON file, by default ``$KIT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kit`` or ``~/.cache/kit``, named
-``calibration-<device>.json``; :func:`kit.plan.device.get_device_model` reads it for ``accelerator="local"`` / ``"cpu"``.
+``calibration-<device>.json``; :func:`kit.plan.device.get_device_model` reads it for ``accelerator="local"`` /
+``"cpu"``.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import re
-import time
 from pathlib import Path
 
 import torch
 
-from kit.measure.timing import timed_repeats
-from kit._io import atomic_write_text, cache_dir, check_out_file
-from kit.errors import InputNotFoundError, OutputPathError, UserError
 from kit import dtypes, hardware
+from kit._io import atomic_write_text, cache_dir, check_out_file
+from kit.errors import InputNotFoundError, UserError
+from kit.measure.timing import timed_repeats
 from kit.metrics import achieved_gb_s, percentiles
-
 
 
 def device_key(info: hardware.DeviceInfo | None = None) -> str:
@@ -70,13 +69,20 @@ def measure_bandwidth(device: str = "cpu", size_mb: float = 256.0, warmup: int =
     t_read = timed_repeats(lambda: src.sum(), device, warmup, repeats)
     cp = percentiles([achieved_gb_s(2 * nbytes, t) for t in t_copy], (10, 50, 90))  # read + write
     rd = percentiles([achieved_gb_s(nbytes, t) for t in t_read], (50,))
-    del src, dst
-    return {"copy_gb_s": cp["p50"], "copy_p10": cp["p10"], "copy_p90": cp["p90"], "read_gb_s": rd["p50"],
-            "n": cp["n"], "size_mb": nbytes / 1e6}
+    src = dst = None  # free the buffers before the next measurement
+    return {
+        "copy_gb_s": cp["p50"],
+        "copy_p10": cp["p10"],
+        "copy_p90": cp["p90"],
+        "read_gb_s": rd["p50"],
+        "n": cp["n"],
+        "size_mb": nbytes / 1e6,
+    }
 
 
-def measure_matmul(device: str = "cpu", dtype: str = "float32", n: int = 1024, warmup: int = 2,
-                   repeats: int = 5) -> dict:
+def measure_matmul(
+    device: str = "cpu", dtype: str = "float32", n: int = 1024, warmup: int = 2, repeats: int = 5
+) -> dict:
     """Matmul throughput of ``n × n`` by ``n × n`` in ``dtype``, TFLOPS (2·n³ FLOPs per product, median).
 
     Returns:
@@ -90,16 +96,24 @@ def measure_matmul(device: str = "cpu", dtype: str = "float32", n: int = 1024, w
         ts = timed_repeats(lambda: a @ b, device, warmup, repeats, warmup_s=0.2)
     except (RuntimeError, TypeError) as e:
         return {"tflops": None, "error": f"{type(e).__name__}: {e}"[:200], "n": 0, "size": n}
-    p = percentiles([2 * n ** 3 / t / 1e12 for t in ts], (10, 50, 90))
+    p = percentiles([2 * n**3 / t / 1e12 for t in ts], (10, 50, 90))
     return {"tflops": p["p50"], "p10": p["p10"], "p90": p["p90"], "n": p["n"], "size": n}
 
 
 def _toy_model(layers: int, device: str, dtype: str):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=8192,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=256,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         m = AutoModelForCausalLM.from_config(cfg, dtype=dtypes.to_torch(dtype), attn_implementation="sdpa")
@@ -119,8 +133,9 @@ def _interleaved_medians(runs: dict, rounds: int, decode_steps: int, device: str
     return {k: percentiles(v, (50,))["p50"] for k, v in steps.items()}, rounds * decode_steps
 
 
-def measure_overhead(device: str = "cpu", dtype: str = "float32", layers=(1, 4), decode_steps: int = 16,
-                     repeats: int = 3) -> dict:
+def measure_overhead(
+    device: str = "cpu", dtype: str = "float32", layers=(1, 4), decode_steps: int = 16, repeats: int = 3
+) -> dict:
     """Per-step overhead of the kit's decode loop, ms: ``fixed + per_layer × layers``, fitted on toy Llama models
     with ``layers`` layers (batch 1, context 16) where arithmetic and memory traffic are negligible. The two models
     are measured in ``repeats`` interleaved rounds and each one's steps pooled (median).
@@ -133,8 +148,9 @@ def measure_overhead(device: str = "cpu", dtype: str = "float32", layers=(1, 4),
     lo, hi = min(layers), max(layers)
     if lo == hi:
         raise UserError(f"layers={layers!r} needs two different layer counts")
-    pc = PointConfig(concurrency=1, context_len=16, decode_steps=decode_steps, warmup_steps=3, repeats=1,
-                     kv_fill="synthetic")
+    pc = PointConfig(
+        concurrency=1, context_len=16, decode_steps=decode_steps, warmup_steps=3, repeats=1, kv_fill="synthetic"
+    )
     runs = {n: (_toy_model(n, device, dtype), pc) for n in (lo, hi)}
     med, n = _interleaved_medians(runs, repeats, decode_steps, device)
     del runs
@@ -143,8 +159,15 @@ def measure_overhead(device: str = "cpu", dtype: str = "float32", layers=(1, 4),
     return {"overhead_ms_fixed": fixed, "overhead_ms_per_layer": per_layer, "step_ms": med, "n": n}
 
 
-def measure_attention(device: str = "cpu", dtype: str = "float32", batch: int = 8, context_len: int = 1024,
-                      layers: int = 4, decode_steps: int = 16, repeats: int = 3) -> dict:
+def measure_attention(
+    device: str = "cpu",
+    dtype: str = "float32",
+    batch: int = 8,
+    context_len: int = 1024,
+    layers: int = 4,
+    decode_steps: int = 16,
+    repeats: int = 3,
+) -> dict:
     """Decode-attention throughput of the kit's engine path, TFLOPS: the 4-layer toy Llama's decode step at
     ``batch`` × ``context_len`` minus its step at batch 1, context 16 (weights and overhead cancel), divided into
     the attention FLOPs it adds: 4 × head_dim × (query heads × attended positions) per sequence per layer (QKᵀ and
@@ -166,12 +189,20 @@ def measure_attention(device: str = "cpu", dtype: str = "float32", batch: int = 
     hd = cfg.head_dim
     added = 4 * hd * cfg.num_attention_heads * layers * (batch * big_p.cache_len - 1 * small_p.cache_len)
     dt = (big - small) / 1e3
-    return {"attn_tflops": added / dt / 1e12 if dt > 0 else None,
-            "step_ms": {"batch1_ctx16": small, f"batch{batch}_ctx{context_len}": big}, "n": n}
+    return {
+        "attn_tflops": added / dt / 1e12 if dt > 0 else None,
+        "step_ms": {"batch1_ctx16": small, f"batch{batch}_ctx{context_len}": big},
+        "n": n,
+    }
 
 
-def calibrate(device: str | None = None, quick: bool = False, size_mb: float | None = None,
-              matmul_n: int | None = None, dtypes=dtypes.MODEL_DTYPES) -> dict:
+def calibrate(
+    device: str | None = None,
+    quick: bool = False,
+    size_mb: float | None = None,
+    matmul_n: int | None = None,
+    dtypes=dtypes.MODEL_DTYPES,
+) -> dict:
     """Measure bandwidth, matmul TFLOPS per dtype and per-step overhead on ``device`` (default: detected).
 
     Args:
@@ -180,7 +211,8 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
     Returns:
         the calibration dict (what :func:`save_calibration` writes): ``mem_bw_gb_s`` (copy, median),
         ``mem_read_gb_s``, ``matmul_tflops`` {float32, bfloat16, float16} (median), ``overhead_ms_fixed``,
-        ``overhead_ms_per_layer``, ``attn_tflops`` (decode attention, float32), ``details`` (every summary with n), device, threads, versions, time.
+        ``overhead_ms_per_layer``, ``attn_tflops`` (decode attention, float32), ``details`` (every summary with
+        n), device, threads, versions, time.
 
     Raises:
         ValueError: unknown device.
@@ -192,21 +224,34 @@ def calibrate(device: str | None = None, quick: bool = False, size_mb: float | N
     bw = measure_bandwidth(dev, size_mb, warmup=1 if quick else 2, repeats=3 if quick else 10)
     mm = {dt: measure_matmul(dev, dt, matmul_n, warmup=1 if quick else 2, repeats=3 if quick else 5) for dt in dtypes}
     ov = measure_overhead(dev, "float32", decode_steps=4 if quick else 16, repeats=1 if quick else 5)
-    at = measure_attention(dev, "float32", batch=2 if quick else 8, context_len=256 if quick else 1024,
-                           decode_steps=4 if quick else 16, repeats=1 if quick else 5)
+    at = measure_attention(
+        dev,
+        "float32",
+        batch=2 if quick else 8,
+        context_len=256 if quick else 1024,
+        decode_steps=4 if quick else 16,
+        repeats=1 if quick else 5,
+    )
     return {
-        "device": info.platform, "device_name": info.name, "device_key": device_key(info), "memory_gb": info.memory_gb,
+        "device": info.platform,
+        "device_name": info.name,
+        "device_key": device_key(info),
+        "memory_gb": info.memory_gb,
         "catalog_name": info.catalog_name,
-        "threads": torch.get_num_threads(), "torch_version": torch.__version__,
-        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "quick": quick,
-        "mem_bw_gb_s": bw["copy_gb_s"], "mem_read_gb_s": bw["read_gb_s"],
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "quick": quick,
+        "mem_bw_gb_s": bw["copy_gb_s"],
+        "mem_read_gb_s": bw["read_gb_s"],
         "matmul_tflops": {dt: r["tflops"] for dt, r in mm.items()},
-        "overhead_ms_fixed": ov["overhead_ms_fixed"], "overhead_ms_per_layer": ov["overhead_ms_per_layer"],
+        "overhead_ms_fixed": ov["overhead_ms_fixed"],
+        "overhead_ms_per_layer": ov["overhead_ms_per_layer"],
         "attn_tflops": at["attn_tflops"],
         "details": {"bandwidth": bw, "matmul": mm, "overhead": ov, "attention": at},
         "method": "median over repeats after warm-up; copy GB/s counts read + write; matmul 2n^3 FLOPs; overhead "
-                  "fitted on 1- and 4-layer toy Llama decode steps (kit.measure.engine.run_point); attention from the toy's "
-                  "step at batch x context minus batch 1, context 16",
+        "fitted on 1- and 4-layer toy Llama decode steps (kit.measure.engine.run_point); attention from the toy's "
+        "step at batch x context minus batch 1, context 16",
     }
 
 
@@ -243,15 +288,21 @@ def load_calibration(path: str | Path | None = None, device: str | None = None) 
 
 def add_cli(sub) -> None:
     """``kit calibrate``: measure this device and store the figures the planner uses."""
-    p = sub.add_parser("calibrate",
-                       description="Measure this device's memory bandwidth (copy), matmul TFLOPS per dtype and the "
-                                   "per-step overhead of the kit's decode loop (warm-up, repeats, medians), and "
-                                   "store them as JSON for `kit plan --accelerator local`.")
+    p = sub.add_parser(
+        "calibrate",
+        description="Measure this device's memory bandwidth (copy), matmul TFLOPS per dtype and the "
+        "per-step overhead of the kit's decode loop (warm-up, repeats, medians), and "
+        "store them as JSON for `kit plan --accelerator local`.",
+    )
     p.add_argument("--device", default=None, help="auto | cpu | cuda | rocm (default: auto)")
     p.add_argument("--out", default=None, help="JSON path (default: ~/.cache/kit/calibration-<device>.json)")
     p.add_argument("--quick", action="store_true", help="small buffers, few repeats (seconds)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads to measure with (default: torch's); match what your sweeps use")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads to measure with (default: torch's); match what your sweeps use",
+    )
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
     p.set_defaults(func=_cli)
 
@@ -271,8 +322,10 @@ def _cli(args) -> int:
     d = cal["details"]
     print(f"Calibrated {cal['device_name']} ({cal['device']}, {cal['threads']} threads) -> {path}")
     bw = d["bandwidth"]
-    print(f"  memory copy   {bw['copy_gb_s']:.1f} GB/s (p10 {bw['copy_p10']:.1f}, p90 {bw['copy_p90']:.1f}, n={bw['n']}, "
-          f"{bw['size_mb']:.0f} MB); read {bw['read_gb_s']:.1f} GB/s")
+    print(
+        f"  memory copy   {bw['copy_gb_s']:.1f} GB/s (p10 {bw['copy_p10']:.1f}, p90 {bw['copy_p90']:.1f}, n={bw['n']}, "
+        f"{bw['size_mb']:.0f} MB); read {bw['read_gb_s']:.1f} GB/s"
+    )
     for dt, r in d["matmul"].items():
         if r.get("tflops"):
             print(f"  matmul {dt:9s} {r['tflops'] * 1e3:.1f} GFLOP/s (n={r['n']}, {r['size']}x{r['size']})")
@@ -281,6 +334,8 @@ def _cli(args) -> int:
     if cal.get("attn_tflops"):
         print(f"  decode attention {cal['attn_tflops'] * 1e3:.1f} GFLOP/s (engine SDPA path, float32)")
     ov = d["overhead"]
-    print(f"  step overhead {cal['overhead_ms_fixed']:.3f} ms fixed + {cal['overhead_ms_per_layer']:.3f} ms/layer "
-          f"(toy decode steps: {', '.join(f'{k} layers {v:.3f} ms' for k, v in ov['step_ms'].items())})")
+    print(
+        f"  step overhead {cal['overhead_ms_fixed']:.3f} ms fixed + {cal['overhead_ms_per_layer']:.3f} ms/layer "
+        f"(toy decode steps: {', '.join(f'{k} layers {v:.3f} ms' for k, v in ov['step_ms'].items())})"
+    )
     return 0

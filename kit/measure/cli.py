@@ -4,6 +4,7 @@ Options derive from :class:`kit.measure.sweep.SweepConfig` (one source of defaul
 table (or, with ``--json``, one JSON object), writes PNG plots, and exits 0 when at least one point is ok, 1 when
 none is (or, with ``--strict``, when any point is not ok), 2 for a user error, 130 when interrupted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,28 +15,29 @@ import time
 import pandas as pd
 
 from kit._io import check_out_dir
-from kit.cli import DefaultsHelpFormatter, add_config_args, config_from_args
-from kit.results import ok_mask, verdict
+from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args
 from kit.measure.sweep import SweepConfig, current_rows, noise_warning, run_sweep, summary_table
+from kit.results import ok_mask, verdict
 
 
 def add_cli(sub) -> None:
     """``kit sweep``: run a sweep, write results + plots, print a summary."""
-    p = sub.add_parser("sweep",
-                       description="Measure prefill and decode of a model on this machine over a grid of KV-cache "
-                                   "lengths and concurrencies. Writes OUT/results.parquet (+ .json metadata), "
-                                   "OUT/points.jsonl (append log; a re-run resumes) and OUT/*.png plots.",
-                       formatter_class=DefaultsHelpFormatter)
+    p = sub.add_parser(
+        "sweep",
+        description="Measure prefill and decode of a model on this machine over a grid of KV-cache "
+        "lengths and concurrencies. Writes OUT/results.parquet (+ .json metadata), "
+        "OUT/points.jsonl (append log; a re-run resumes) and OUT/*.png plots.",
+        formatter_class=DefaultsHelpFormatter,
+    )
     add_config_args(p, SweepConfig)
-    p.add_argument("--out", default="results/sweep", help="output directory (created; a re-run resumes)")
-    p.add_argument("--no-resume", action="store_true",
-                   help="measure every point again (an earlier run's files move to OUT/previous/)")
-    p.add_argument("--retry-killed", action="store_true",
-                   help="measure again points an earlier run died on (recorded as killed, skipped by default)")
     p.add_argument("--no-plots", action="store_true", help="skip writing PNG plots")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object (summary and every row of this sweep) instead of the text table")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (summary and every row of this sweep) instead of the text table",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when any point is not ok (default: only when none is)")
+    add_run_dir_args(p, "results/sweep")
     p.set_defaults(func=_cli_sweep)
 
 
@@ -57,8 +59,11 @@ def _cli_sweep(args: argparse.Namespace) -> int:
             n = len(current_rows(load_results(out), cfg))
         except FileNotFoundError:
             n = 0
-        print(f"\ninterrupted: {n} of {len(cfg.points())} points of this sweep are saved in {out}; "
-              "re-run the same command to resume", file=sys.stderr)
+        print(
+            f"\ninterrupted: {n} of {len(cfg.points())} points of this sweep are saved in {out}; "
+            "re-run the same command to resume",
+            file=sys.stderr,
+        )
         return 130
     wall = time.perf_counter() - t0
     cur = current_rows(df, cfg)
@@ -73,18 +78,35 @@ def _cli_sweep(args: argparse.Namespace) -> int:
         plots = save_standard_plots(cur, out)
     rc = 1 if n_ok == 0 or (args.strict and len(bad)) else 0
     if args.json:
-        print(json.dumps({"out": str(out), "results": str(out / "results.parquet"), "points": len(cur), "ok": n_ok,
-                          "not_ok": len(bad), "wall_s": round(wall, 3), "plots": [str(p) for p in plots],
-                          "noise_warning": noise_warning(cur), "exit_code": rc, "rows": _json_rows(cur)}))
+        print(
+            json.dumps(
+                {
+                    "out": str(out),
+                    "results": str(out / "results.parquet"),
+                    "points": len(cur),
+                    "ok": n_ok,
+                    "not_ok": len(bad),
+                    "wall_s": round(wall, 3),
+                    "plots": [str(p) for p in plots],
+                    "noise_warning": noise_warning(cur),
+                    "exit_code": rc,
+                    "rows": _json_rows(cur),
+                }
+            )
+        )
         return rc
     print(summary_table(cur))
     for path in plots:
         print(f"plot: {path}")
-    print(f"\n{len(cur)} points ({n_ok} ok, {len(bad)} not ok) in {wall:.1f} s; "
-          f"results: {out / 'results.parquet'} (+ results.json metadata, points.jsonl log)")
+    print(
+        f"\n{len(cur)} points ({n_ok} ok, {len(bad)} not ok) in {wall:.1f} s; "
+        f"results: {out / 'results.parquet'} (+ results.json metadata, points.jsonl log)"
+    )
     if others > 0:
-        print(f"note: {out} also holds {others} points of other settings (earlier runs); the table and plots above "
-              "show this sweep only")
+        print(
+            f"note: {out} also holds {others} points of other settings (earlier runs); the table and plots above "
+            "show this sweep only"
+        )
     for _, r in bad.iterrows():
         print(f"  {r['verdict']}: kv={r['context_len']} B={r['concurrency']} {r['dtype']}: {r['error']}")
     warn = noise_warning(cur)

@@ -16,6 +16,7 @@ A *point* is (model, dtype, batch B = concurrency, context C = KV-cache length, 
 Metrics follow :mod:`kit.metrics` (one definition each). The cache attends over its whole preallocated length
 with a mask (transformers' static-cache attention), so ``achieved_gb_s`` counts weights + the whole cache buffer.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kit.errors import UserError
 from kit import hardware, metrics
+from kit.errors import UserError
 from kit.models import max_positions, param_bytes
 
 KV_FILLS = ("prefill", "synthetic")
@@ -43,7 +44,7 @@ class PointConfig:
     repeats: int = 3
     kv_fill: str = "prefill"
 
-    def validate(self, max_positions: int | None = None) -> "PointConfig":
+    def validate(self, max_positions: int | None = None) -> PointConfig:
         """Raise ValueError naming a bad value and what is allowed."""
         for name in ("concurrency", "context_len", "decode_steps", "repeats"):
             v = getattr(self, name)
@@ -56,9 +57,11 @@ class PointConfig:
         if max_positions:
             need = self.cache_len
             if need > max_positions:
-                raise UserError(f"context_len={self.context_len} needs a cache of {need} tokens (context + "
-                                 f"max(warmup, decode steps)) but the model supports at most {max_positions} "
-                                 f"positions; use context_len <= {max_positions - max(self.warmup_steps, self.decode_steps)}")
+                raise UserError(
+                    f"context_len={self.context_len} needs a cache of {need} tokens (context + "
+                    f"max(warmup, decode steps)) but the model supports at most {max_positions} "
+                    f"positions; use context_len <= {max_positions - max(self.warmup_steps, self.decode_steps)}"
+                )
         return self
 
     @property
@@ -127,8 +130,10 @@ def measured_kv_bytes_per_token(model, batch: int = 2, tokens: int = 8, max_cach
         UserError: ``tokens`` not in [1, max_cache_len] or ``batch`` < 1.
     """
     if batch < 1 or not 1 <= tokens <= max_cache_len:
-        raise UserError(f"batch={batch}, tokens={tokens}, max_cache_len={max_cache_len}; need batch >= 1 and "
-                        "1 <= tokens <= max_cache_len")
+        raise UserError(
+            f"batch={batch}, tokens={tokens}, max_cache_len={max_cache_len}; need batch >= 1 and "
+            "1 <= tokens <= max_cache_len"
+        )
     device = next(model.parameters()).device
     cache = new_cache(model, max_cache_len)
     pos = torch.arange(tokens, device=device).unsqueeze(0).expand(batch, -1)
@@ -196,7 +201,7 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
             for phase, n in (("warmup", point.warmup_steps), ("timed", S)):
                 set_cache_length(cache, C)
                 for i in range(n):
-                    pos = positions[:, C + i:C + i + 1]
+                    pos = positions[:, C + i : C + i + 1]
                     sync(dev)
                     t0 = time.perf_counter()
                     logits = fwd(tok, pos, cache)
@@ -212,17 +217,32 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
     tpot = metrics.Latency.from_values(step_ms)
     pre = metrics.Latency.from_values(prefill_ms)
     rec = {
-        "backend": "engine", "status": "ok", "concurrency": B, "context_len": C, "decode_steps": S,
-        "kv_fill": point.kv_fill, "repeats": point.repeats,
-        "prefill_ms": pre.p50 if prefill_ms else None, "prefill_ms_min": pre.min if prefill_ms else None,
+        "backend": "engine",
+        "status": "ok",
+        "concurrency": B,
+        "context_len": C,
+        "decode_steps": S,
+        "kv_fill": point.kv_fill,
+        "repeats": point.repeats,
+        "prefill_ms": pre.p50 if prefill_ms else None,
+        "prefill_ms_min": pre.min if prefill_ms else None,
         "ttft_ms": pre.p50 if prefill_ms else None,
-        "tpot_ms_p50": tpot.p50, "tpot_ms_p90": tpot.p90, "tpot_ms_p99": tpot.p99, "tpot_ms_min": tpot.min,
-        "tpot_ms_mean": tpot.mean, "tpot_n": tpot.n,
-        "decode_tok_s": metrics.decode_tok_s(B, tpot.p50), "tok_s_per_stream": metrics.tok_s_per_stream(tpot.p50),
+        "tpot_ms_p50": tpot.p50,
+        "tpot_ms_p90": tpot.p90,
+        "tpot_ms_p99": tpot.p99,
+        "tpot_ms_min": tpot.min,
+        "tpot_ms_mean": tpot.mean,
+        "tpot_n": tpot.n,
+        "decode_tok_s": metrics.decode_tok_s(B, tpot.p50),
+        "tok_s_per_stream": metrics.tok_s_per_stream(tpot.p50),
         "prefill_tok_s": metrics.prefill_tok_s(B, C, pre.p50) if prefill_ms else None,
         "achieved_gb_s": metrics.achieved_gb_s(w_b + kv_b, tpot.p50 / 1000.0),
-        "peak_mem_gb": peak_gb, "peak_mem_method": peak_method, "kv_cache_gb": kv_b / 1e9, "weights_gb": w_b / 1e9,
-        "x_step_ms": list(step_ms), "x_prefill_ms": list(prefill_ms),
+        "peak_mem_gb": peak_gb,
+        "peak_mem_method": peak_method,
+        "kv_cache_gb": kv_b / 1e9,
+        "weights_gb": w_b / 1e9,
+        "x_step_ms": list(step_ms),
+        "x_prefill_ms": list(prefill_ms),
         "x_logits_finite": finite,
     }
     if not finite:
@@ -244,11 +264,11 @@ def bare_decode_loop_ms(model, batch: int, context_len: int, steps: int, device:
         tok = torch.zeros(batch, 1, dtype=torch.long, device=dev)
         set_cache_length(cache, context_len)
         for i in range(min(3, steps)):  # warm-up
-            tok = fwd(tok, positions[:, context_len + i:context_len + i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+            tok = fwd(tok, positions[:, context_len + i : context_len + i + 1], cache)[:, -1].argmax(-1, keepdim=True)
         set_cache_length(cache, context_len)
         hardware.synchronize(dev)
         t0 = time.perf_counter()
         for i in range(steps):
-            tok = fwd(tok, positions[:, context_len + i:context_len + i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+            tok = fwd(tok, positions[:, context_len + i : context_len + i + 1], cache)[:, -1].argmax(-1, keepdim=True)
         hardware.synchronize(dev)
         return (time.perf_counter() - t0) * 1000.0 / steps

@@ -22,14 +22,17 @@ Adding a backend: implement :class:`GridBackend` (``kind``, ``points()``, ``meta
 ``measure(point)``, ``after_failure()``), then call ``run_grid(backend, out_dir)``. See
 ``docs/architecture.md``.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -57,8 +60,9 @@ def oom_error_type() -> type[BaseException]:
 def is_out_of_memory(e: BaseException) -> bool:
     """Whether ``e`` is an allocation failure: ``torch.OutOfMemoryError`` (CUDA/HIP, by type), Python's
     ``MemoryError``, or torch's CPU allocator failure (:data:`CPU_ALLOC_FAILURE`, by message: it has no type)."""
-    return (isinstance(e, (oom_error_type(), MemoryError))
-            or (isinstance(e, RuntimeError) and CPU_ALLOC_FAILURE in str(e)))
+    return isinstance(e, (oom_error_type(), MemoryError)) or (
+        isinstance(e, RuntimeError) and CPU_ALLOC_FAILURE in str(e)
+    )
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class GridBackend(Protocol):
     kind: str
     #: what the progress bar calls the grid (e.g. ``"sweep tiny-llama"``)
     description: str
+    #: optional: globs of the backend's own files in ``out_dir`` that a non-resumed run archives with the results
+    archive_globs: tuple[str, ...]
 
     def points(self) -> list[GridPoint]:
         """Every point of the grid, in the order they are run."""
@@ -93,7 +99,7 @@ class GridBackend(Protocol):
     def metadata(self) -> dict:
         """The run's metadata for the JSON sidecar (:func:`kit.results.run_metadata` plus the config)."""
 
-    def session(self) -> ContextManager:
+    def session(self) -> AbstractContextManager:
         """A context held while the points run (set threads, start a client...); restored on any exit."""
 
     def measure(self, point: GridPoint) -> dict:
@@ -103,12 +109,14 @@ class GridBackend(Protocol):
         """Called after a point raised, outside the ``except`` block: free memory; extra columns for the row."""
 
 
-def archive_previous(out_dir: Path) -> Path | None:
-    """Move an earlier run's files (``points.jsonl``, ``results.parquet``, ``results.json``) to
-    ``out_dir/previous/<YYYYmmdd-HHMMSS>/`` so a non-resumed grid starts clean; returns that folder or None."""
+def archive_previous(out_dir: Path, globs: tuple[str, ...] = ()) -> Path | None:
+    """Move an earlier run's files (``points.jsonl``, ``results.parquet``, ``results.json`` and any file matching
+    ``globs``, e.g. a served sweep's ``requests-*.jsonl``) to ``out_dir/previous/<YYYYmmdd-HHMMSS>[.N]/`` so a
+    non-resumed grid starts clean; returns that folder, or None when there was nothing to move."""
     old = [out_dir / n for n in ("points.jsonl", "results.parquet", "results.json") if (out_dir / n).exists()]
     if not old:
         return None
+    old += [f for g in globs for f in sorted(out_dir.glob(g)) if f.is_file()]
     dest = out_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
     n = 1
     while dest.exists():
@@ -120,14 +128,31 @@ def archive_previous(out_dir: Path) -> Path | None:
     return dest
 
 
+#: keyword options of :func:`run_grid` that the front ends (``run_sweep``, ``run_served_sweep``, ...) pass through
+RUN_OPTIONS = ("resume", "progress", "on_point", "should_stop", "retry_killed")
+
+
+def split_run_options(options: dict) -> tuple[dict, dict]:
+    """``(run_grid options, the rest)`` of a front end's keyword arguments (:data:`RUN_OPTIONS`)."""
+    run = {k: v for k, v in options.items() if k in RUN_OPTIONS}
+    return run, {k: v for k, v in options.items() if k not in RUN_OPTIONS}
+
+
 def failure_text(e: BaseException, limit: int = 1000) -> str:
     """``"TypeName: message"`` of a failed point, cut to ``limit`` characters (first line only for OOMs)."""
     return f"{type(e).__name__}: {e}"[:limit]
 
 
-def run_grid(backend: GridBackend, out_dir: str | Path, *, resume: bool = True, progress: bool = True,
-             on_point: Callable[[dict, pd.DataFrame], None] | None = None,
-             should_stop: Callable[[], bool] | None = None, retry_killed: bool = False) -> pd.DataFrame:
+def run_grid(
+    backend: GridBackend,
+    out_dir: str | Path,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    on_point: Callable[[dict, pd.DataFrame], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    retry_killed: bool = False,
+) -> pd.DataFrame:
     """Run every point of ``backend`` not already finished in ``out_dir``; return every row stored there.
 
     Args:
@@ -155,7 +180,7 @@ def run_grid(backend: GridBackend, out_dir: str | Path, *, resume: bool = True, 
     points = backend.points()
     with run_lock(store_dir), InterruptGuard() as guard, contextlib.ExitStack() as stack:
         if not resume:
-            archive_previous(store_dir)
+            archive_previous(store_dir, tuple(getattr(backend, "archive_globs", ())))
         meta = backend.metadata()
         run_id = meta.get("created_utc")
         store = ResultStore(store_dir, meta)
@@ -164,8 +189,10 @@ def run_grid(backend: GridBackend, out_dir: str | Path, *, resume: bool = True, 
         done = store.finished_ids(finished) if resume else set()
         todo = [p for p in points if p.point_id not in done]
         if len(todo) < len(points):
-            msg = (f"resuming: {len(points) - len(todo)} of {len(points)} points already recorded in {store_dir}; "
-                   f"measuring the other {len(todo)} (--no-resume to measure all again)")
+            msg = (
+                f"resuming: {len(points) - len(todo)} of {len(points)} points already recorded in {store_dir}; "
+                f"measuring the other {len(todo)} (--no-resume to measure all again)"
+            )
             if progress:
                 tqdm.write(msg)
             log.info(msg)

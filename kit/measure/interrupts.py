@@ -7,6 +7,7 @@ and the sweep kept measuring. :class:`InterruptGuard` records every SIGINT in a 
 swallowed interrupt still stops the run at the next point boundary (:meth:`InterruptGuard.check`), and it keeps
 the swallowed one's traceback off the terminal.
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,9 +58,11 @@ class InterruptGuard:
             return
         self._prev_hook(info)
 
-    def __enter__(self) -> "InterruptGuard":
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    def __enter__(self) -> InterruptGuard:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
             self._prev_handler = signal.signal(signal.SIGINT, self._handler)
             self._prev_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
             self._installed = True

@@ -11,6 +11,7 @@ Guarantees:
   tensors alive while it is being handled; pytorch #27600) and the sweep continues.
 - Any other exception in a point is recorded as ``error`` with its text; the sweep continues.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,23 +20,24 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 import torch
 
-from kit._io import check_out_dir
-from kit.errors import UserError
 from kit import dtypes, hardware, models
-from kit.measure.engine import KV_FILLS, PointConfig, run_point
-from kit.measure.grid import GridPoint, run_grid
+from kit._io import check_out_dir
 from kit.cli import config_field, config_flag, int_list_arg
 from kit.dtypes import MODEL_DTYPES
+from kit.errors import UserError
+from kit.measure.engine import KV_FILLS, PointConfig, run_point
+from kit.measure.grid import GridPoint, run_grid
 from kit.results import run_metadata, verdict
 
 log = logging.getLogger("kit")
+
 
 def _str_list(text: str) -> list[str]:
     """argparse type of ``--dtype``: a comma list of names (each checked by :meth:`SweepConfig.validate`)."""
@@ -54,34 +56,60 @@ class SweepConfig:
     """An in-process sweep's settings: the one source of its defaults and help text (``kit sweep`` options, the
     panel and the dashboard derive from these fields)."""
 
-    model: str = config_field(models.DEFAULT_PRESET, help="model preset name or local checkpoint directory "
-                              f"(presets: {', '.join(models.PRESETS)})")
-    dtypes: list = config_field(help="dtypes, comma list: " + ", ".join(MODEL_DTYPES), flag="--dtype",
-                                parse=_str_list, default_factory=lambda: ["float32"])
+    model: str = config_field(
+        models.DEFAULT_PRESET,
+        help=f"model preset name or local checkpoint directory (presets: {', '.join(models.PRESETS)})",
+    )
+    dtypes: list = config_field(
+        help="dtypes, comma list: " + ", ".join(MODEL_DTYPES),
+        flag="--dtype",
+        parse=_str_list,
+        default_factory=lambda: ["float32"],
+    )
     device: str = config_field("auto", help="auto | cpu | cuda | rocm")
-    kv_lens: list = config_field(help="KV-cache lengths at the start of decode (tokens; comma list)", flag="--kv",
-                                 parse=_int_list, default_factory=lambda: [128, 512, 2048])
-    concurrencies: list = config_field(help="batch sizes = concurrent sequences (comma list)", flag="--concurrency",
-                                       parse=_int_list, default_factory=lambda: [1, 4, 16])
+    kv_lens: list = config_field(
+        help="KV-cache lengths at the start of decode (tokens; comma list)",
+        flag="--kv",
+        parse=_int_list,
+        default_factory=lambda: [128, 512, 2048],
+    )
+    concurrencies: list = config_field(
+        help="batch sizes = concurrent sequences (comma list)",
+        flag="--concurrency",
+        parse=_int_list,
+        default_factory=lambda: [1, 4, 16],
+    )
     decode_steps: int = config_field(16, help="timed decode steps per repeat")
     warmup_steps: int = config_field(3, help="untimed decode steps before each timed block")
     repeats: int = config_field(3, help="interleaved measurement blocks per point (prefill + warm-up + timed steps)")
-    kv_fill: str = config_field("prefill", help="prefill (real, timed TTFT) | synthetic (random KV, for long "
-                                "contexts)", choices=KV_FILLS)
+    kv_fill: str = config_field(
+        "prefill", help="prefill (real, timed TTFT) | synthetic (random KV, for long contexts)", choices=KV_FILLS
+    )
     seed: int = config_field(0, help="seed for weights and token ids")
-    accelerator: str | None = config_field(None, help="catalog accelerator for cost columns (default: the "
-                                           "detected device)")
-    trust_remote_code: bool = config_field(False, help="allow a local checkpoint's own Python code (config.json "
-                                           "auto_map); off: such a checkpoint is refused, never run")
-    threads: int | None = config_field(None, help="CPU only: torch threads (default: one per core that is free "
-                                       "at the start, recorded per row); 1 is steadiest on a busy shared machine")
+    accelerator: str | None = config_field(
+        None, help="catalog accelerator for cost columns (default: the detected device)"
+    )
+    trust_remote_code: bool = config_field(
+        False,
+        help="allow a local checkpoint's own Python code (config.json "
+        "auto_map); off: such a checkpoint is refused, never run",
+    )
+    threads: int | None = config_field(
+        None,
+        help="CPU only: torch threads (default: one per core that is free "
+        "at the start, recorded per row); 1 is steadiest on a busy shared machine",
+    )
 
     def points(self) -> list[tuple[str, PointConfig]]:
         """The grid as (dtype, PointConfig), ordered dtype → KV length → concurrency."""
-        return [(dt, PointConfig(int(b), int(c), self.decode_steps, self.warmup_steps, self.repeats, self.kv_fill))
-                for dt in self.dtypes for c in self.kv_lens for b in self.concurrencies]
+        return [
+            (dt, PointConfig(int(b), int(c), self.decode_steps, self.warmup_steps, self.repeats, self.kv_fill))
+            for dt in self.dtypes
+            for c in self.kv_lens
+            for b in self.concurrencies
+        ]
 
-    def validate(self) -> "SweepConfig":
+    def validate(self) -> SweepConfig:
         """Check every setting before any work; raise ValueError naming the bad value and what is allowed."""
         cfg = models.get_config(self.model, self.trust_remote_code)  # unknown preset → UserError listing presets
         for name in ("dtypes", "kv_lens", "concurrencies"):
@@ -94,13 +122,17 @@ class SweepConfig:
             for v in vals:
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                     what = "KV length" if name == "kv_lens" else "concurrency"
-                    raise UserError(f"{what} {v!r} in {name} ({config_flag(SweepConfig, name)}) must be an integer >= 1")
+                    raise UserError(
+                        f"{what} {v!r} in {name} ({config_flag(SweepConfig, name)}) must be an integer >= 1"
+                    )
         if self.kv_fill not in KV_FILLS:
             raise UserError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
         cores = os.cpu_count() or 1
         if self.threads is not None and (not isinstance(self.threads, int) or not 1 <= self.threads <= cores):
-            raise UserError(f"threads={self.threads!r} (--threads) must be an integer from 1 to {cores} (the cores "
-                            "of this machine), or None for one per free core")
+            raise UserError(
+                f"threads={self.threads!r} (--threads) must be an integer from 1 to {cores} (the cores "
+                "of this machine), or None for one per free core"
+            )
         if self.accelerator is not None:
             from kit.catalog import load_catalog
 
@@ -121,8 +153,9 @@ def point_id(config: SweepConfig, dtype: str, platform: str, p: PointConfig) -> 
     """Stable key of an in-process point: everything that changes what is measured (model, dtype, platform, the
     point's settings, the seed of weights and ids, the requested torch threads). Resume skips ids already
     recorded, so a re-run with other ``--threads`` or ``--seed`` measures again instead of showing old numbers."""
-    key = json.dumps([config.model, dtypes.name_of(dtype), platform, asdict(p), config.seed, config.threads],
-                     sort_keys=True)
+    key = json.dumps(
+        [config.model, dtypes.name_of(dtype), platform, asdict(p), config.seed, config.threads], sort_keys=True
+    )
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
@@ -165,11 +198,24 @@ class EngineBackend:
         out = []
         for dt, p in cfg.points():
             name = dtypes.name_of(dt)
-            cols = {"model": cfg.model, "dtype": name, "device": info.platform, "device_name": info.name,
-                    "accelerator": accel, "n_gpus": 1, "concurrency": p.concurrency, "context_len": p.context_len,
-                    "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats}
-            out.append(GridPoint(point_id(cfg, dt, info.platform, p), cols,
-                                 f"{name} kv={p.context_len} B={p.concurrency}", (dt, p)))
+            cols = {
+                "model": cfg.model,
+                "dtype": name,
+                "device": info.platform,
+                "device_name": info.name,
+                "accelerator": accel,
+                "n_gpus": 1,
+                "concurrency": p.concurrency,
+                "context_len": p.context_len,
+                "decode_steps": p.decode_steps,
+                "kv_fill": p.kv_fill,
+                "repeats": p.repeats,
+            }
+            out.append(
+                GridPoint(
+                    point_id(cfg, dt, info.platform, p), cols, f"{name} kv={p.context_len} B={p.concurrency}", (dt, p)
+                )
+            )
         return out
 
     def metadata(self) -> dict:
@@ -211,22 +257,18 @@ class EngineBackend:
         return {}
 
 
-def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, progress: bool = True,
-              on_point: Callable[[dict, pd.DataFrame], None] | None = None,
-              should_stop: Callable[[], bool] | None = None,
-              runner: Callable | None = None, retry_killed: bool = False) -> pd.DataFrame:
+def run_sweep(
+    config: SweepConfig, out_dir: str | Path, *, runner: Callable | None = None, **run_options
+) -> pd.DataFrame:
     """Run every point of ``config`` in-process through the grid runner (:func:`kit.measure.grid.run_grid`:
     append-on-finish, resume, OOM and Ctrl-C handling); return every row in ``out_dir``.
 
     Args:
         out_dir: run directory (created); must not be a file.
-        resume: skip points already recorded as ok/oom in ``out_dir``; with False, an existing log is moved to
-            ``out_dir/previous/`` and every point is measured again into a fresh one.
-        progress: show a tqdm progress bar.
-        on_point: called after each point with (record, frame of all rows so far): live plots, widgets.
-        should_stop: polled between points; when it returns True the sweep ends after the current point.
         runner: ``runner(model, point, device, seed) -> record``; defaults to :func:`kit.measure.engine.run_point`.
-        retry_killed: measure again points an earlier run died on (recorded ``killed``; skipped by default).
+        run_options: :func:`kit.measure.grid.run_grid`'s ``resume`` (False: earlier files move to
+            ``out_dir/previous/``), ``progress``, ``on_point(record, frame)``, ``should_stop()`` and
+            ``retry_killed``.
 
     Returns:
         DataFrame in the :mod:`kit.results` schema (also in ``out_dir/results.parquet``).
@@ -236,9 +278,7 @@ def run_sweep(config: SweepConfig, out_dir: str | Path, *, resume: bool = True, 
         the finished points are saved.
     """
     check_out_dir(out_dir)
-    backend = EngineBackend(config, runner)
-    return run_grid(backend, out_dir, resume=resume, progress=progress, on_point=on_point, should_stop=should_stop,
-                    retry_killed=retry_killed)
+    return run_grid(EngineBackend(config, runner), out_dir, **run_options)
 
 
 def summary_table(df: pd.DataFrame) -> str:
@@ -246,15 +286,24 @@ def summary_table(df: pd.DataFrame) -> str:
     verdict (:func:`kit.results.verdict`): ``flagged`` rows (e.g. non-finite logits) show no speed figures."""
     rows = []
     df = df.assign(_verdict=verdict(df)) if len(df) else df
-    for _, r in (df.sort_values(["dtype", "context_len", "concurrency"]).iterrows() if len(df) else ()):
+    for _, r in df.sort_values(["dtype", "context_len", "concurrency"]).iterrows() if len(df) else ():
         ok = r["_verdict"] == "ok"
-        fmt = (lambda v, f: f.format(v) if ok and v is not None and not pd.isna(v) else "-")
-        rows.append({"dtype": r["dtype"], "kv": r["context_len"], "B": r["concurrency"], "status": r["_verdict"],
-                     "ttft_ms": fmt(r["ttft_ms"], "{:.1f}"), "tpot_p50_ms": fmt(r["tpot_ms_p50"], "{:.2f}"),
-                     "tpot_min_ms": fmt(r["tpot_ms_min"], "{:.2f}"), "n": r["tpot_n"] if ok else "-",
-                     "decode_tok_s": fmt(r["decode_tok_s"], "{:.0f}"), "tok_s/stream": fmt(r["tok_s_per_stream"],
-                                                                                        "{:.1f}"),
-                     "peak_GB": fmt(r["peak_mem_gb"], "{:.2f}")})
+        fmt = lambda v, f, ok=ok: f.format(v) if ok and v is not None and not pd.isna(v) else "-"
+        rows.append(
+            {
+                "dtype": r["dtype"],
+                "kv": r["context_len"],
+                "B": r["concurrency"],
+                "status": r["_verdict"],
+                "ttft_ms": fmt(r["ttft_ms"], "{:.1f}"),
+                "tpot_p50_ms": fmt(r["tpot_ms_p50"], "{:.2f}"),
+                "tpot_min_ms": fmt(r["tpot_ms_min"], "{:.2f}"),
+                "n": r["tpot_n"] if ok else "-",
+                "decode_tok_s": fmt(r["decode_tok_s"], "{:.0f}"),
+                "tok_s/stream": fmt(r["tok_s_per_stream"], "{:.1f}"),
+                "peak_GB": fmt(r["peak_mem_gb"], "{:.2f}"),
+            }
+        )
     return pd.DataFrame(rows).to_string(index=False) if rows else "(no points)"
 
 
@@ -273,5 +322,7 @@ def noise_warning(df: pd.DataFrame, ratio: float = 2.0) -> str | None:
     worst = float((ok["tpot_ms_p50"] / ok["tpot_ms_min"]).max())
     if worst <= ratio:
         return None
-    return (f"noisy machine: TPOT p50 is up to {worst:.1f}x the fastest step of its point; treat the figures as "
-            "upper bounds (re-run on a quiet machine, or with --threads 1 on a busy shared one)")
+    return (
+        f"noisy machine: TPOT p50 is up to {worst:.1f}x the fastest step of its point; treat the figures as "
+        "upper bounds (re-run on a quiet machine, or with --threads 1 on a busy shared one)"
+    )

@@ -6,7 +6,7 @@
 touched (routed experts: E·(1−(1−1/E)^(B·k)) of E are touched per MoE layer) + KV reads. Rows use the schema of
 :mod:`kit.results` with ``backend="planner"`` and the assumptions in columns (``eff_bw``, ``eff_flops``, ``tp``,
 ``assumptions``, ``x_*``) so predicted and measured points plot on the same axes
-(:func:`kit.view.plots.overlay_figure`).
+(:func:`kit.view.plan_plots.overlay_figure`).
 :func:`predict_grid` covers a grid (stored like a sweep with ``out_dir``), :func:`predict_like` the grid of a
 measured sweep, :func:`compare` adds the error per point.
 

@@ -24,6 +24,7 @@ Measuring choices (and the mistakes they avoid):
 
 The API key is read from an environment variable (``OPENAI_API_KEY`` by default) and never written anywhere.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from kit import metrics as M
 from kit.errors import UserError
+from kit.serve.sse import SSEParser, classify_event
 
 if TYPE_CHECKING:  # annotations only: kit.serve.load imports this module
     from kit.serve.load import RequestInput
@@ -67,11 +69,13 @@ def token_counter(tokenizer) -> Callable[[list[str]], list[int]] | None:
     if tokenizer is None:
         return None
     if hasattr(tokenizer, "encode") and callable(tokenizer) and hasattr(tokenizer, "vocab_size"):
+
         def count(texts: list[str]) -> list[int]:
             if not texts:
                 return []
             ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
             return [len(x) for x in ids]
+
         return count
     if callable(tokenizer):
         return lambda texts: [int(tokenizer(t)) for t in texts]
@@ -87,9 +91,9 @@ class StreamCapture:
     t_end: float = 0.0
     http_status: int | None = None
     error: str | None = None
-    chunk_times: list = field(default_factory=list)     # token-bearing chunks only
+    chunk_times: list = field(default_factory=list)  # token-bearing chunks only
     chunk_texts: list = field(default_factory=list)
-    chunk_usage: list = field(default_factory=list)     # cumulative completion_tokens in that chunk, or None
+    chunk_usage: list = field(default_factory=list)  # cumulative completion_tokens in that chunk, or None
     chunk_token_ids: list = field(default_factory=list)  # number of token ids in that chunk, or None
     usage: dict | None = None
     finish_reason: str | None = None
@@ -130,78 +134,17 @@ class StreamCapture:
             self.error = "stream ended without [DONE], finish_reason or usage (truncated?)"
 
 
-def classify_event(obj: Any) -> tuple[str, int | None, dict | None, str | None, str | None]:
-    """One parsed SSE JSON payload → ``(text, n_token_ids, usage, finish_reason, error)``.
-
-    ``text`` concatenates every choice's ``text`` (completions) or ``delta.content`` / reasoning content (chat);
-    an empty string means the event is not token-bearing. ``choices: []`` (usage-only) is fine.
-    """
-    if not isinstance(obj, dict):
-        return "", None, None, None, f"unexpected event payload {str(obj)[:200]!r}"
-    if obj.get("error") is not None or obj.get("object") == "error":
-        err = obj.get("error", obj)
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        return "", None, None, None, f"error event: {str(msg)[:500]}"
-    text, n_ids, finish = "", None, None
-    for ch in obj.get("choices") or []:
-        if not isinstance(ch, dict):
-            continue
-        delta = ch.get("delta")
-        if isinstance(delta, dict):
-            for key in ("content", "reasoning_content", "reasoning"):
-                v = delta.get(key)
-                if isinstance(v, str):
-                    text += v
-        v = ch.get("text")
-        if isinstance(v, str):
-            text += v
-        ids = ch.get("token_ids")
-        if isinstance(ids, list) and ids:
-            n_ids = (n_ids or 0) + len(ids)
-        finish = ch.get("finish_reason") or finish
-    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-    return text, n_ids, usage, finish, None
-
-
-class SSEParser:
-    """Incremental server-sent-events parser: feed bytes, get complete ``data`` payloads (strings).
-
-    Handles ``\\n`` / ``\\r\\n`` line ends, multi-line ``data:`` fields, comments and other fields; an event is
-    complete at a blank line, or at end of stream (:meth:`close`).
-    """
-
-    def __init__(self):
-        self._buf = b""
-        self._data: list[str] = []
-
-    def feed(self, raw: bytes) -> list[str]:
-        self._buf += raw
-        out = []
-        while True:
-            i = self._buf.find(b"\n")
-            if i < 0:
-                break
-            line, self._buf = self._buf[:i], self._buf[i + 1:]
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if not line:
-                if self._data:
-                    out.append("\n".join(self._data))
-                    self._data = []
-            elif line.startswith(b"data:"):
-                v = line[5:]
-                self._data.append((v[1:] if v.startswith(b" ") else v).decode("utf-8", "replace"))
-        return out
-
-    def close(self) -> list[str]:
-        out = self.feed(b"\n\n") if (self._buf or self._data) else []
-        self._buf = b""
-        return out
-
-
 # ---------------------------------------------------------------- one request
-def request_body(endpoint: str, model: str, req: RequestInput, *, temperature: float = 0.0,
-                 ignore_eos: bool = False, continuous_usage: bool = False, extra_body: dict | None = None) -> dict:
+def request_body(
+    endpoint: str,
+    model: str,
+    req: RequestInput,
+    *,
+    temperature: float = 0.0,
+    ignore_eos: bool = False,
+    continuous_usage: bool = False,
+    extra_body: dict | None = None,
+) -> dict:
     """The JSON body of one streaming request (OpenAI API) for ``req`` (a :class:`kit.serve.load.RequestInput`).
 
     Always asks for the usage chunk (``stream_options.include_usage``), with ``continuous_usage`` also for usage in
@@ -209,8 +152,13 @@ def request_body(endpoint: str, model: str, req: RequestInput, *, temperature: f
     token-id prompt is joined as text); ``"completions"`` sends it as ``prompt``. ``extra_body`` is merged last.
     """
     opts = {"include_usage": True, **({"continuous_usage_stats": True} if continuous_usage else {})}
-    body: dict[str, Any] = {"model": model, "max_tokens": int(req.max_tokens), "stream": True,
-                            "stream_options": opts, "temperature": temperature}
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": int(req.max_tokens),
+        "stream": True,
+        "stream_options": opts,
+        "temperature": temperature,
+    }
     if endpoint == "chat":
         prompt = req.prompt if isinstance(req.prompt, str) else " ".join(map(str, req.prompt))
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -242,20 +190,30 @@ def describe_exception(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"
 
 
-def _timeout_text(e: BaseException, url: str, elapsed_s: float, timeout_s: float, stall_timeout_s: float,
-                  connect_s: float | None, http_status: int | None) -> str:
+def _timeout_text(
+    e: BaseException,
+    url: str,
+    elapsed_s: float,
+    timeout_s: float,
+    stall_timeout_s: float,
+    connect_s: float | None,
+    http_status: int | None,
+) -> str:
     """What timed out, after how many seconds, and where (one request of :func:`stream_request`)."""
     import aiohttp
 
     if isinstance(e, aiohttp.ConnectionTimeoutError) or (
-            isinstance(e, aiohttp.ServerTimeoutError) and "connection timeout" in str(e).lower()):
+        isinstance(e, aiohttp.ServerTimeoutError) and "connection timeout" in str(e).lower()
+    ):
         return f"timeout: could not connect to {url} within {connect_s or timeout_s:g} s"
     if elapsed_s >= timeout_s * 0.99:
         state = "" if http_status is not None else " (no response received)"
         return f"timeout: request to {url} exceeded {timeout_s:g} s (total timeout){state}"
     if http_status is None:
-        return (f"timeout: no response from {url} within {stall_timeout_s:g} s (stall timeout; the server "
-                "accepted the connection but sent nothing)")
+        return (
+            f"timeout: no response from {url} within {stall_timeout_s:g} s (stall timeout; the server "
+            "accepted the connection but sent nothing)"
+        )
     return f"timeout: stream from {url} stalled (no data for {stall_timeout_s:g} s)"
 
 
@@ -270,17 +228,18 @@ def short_error(text: Any, limit: int = 200) -> str:
     if re.search(r"<\s*(!doctype|html|head|body|title|h1|p|div|pre|center)\b", s, re.I):
         title = re.search(r"<title[^>]*>(.*?)</title\s*>", s, re.I | re.S)
         if title:  # keep what precedes the page (e.g. "HTTP 502: ") and the page's title
-            s = s[:s.find("<")] + title.group(1)
+            s = s[: s.find("<")] + title.group(1)
         else:
             s = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>", " ", s)
             s = re.sub(r"<[^>]*>", " ", s)
         s = html.unescape(s)
     s = " ".join(s.split())
-    return s if len(s) <= limit else s[:max(1, limit - 1)].rstrip() + "…"
+    return s if len(s) <= limit else s[: max(1, limit - 1)].rstrip() + "…"
 
 
-async def stream_request(session, url: str, body: dict, headers: dict, timeout_s: float,
-                         stall_timeout_s: float) -> StreamCapture:
+async def stream_request(
+    session, url: str, body: dict, headers: dict, timeout_s: float, stall_timeout_s: float
+) -> StreamCapture:
     """Send one streaming request and capture every event's arrival time. Never raises for server faults.
 
     Returns:
@@ -324,8 +283,15 @@ async def stream_request(session, url: str, body: dict, headers: dict, timeout_s
     return cap
 
 
-def request_record(cap: StreamCapture, req: RequestInput, count_tokens=None, t0_run: float = 0.0,
-                   client_queue_ms: float = 0.0, request_id: int = 0, warmup: bool = False) -> dict:
+def request_record(
+    cap: StreamCapture,
+    req: RequestInput,
+    count_tokens=None,
+    t0_run: float = 0.0,
+    client_queue_ms: float = 0.0,
+    request_id: int = 0,
+    warmup: bool = False,
+) -> dict:
     """Per-request metrics (the detail-file row) from a :class:`StreamCapture`, via :func:`kit.metrics.request_timings`.
 
     Tokens per chunk: continuous usage deltas when every token-bearing chunk carries usage, else token-id
@@ -358,16 +324,31 @@ def request_record(cap: StreamCapture, req: RequestInput, count_tokens=None, t0_
     tm = M.request_timings(cap.chunk_times, per_chunk, out_tok, t0_s=cap.t_send)
     pt = cap.usage.get("prompt_tokens") if cap.usage else None
     return {
-        "request_id": request_id, "warmup": warmup, "ok": ok, "error": cap.error, "http_status": cap.http_status,
-        "sent_s": cap.t_send - t0_run, "end_s": cap.t_end - t0_run, "client_queue_ms": client_queue_ms,
-        "ttft_ms": tm.ttft_ms, "e2el_ms": tm.e2el_ms, "tpot_ms": tm.tpot_ms,
+        "request_id": request_id,
+        "warmup": warmup,
+        "ok": ok,
+        "error": cap.error,
+        "http_status": cap.http_status,
+        "sent_s": cap.t_send - t0_run,
+        "end_s": cap.t_end - t0_run,
+        "client_queue_ms": client_queue_ms,
+        "ttft_ms": tm.ttft_ms,
+        "e2el_ms": tm.e2el_ms,
+        "tpot_ms": tm.tpot_ms,
         "tok_s_per_user": M.tok_s_per_stream(tm.tpot_ms) if tm.tpot_ms else None,
-        "chunk_gaps_ms": tm.chunk_gaps_ms, "itl_ms": tm.itl_ms, "chunk_times_ms":
-            [(t - cap.t_send) * 1000.0 for t in cap.chunk_times],
-        "output_tokens": out_tok, "output_tokens_estimated": est, "tokens_per_chunk_source": source,
+        "chunk_gaps_ms": tm.chunk_gaps_ms,
+        "itl_ms": tm.itl_ms,
+        "chunk_times_ms": [(t - cap.t_send) * 1000.0 for t in cap.chunk_times],
+        "output_tokens": out_tok,
+        "output_tokens_estimated": est,
+        "tokens_per_chunk_source": source,
         "input_tokens": int(pt) if isinstance(pt, (int, float)) else req.input_tokens,
-        "max_tokens": req.max_tokens, "osl_mismatch": bool(ok and out_tok != req.max_tokens),
-        "n_chunks": n, "n_events": cap.n_events, "finish_reason": cap.finish_reason, "done_seen": cap.done,
+        "max_tokens": req.max_tokens,
+        "osl_mismatch": bool(ok and out_tok != req.max_tokens),
+        "n_chunks": n,
+        "n_events": cap.n_events,
+        "finish_reason": cap.finish_reason,
+        "done_seen": cap.done,
     }
 
 
@@ -391,20 +372,19 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
             async with s.get(url, headers=headers) as r:
                 if r.status != 200:
                     text = await r.text(errors="replace")
-                    raise UserError(f"cannot list models at {url} (HTTP {r.status}: {short_error(text, 160)}); "
-                                    f"{hint}")
+                    raise UserError(f"cannot list models at {url} (HTTP {r.status}: {short_error(text, 160)}); {hint}")
                 data = await r.json(content_type=None)
     except UserError:
         raise
     except ValueError as e:  # a body that is not JSON
-        raise UserError(f"cannot list models at {url} (not a JSON model list: {describe_exception(e)}); "
-                        f"{hint}") from e
+        raise UserError(f"cannot list models at {url} (not a JSON model list: {describe_exception(e)}); {hint}") from e
     except asyncio.TimeoutError as e:
         el = time.perf_counter() - t0
-        what = ("could not connect" if isinstance(e, aiohttp.ConnectionTimeoutError)
-                else "no complete answer")
-        raise UserError(f"cannot list models at {url}: timed out after {el:.1f} s ({what} within the "
-                        f"{timeout_s:g} s timeout); {hint}") from e
+        what = "could not connect" if isinstance(e, aiohttp.ConnectionTimeoutError) else "no complete answer"
+        raise UserError(
+            f"cannot list models at {url}: timed out after {el:.1f} s ({what} within the "
+            f"{timeout_s:g} s timeout); {hint}"
+        ) from e
     except Exception as e:  # noqa: BLE001
         raise UserError(f"cannot list models at {url} ({describe_exception(e)}); {hint}") from e
     items = (data or {}).get("data", []) if isinstance(data, dict) else []

@@ -2,11 +2,11 @@
 
 :class:`LoadConfig` describes one load point against an OpenAI-compatible server; :mod:`kit.serve.workload` makes
 its requests and their arrival times; :func:`run_load_async` sends them with the streaming client
-(:mod:`kit.serve.client`) under a concurrency cap and/or an arrival rate; :func:`aggregate` reduces the request
-records to one row of the shared results schema (:mod:`kit.results`, ``backend = "openai"``), so a concurrency
-sweep against vLLM, SGLang or ``transformers serve`` plots beside an in-process sweep. The sweep over
-concurrencies, its files and ``kit serve-bench`` are :mod:`kit.serve.sweep`. Every formula comes from
-:mod:`kit.metrics` (definitions in ``METRICS.md``, "Served").
+(:mod:`kit.serve.client`) under a concurrency cap and/or an arrival rate;
+:func:`kit.serve.aggregate.aggregate` reduces the request records to one row of the shared results schema
+(:mod:`kit.results`, ``backend = "openai"``), so a concurrency sweep against vLLM, SGLang or ``transformers serve``
+plots beside an in-process sweep. The sweep over concurrencies, its files and ``kit serve-bench`` are
+:mod:`kit.serve.sweep`. Every formula comes from :mod:`kit.metrics` (definitions in ``METRICS.md``, "Served").
 
 Measuring choices (and the mistakes they avoid):
 
@@ -22,6 +22,7 @@ Measuring choices (and the mistakes they avoid):
   measured requests; a run where the client may be the bottleneck says so (``x_client_bound``) instead of
   publishing a client-bound number.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from kit import metrics as M
 from kit.cli import config_field
 from kit.errors import UserError
 from kit.serve.client import (
@@ -45,15 +43,11 @@ from kit.serve.client import (
     request_body,
     request_headers,
     request_record,
-    short_error,
     stream_request,
     token_counter,
 )
 from kit.serve.selfcheck import LoopProbe, selfcheck_skipped
 from kit.serve.workload import RequestInput, arrival_gaps_s, build_workload
-
-#: longest text of one distinct error in a row's ``error`` (the detail file keeps the full text)
-ERROR_SUMMARY_CHARS = 200
 
 
 def json_object_arg(text: str) -> dict:
@@ -78,40 +72,55 @@ class LoadConfig:
     variable ``api_key_env`` and never written to results or logs.
     """
 
-    url: str = config_field("", help="server base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)",
-                            cli=False)
+    url: str = config_field(
+        "", help="server base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)", cli=False
+    )
     model: str | None = config_field(None, help="served model id (default: first of /v1/models)")
-    endpoint: str = config_field("completions", choices=tuple(sorted(ENDPOINTS)), help="API to call: " +
-                                 ", ".join(f"{k}={v}" for k, v in sorted(ENDPOINTS.items())))
-    max_concurrency: int | None = config_field(1, cli=False, help="at most this many requests in flight (None: "
-                                               "unbounded); a sweep sets it per point (--concurrency)")
-    request_rate: float = config_field(math.inf, help="requests/s offered, arrival gaps drawn with --burstiness "
-                                       "(default inf: all at once)")
-    burstiness: float = config_field(1.0, help="Gamma shape b of the arrival gaps, Gamma(b, 1/(rate*b)); "
-                                     "1 = Poisson")
+    endpoint: str = config_field(
+        "completions",
+        choices=tuple(sorted(ENDPOINTS)),
+        help="API to call: " + ", ".join(f"{k}={v}" for k, v in sorted(ENDPOINTS.items())),
+    )
+    max_concurrency: int | None = config_field(
+        1,
+        cli=False,
+        help="at most this many requests in flight (None: unbounded); a sweep sets it per point (--concurrency)",
+    )
+    request_rate: float = config_field(
+        math.inf, help="requests/s offered, arrival gaps drawn with --burstiness (default inf: all at once)"
+    )
+    burstiness: float = config_field(1.0, help="Gamma shape b of the arrival gaps, Gamma(b, 1/(rate*b)); 1 = Poisson")
     seed: int = config_field(0, help="seed of prompts and arrival gaps")
     num_requests: int | None = config_field(64, help="measured requests per concurrency point")
-    duration_s: float | None = config_field(None, help="stop sending after this many seconds (in-flight requests "
-                                            "finish; --num-requests still caps the count)")
+    duration_s: float | None = config_field(
+        None,
+        help="stop sending after this many seconds (in-flight requests finish; --num-requests still caps the count)",
+    )
     warmup_requests: int = config_field(2, flag="--warmup", help="warm-up requests per point (excluded)")
     isl: int = config_field(1024, help="input tokens per request")
     osl: int = config_field(400, help="output tokens per request (max_tokens)")
     isl_range: float = config_field(0.0, help="draw each request's ISL uniformly in isl*(1±r), 0 <= r < 1")
     osl_range: float = config_field(0.0, help="draw each request's OSL uniformly in osl*(1±r), 0 <= r < 1")
-    ignore_eos: bool = config_field(False, help="ask the server to ignore EOS (vLLM, SGLang); an output length "
-                                    "other than max_tokens is flagged either way")
+    ignore_eos: bool = config_field(
+        False,
+        help="ask the server to ignore EOS (vLLM, SGLang); an output length "
+        "other than max_tokens is flagged either way",
+    )
     timeout_s: float = config_field(600.0, help="total time one request (and the /v1/models look-up) may take, s")
     stall_timeout_s: float = config_field(60.0, help="longest silence within a stream")
     api_key_env: str = config_field(DEFAULT_API_KEY_ENV, help="environment variable with the API key")
     slo_ttft_ms: float | None = config_field(None, help="goodput SLO on TTFT (ms, inclusive; default: none)")
     slo_tpot_ms: float | None = config_field(None, help="goodput SLO on TPOT (ms, inclusive; default: none)")
-    slo_e2el_ms: float | None = config_field(None, help="goodput SLO on end-to-end latency (ms, inclusive; "
-                                             "default: none)")
+    slo_e2el_ms: float | None = config_field(
+        None, help="goodput SLO on end-to-end latency (ms, inclusive; default: none)"
+    )
     temperature: float = config_field(0.0, help="sampling temperature sent with each request")
-    continuous_usage: bool = config_field(False, help="ask for usage in every chunk (vLLM): exact tokens per chunk "
-                                          "without a tokenizer")
-    extra_body: dict = config_field(default_factory=dict, parse=json_object_arg,
-                                    help="JSON object merged into every request body")
+    continuous_usage: bool = config_field(
+        False, help="ask for usage in every chunk (vLLM): exact tokens per chunk without a tokenizer"
+    )
+    extra_body: dict = config_field(
+        default_factory=dict, parse=json_object_arg, help="JSON object merged into every request body"
+    )
 
     def validate(self) -> LoadConfig:
         """Check the values; returns self.
@@ -157,8 +166,15 @@ class LoadConfig:
 
     def request_body(self, model: str, req: RequestInput) -> dict:
         """The JSON body of ``req`` under this config (:func:`kit.serve.client.request_body`)."""
-        return request_body(self.endpoint, model, req, temperature=self.temperature, ignore_eos=self.ignore_eos,
-                            continuous_usage=self.continuous_usage, extra_body=self.extra_body)
+        return request_body(
+            self.endpoint,
+            model,
+            req,
+            temperature=self.temperature,
+            ignore_eos=self.ignore_eos,
+            continuous_usage=self.continuous_usage,
+            extra_body=self.extra_body,
+        )
 
     def request_headers(self) -> dict:
         """The HTTP headers of every request (:func:`kit.serve.client.request_headers`; the key from
@@ -171,13 +187,25 @@ def default_workload(cfg: LoadConfig, tokenizer=None) -> list[RequestInput]:
     """The requests a load point sends when none are given: warm-up + measured (256 when unbounded), at most 1024
     distinct prompts (reused round-robin); token-id prompts on ``/v1/completions`` without a tokenizer."""
     n = (cfg.num_requests or 256) + cfg.warmup_requests
-    return build_workload(min(n, 1024), cfg.isl, cfg.osl, tokenizer, cfg.seed, cfg.isl_range, cfg.osl_range,
-                          as_token_ids=tokenizer is None and cfg.endpoint == "completions")
+    return build_workload(
+        min(n, 1024),
+        cfg.isl,
+        cfg.osl,
+        tokenizer,
+        cfg.seed,
+        cfg.isl_range,
+        cfg.osl_range,
+        as_token_ids=tokenizer is None and cfg.endpoint == "completions",
+    )
 
 
 # ---------------------------------------------------------------- load generation
-async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], tokenizer=None,
-                         on_progress: Callable[[int, bool], None] | None = None) -> tuple[list[dict], dict]:
+async def run_load_async(
+    cfg: LoadConfig,
+    workload: Sequence[RequestInput],
+    tokenizer=None,
+    on_progress: Callable[[int, bool], None] | None = None,
+) -> tuple[list[dict], dict]:
     """Run one load point: warm-up requests, then the measured ones, under the concurrency cap and arrivals.
 
     Args:
@@ -225,17 +253,32 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
                 await sem.acquire()
             try:
                 q_ms = (time.perf_counter() - t_q) * 1000.0
-                cap = await stream_request(session, url, cfg.request_body(model, req), headers, cfg.timeout_s,
-                                           cfg.stall_timeout_s)
+                cap = await stream_request(
+                    session, url, cfg.request_body(model, req), headers, cfg.timeout_s, cfg.stall_timeout_s
+                )
             finally:
                 if sem is not None:
                     sem.release()
             done.append((i, warm, req, q_ms, cap))
             ok = cap.error is None
         except Exception as e:  # noqa: BLE001 - a client bug must not abort the run either
-            done.append((i, warm, req, 0.0, {
-                "request_id": i, "warmup": warm, "ok": False, "error": f"client error {type(e).__name__}: {e}",
-                "sent_s": t_q - t_run, "end_s": time.perf_counter() - t_run, "max_tokens": req.max_tokens}))
+            done.append(
+                (
+                    i,
+                    warm,
+                    req,
+                    0.0,
+                    {
+                        "request_id": i,
+                        "warmup": warm,
+                        "ok": False,
+                        "error": f"client error {type(e).__name__}: {e}",
+                        "sent_s": t_q - t_run,
+                        "end_s": time.perf_counter() - t_run,
+                        "max_tokens": req.max_tokens,
+                    },
+                )
+            )
             ok = False
         if on_progress is not None:
             try:
@@ -276,8 +319,11 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
                 await asyncio.sleep(0)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        n_streamed = sum(1 for _, warm, _, _, cap in done if not warm and isinstance(cap, StreamCapture)
-                         and cap.error is None and cap.chunk_times)
+        n_streamed = sum(
+            1
+            for _, warm, _, _, cap in done
+            if not warm and isinstance(cap, StreamCapture) and cap.error is None and cap.chunk_times
+        )
         selfcheck = await probe.stop(n_streamed)
     records = []
     for i, warm, req, q_ms, cap in sorted(done, key=lambda x: x[0]):
@@ -285,9 +331,15 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
             try:
                 rec = request_record(cap, req, count, t_run, q_ms, i, warm)
             except Exception as e:  # noqa: BLE001 - e.g. a tokenizer failure: keep the request, marked failed
-                rec = {"request_id": i, "warmup": warm, "ok": False, "max_tokens": req.max_tokens,
-                       "error": f"client error while counting tokens {type(e).__name__}: {e}",
-                       "sent_s": cap.t_send - t_run, "end_s": cap.t_end - t_run}
+                rec = {
+                    "request_id": i,
+                    "warmup": warm,
+                    "ok": False,
+                    "max_tokens": req.max_tokens,
+                    "error": f"client error while counting tokens {type(e).__name__}: {e}",
+                    "sent_s": cap.t_send - t_run,
+                    "end_s": cap.t_end - t_run,
+                }
         else:
             rec = cap
         records.append(rec)
@@ -302,102 +354,39 @@ async def run_load_async(cfg: LoadConfig, workload: Sequence[RequestInput], toke
     return records, info
 
 
-def not_sent(cfg: LoadConfig, workload: Sequence[RequestInput], error: str,
-             url: str | None = None) -> tuple[list[dict], dict]:
+def not_sent(
+    cfg: LoadConfig, workload: Sequence[RequestInput], error: str, url: str | None = None
+) -> tuple[list[dict], dict]:
     """``(records, run_info)`` of a point none of whose requests could be sent (e.g. no model id): every planned
     request (the warm-up ones flagged) is a failed record with ``error`` (a duration-only run plans one measured
     request); ``run_info`` has ``setup_error`` and a self-check "not applied"."""
     n = cfg.warmup_requests + (int(cfg.num_requests) if cfg.num_requests is not None else 1)
-    records = [{"request_id": i, "warmup": i < cfg.warmup_requests, "ok": False, "error": error,
-                "http_status": None, "sent_s": 0.0, "end_s": 0.0, "not_sent": True,
-                "max_tokens": workload[i % len(workload)].max_tokens if workload else cfg.osl} for i in range(n)]
-    info = {"duration_s": 0.0, "model": cfg.model, "url": url or cfg.base_url + ENDPOINTS[cfg.endpoint],
-            "setup_error": error, "x_client_cpu_frac": None, "x_loop_lag_ms_p50": None, "x_loop_lag_ms_p99": None,
-            "x_loop_lag_ms_max": None, **selfcheck_skipped("no request was sent")}
-    return records, info
-
-
-def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
-    """One results-schema row (``backend = "openai"``) from a run's request records.
-
-    Failed and warm-up requests are excluded from every latency statistic; failures are counted in ``failed``
-    and the first distinct error texts kept in ``error``, each cut to one line
-    (:func:`kit.serve.client.short_error`: an HTML error page becomes its title; the records keep the full text).
-    Formulas: :mod:`kit.metrics` (throughputs, goodput, SLOs, percentiles with n). Means of TTFT/TPOT/E2EL are per
-    request; ITL pools the tokens of all requests. Times in ms, throughputs in tok/s and requests/s.
-
-    Args:
-        records: request records (:func:`kit.serve.client.request_record`, or failed ones), warm-up ones flagged.
-        info: the run facts of :func:`run_load_async` (``duration_s``, ``model``, ``url``, self-check columns).
-    """
-    meas = [r for r in records if not r.get("warmup")]
-    ok = [r for r in meas if r.get("ok")]
-    bad = [r for r in meas if not r.get("ok")]
-    dur = float(info.get("duration_s") or 0.0)
-    ttft = [r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]
-    tpot = [r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None]
-    e2el = [r["e2el_ms"] for r in ok if r.get("e2el_ms") is not None]
-    itl = [x for r in ok for x in r.get("itl_ms") or []]
-    gaps = [x for r in ok for x in r.get("chunk_gaps_ms") or []]
-    queue = [r.get("client_queue_ms") for r in meas if r.get("client_queue_ms") is not None]
-    users = [r["tok_s_per_user"] for r in ok if r.get("tok_s_per_user")]
-    in_tok = sum(int(r.get("input_tokens") or 0) for r in ok)
-    out_tok = sum(int(r.get("output_tokens") or 0) for r in ok)
-    thr = M.throughputs(len(ok), in_tok, out_tok, dur)
-    n_good = sum(M.meets_slo(r.get("ttft_ms"), r.get("tpot_ms"), r.get("e2el_ms"), int(r.get("output_tokens") or 0),
-                             cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.slo_e2el_ms) for r in ok)
-    any_slo = any(s is not None for s in (cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.slo_e2el_ms))
-    p_ttft, p_tpot, p_itl, p_e2el = (M.percentiles(v) for v in (ttft, tpot, itl, e2el))
-    p_user = M.percentiles(users, (10, 50, 90))
-    p_gap = M.percentiles(gaps, (50, 99))
-    p_queue = M.percentiles(queue)
-    errors = sorted({short_error(r.get("error"), ERROR_SUMMARY_CHARS) for r in bad})
-    rate = float(cfg.request_rate)
-    row = {
-        "backend": "openai", "status": "ok" if ok else "error",
-        "error": (f"{len(bad)} of {len(meas)} requests failed: " + " | ".join(errors[:3])) if bad else None,
-        "model": info.get("model") or cfg.model, "device": "remote",
-        "concurrency": cfg.max_concurrency, "isl": cfg.isl, "osl": cfg.osl, "request_rate": rate,
-        "ttft_ms": p_ttft["p50"], "ttft_ms_p90": p_ttft["p90"], "ttft_ms_p99": p_ttft["p99"],
-        "tpot_ms_p50": p_tpot["p50"], "tpot_ms_p90": p_tpot["p90"], "tpot_ms_p99": p_tpot["p99"],
-        "tpot_ms_min": min(tpot) if tpot else None, "tpot_ms_mean": float(np.mean(tpot)) if tpot else None,
-        "tpot_n": p_tpot["n"],
-        "itl_ms_p50": p_itl["p50"], "itl_ms_p90": p_itl["p90"], "itl_ms_p99": p_itl["p99"], "itl_n": p_itl["n"],
-        "e2el_ms_p50": p_e2el["p50"], "e2el_ms_p90": p_e2el["p90"], "e2el_ms_p99": p_e2el["p99"],
-        "client_queue_ms_p50": p_queue["p50"],
-        "tok_s_per_stream": M.tok_s_per_stream(p_tpot["p50"]) if tpot else None,
-        "output_tok_s": thr["output_tok_s"], "total_tok_s": thr["total_tok_s"],
-        "request_throughput": thr["request_throughput"],
-        "goodput_rps": M.goodput_rps(n_good, dur) if any_slo else None,
-        "completed": len(ok), "failed": len(bad), "duration_s": dur,
-        "tok_s_basis": "output_tok_s",
-        # extras
-        "x_endpoint": cfg.endpoint, "x_url": info.get("url"), "x_seed": cfg.seed, "x_burstiness": cfg.burstiness,
-        "x_warmup_requests": cfg.warmup_requests, "x_ignore_eos": cfg.ignore_eos,
-        "x_ttft_n": p_ttft["n"], "x_e2el_n": p_e2el["n"],
-        "x_ttft_ms_mean": float(np.mean(ttft)) if ttft else None,
-        "x_e2el_ms_mean": float(np.mean(e2el)) if e2el else None,
-        "x_itl_ms_mean": float(np.mean(itl)) if itl else None,
-        "x_chunk_gap_ms_p50": p_gap["p50"], "x_chunk_gap_ms_p99": p_gap["p99"], "x_chunk_gap_n": p_gap["n"],
-        "x_tokens_per_chunk_mean": (out_tok / sum(r.get("n_chunks") or 0 for r in ok))
-        if ok and sum(r.get("n_chunks") or 0 for r in ok) else None,
-        "x_tok_s_per_user_p10": p_user["p10"], "x_tok_s_per_user_p50": p_user["p50"],
-        "x_tok_s_per_user_p90": p_user["p90"],
-        "x_client_queue_ms_p99": p_queue["p99"],
-        "x_input_tokens_total": in_tok, "x_output_tokens_total": out_tok,
-        "x_output_tokens_estimated": sum(bool(r.get("output_tokens_estimated")) for r in ok),
-        "x_osl_mismatch": sum(bool(r.get("osl_mismatch")) for r in ok),
-        # completed with output tokens in usage but no token-bearing chunk (e.g. text a detokeniser withheld):
-        # they count in throughput but have no TTFT/TPOT
-        "x_requests_without_text": sum(1 for r in ok if not r.get("n_chunks") and (r.get("output_tokens") or 0) > 0),
-        "x_tokens_per_chunk_source": ",".join(sorted({str(r.get("tokens_per_chunk_source")) for r in ok})) or None,
-        "x_good_requests": n_good if any_slo else None,
-        "x_slo_ttft_ms": cfg.slo_ttft_ms, "x_slo_tpot_ms": cfg.slo_tpot_ms, "x_slo_e2el_ms": cfg.slo_e2el_ms,
+    records = [
+        {
+            "request_id": i,
+            "warmup": i < cfg.warmup_requests,
+            "ok": False,
+            "error": error,
+            "http_status": None,
+            "sent_s": 0.0,
+            "end_s": 0.0,
+            "not_sent": True,
+            "max_tokens": workload[i % len(workload)].max_tokens if workload else cfg.osl,
+        }
+        for i in range(n)
+    ]
+    info = {
+        "duration_s": 0.0,
+        "model": cfg.model,
+        "url": url or cfg.base_url + ENDPOINTS[cfg.endpoint],
+        "setup_error": error,
+        "x_client_cpu_frac": None,
+        "x_loop_lag_ms_p50": None,
+        "x_loop_lag_ms_p99": None,
+        "x_loop_lag_ms_max": None,
+        **selfcheck_skipped("no request was sent"),
     }
-    for k in ("x_client_cpu_frac", "x_loop_lag_ms_p50", "x_loop_lag_ms_p99", "x_loop_lag_ms_max", "x_client_bound",
-              "x_client_warning", "x_client_check"):
-        row[k] = info.get(k)
-    return row
+    return records, info
 
 
 def run_coro(coro):

@@ -7,6 +7,7 @@ client process's CPU use; a run above :data:`CLIENT_CPU_LIMIT` or :data:`LOOP_LA
 (``x_client_bound``, ``x_client_warning``). A run it cannot judge (no successful streamed request, too few
 samples) is not flagged, and ``x_client_check`` says why.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,11 +56,19 @@ class LoopProbe:
         cpu = (time.process_time() - self._cpu0) / wall if wall > 0 else float("nan")
         lag = M.percentiles(self.lags_ms, (50, 99))
         lag_max = max(self.lags_ms) if self.lags_ms else float("nan")
-        figures = {"x_client_cpu_frac": cpu, "x_loop_lag_ms_p50": lag["p50"], "x_loop_lag_ms_p99": lag["p99"],
-                   "x_loop_lag_ms_max": lag_max}
+        figures = {
+            "x_client_cpu_frac": cpu,
+            "x_loop_lag_ms_p50": lag["p50"],
+            "x_loop_lag_ms_p99": lag["p99"],
+            "x_loop_lag_ms_max": lag_max,
+        }
         if n_streamed is not None and n_streamed < SELFCHECK_MIN_STREAMS:
-            return {**figures, **selfcheck_skipped("no successful streamed request (the client CPU and loop "
-                                                    "lag then reflect failures only)")}
+            return {
+                **figures,
+                **selfcheck_skipped(
+                    "no successful streamed request (the client CPU and loop lag then reflect failures only)"
+                ),
+            }
         if lag["n"] < SELFCHECK_MIN_LAG_SAMPLES:
             return {**figures, **selfcheck_skipped(f"too few samples (a {wall * 1000:.0f} ms run)")}
         bound, why = False, []
@@ -69,9 +78,12 @@ class LoopProbe:
         if lag["n"] and lag["p99"] > LOOP_LAG_LIMIT_MS:
             bound = True
             why.append(f"event-loop lag p99 {lag['p99']:.1f} ms > {LOOP_LAG_LIMIT_MS:g} ms")
-        return {**figures, "x_client_bound": bound,
-                "x_client_warning": ("the client may be the bottleneck: " + "; ".join(why)) if why else None,
-                "x_client_check": "client-bound" if bound else "ok"}
+        return {
+            **figures,
+            "x_client_bound": bound,
+            "x_client_warning": ("the client may be the bottleneck: " + "; ".join(why)) if why else None,
+            "x_client_check": "client-bound" if bound else "ok",
+        }
 
 
 def selfcheck_skipped(reason: str) -> dict:

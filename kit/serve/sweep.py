@@ -14,6 +14,7 @@ Files in ``OUT`` besides the runner's: ``requests-<point_id>.jsonl``, one JSON l
 (warm-up ones flagged; the full error texts), written when the point's requests have finished. Rows concatenate
 with in-process rows (:func:`kit.results.to_frame`) and plot with :func:`kit.view.plots.plot_served`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,23 +22,21 @@ import hashlib
 import json
 import logging
 import math
-import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
 
 from kit import metrics as M
 from kit._io import atomic_write_text, check_out_dir
-from kit.cli import DefaultsHelpFormatter, add_config_args, config_from_args, int_list_arg
 from kit.errors import UserError
-from kit.measure.grid import GridPoint, archive_previous, run_grid
+from kit.measure.grid import GridPoint, run_grid, split_run_options
 from kit.results import run_metadata
-from kit.serve.client import DEFAULT_API_KEY_ENV, get_model_id, load_tokenizer, short_error
-from kit.serve.load import LoadConfig, aggregate, default_workload, not_sent, run_coro, run_load_async
-from kit.serve.workload import WORKLOAD_PRESETS, RequestInput
-from kit.store import run_lock
+from kit.serve.aggregate import aggregate
+from kit.serve.client import get_model_id
+from kit.serve.load import LoadConfig, default_workload, not_sent, run_coro, run_load_async
+from kit.serve.workload import RequestInput
 
 log = logging.getLogger("kit")
 
@@ -58,10 +57,16 @@ def served_point_id(cfg: LoadConfig) -> str:
     return f"openai-{cfg.endpoint}-c{cfg.max_concurrency or 'inf'}-r{rate}-isl{cfg.isl}-osl{cfg.osl}-{digest}"
 
 
-def run_load_point(cfg: LoadConfig, out_dir: str | Path | None = None, tokenizer=None,
-                   workload: Sequence[RequestInput] | None = None, extra: dict | None = None,
-                   on_progress: Callable[[int, bool], None] | None = None, setup_error: str | None = None,
-                   point_id: str | None = None) -> dict:
+def run_load_point(
+    cfg: LoadConfig,
+    out_dir: str | Path | None = None,
+    tokenizer=None,
+    workload: Sequence[RequestInput] | None = None,
+    extra: dict | None = None,
+    on_progress: Callable[[int, bool], None] | None = None,
+    setup_error: str | None = None,
+    point_id: str | None = None,
+) -> dict:
     """Run one served load point and return its row; with ``out_dir``, also write its per-request detail file.
 
     Args:
@@ -125,11 +130,22 @@ class ServedBackend:
     """
 
     kind = "openai"
+    #: the per-request detail files; a ``--no-resume`` run archives them with the results
+    archive_globs = ("requests-*.jsonl",)
 
-    def __init__(self, config: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path, *, tokenizer=None,
-                 workload: Sequence[RequestInput] | None = None, extra: dict | None = None,
-                 metadata: dict | None = None, model_error: str | None = None,
-                 on_progress: Callable[[int, bool], None] | None = None):
+    def __init__(
+        self,
+        config: LoadConfig,
+        concurrencies: Sequence[int],
+        out_dir: str | Path,
+        *,
+        tokenizer=None,
+        workload: Sequence[RequestInput] | None = None,
+        extra: dict | None = None,
+        metadata: dict | None = None,
+        model_error: str | None = None,
+        on_progress: Callable[[int, bool], None] | None = None,
+    ):
         concs = list(dict.fromkeys(int(c) for c in concurrencies))  # each once, in the order given
         if not concs or min(concs) < 1:
             raise UserError(f"concurrencies={list(concurrencies)}; give one or more integers >= 1")
@@ -159,8 +175,16 @@ class ServedBackend:
             self.resolve_model()
             self._points = []
             for c in (replace(self.config, max_concurrency=k) for k in self.concurrencies):
-                cols = {"model": c.model, "device": "remote", "concurrency": c.max_concurrency, "isl": c.isl,
-                        "osl": c.osl, "request_rate": float(c.request_rate), "x_endpoint": c.endpoint, **self.extra}
+                cols = {
+                    "model": c.model,
+                    "device": "remote",
+                    "concurrency": c.max_concurrency,
+                    "isl": c.isl,
+                    "osl": c.osl,
+                    "request_rate": float(c.request_rate),
+                    "x_endpoint": c.endpoint,
+                    **self.extra,
+                }
                 self._points.append(GridPoint(served_point_id(c), cols, f"c={c.max_concurrency}", c))
         return self._points
 
@@ -178,21 +202,23 @@ class ServedBackend:
 
     def measure(self, point: GridPoint) -> dict:
         """The row of one load point (:func:`run_load_point`; writes its detail file)."""
-        return run_load_point(point.config, self.out_dir, self.tokenizer, self.workload, self.extra,
-                              self.on_progress, self.model_error, point.point_id)
+        return run_load_point(
+            point.config,
+            self.out_dir,
+            self.tokenizer,
+            self.workload,
+            self.extra,
+            self.on_progress,
+            self.model_error,
+            point.point_id,
+        )
 
     def after_failure(self) -> dict:
         """Nothing to free (the point ran on the server): no extra columns."""
         return {}
 
 
-def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path, *, tokenizer=None,
-                     workload: Sequence[RequestInput] | None = None, extra: dict | None = None,
-                     metadata: dict | None = None, resume: bool = True, progress: bool = True,
-                     on_point: Callable[[dict, pd.DataFrame], None] | None = None,
-                     should_stop: Callable[[], bool] | None = None, model_error: str | None = None,
-                     on_progress: Callable[[int, bool], None] | None = None,
-                     retry_killed: bool = False) -> pd.DataFrame:
+def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path, **options) -> pd.DataFrame:
     """A concurrency sweep against one server through the grid runner (:class:`ServedBackend`,
     :func:`kit.measure.grid.run_grid`: append-on-finish, resume, Ctrl-C).
 
@@ -203,7 +229,8 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
         on_point: called after each measured point with (row, frame of every row so far).
         should_stop: polled before each point; True ends the sweep (finished points kept).
         retry_killed: measure again a point an earlier run died on (recorded ``killed``; skipped by default).
-        tokenizer, workload, extra, metadata, model_error, on_progress: see :class:`ServedBackend`.
+        tokenizer, workload, extra, metadata, model_error, on_progress: see :class:`ServedBackend` (every
+            other keyword: :func:`kit.measure.grid.run_grid`'s options above).
 
     Returns: this sweep's rows in the order of ``concurrencies`` (the latest row of each of its points, also
     those a resume skipped); every row of ``out_dir`` stays in ``out_dir/results.parquet``.
@@ -213,136 +240,12 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
         before any network work). KeyboardInterrupt: Ctrl-C, after the finished points are saved.
     """
     out = check_out_dir(out_dir)
-    backend = ServedBackend(cfg, concurrencies, out, tokenizer=tokenizer, workload=workload, extra=extra,
-                            metadata=metadata, model_error=model_error, on_progress=on_progress)
-    if not resume:  # the runner's archive (the lock held), with the detail files of that run
-        with run_lock(out):
-            dest = archive_previous(out)
-            for f in sorted(out.glob("requests-*.jsonl")) if dest else ():
-                f.rename(dest / f.name)
-    df = run_grid(backend, out, resume=resume, progress=progress, on_point=on_point, should_stop=should_stop,
-                  retry_killed=retry_killed)
+    run_options, backend_options = split_run_options(options)
+    backend = ServedBackend(cfg, concurrencies, out, **backend_options)
+    df = run_grid(backend, out, **run_options)
     order = {p.point_id: i for i, p in enumerate(backend.points())}
     cur = df[df["point_id"].isin(order)].drop_duplicates("point_id", keep="last")
     return cur.iloc[cur["point_id"].map(order).argsort()].reset_index(drop=True)
 
 
-def summary_line(row: dict) -> str:
-    """A one-line text summary of a served row (concurrency, throughput, TTFT, TPOT, ITL, failures, self-check)."""
-    row = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in dict(row).items()}
-
-    def f(x, fmt=".1f"):
-        return "nan" if x is None else format(x, fmt)
-
-    s = (f"c={row.get('concurrency')} rate={row.get('request_rate')}: {f(row.get('output_tok_s'))} out tok/s, "
-         f"{f(row.get('request_throughput'), '.2f')} req/s, TTFT p50 {f(row.get('ttft_ms'))} ms "
-         f"(n={row.get('x_ttft_n')}), TPOT p50 {f(row.get('tpot_ms_p50'))} ms (n={row.get('tpot_n')}), "
-         f"ITL p50 {f(row.get('itl_ms_p50'))} ms (n={row.get('itl_n')}), "
-         f"completed {row.get('completed')}, failed {row.get('failed')}")
-    if row.get("goodput_rps") is not None:
-        s += f", goodput {f(row.get('goodput_rps'), '.2f')} req/s"
-    if row.get("x_requests_without_text"):
-        s += f"; {row['x_requests_without_text']} completed requests streamed no text (no TTFT)"
-    if row.get("x_osl_mismatch"):
-        s += f"; {row['x_osl_mismatch']} requests' output length != max_tokens"
-    if row.get("x_client_warning"):
-        s += f"; WARNING {row['x_client_warning']}"
-    elif str(row.get("x_client_check") or "").startswith("not applied"):
-        s += f"; client self-check {row['x_client_check']}"
-    if row.get("error"):
-        s += f"; ERROR {short_error(row['error'], 300)}"
-    return s
-
-
 # ---------------------------------------------------------------- CLI
-#: argparse type of ``--concurrency``: a comma list of integers >= 1 (argparse names the option)
-concurrency_list = int_list_arg(minimum=1, example="1,4,16")
-
-
-def add_cli(subparsers) -> None:
-    """``kit serve-bench``: a concurrency sweep against a running OpenAI-compatible server. Options derive from
-    :class:`kit.serve.load.LoadConfig` (one source of defaults and help), plus the sweep-level ones."""
-    p = subparsers.add_parser(
-        "serve-bench",
-        description="Concurrency sweep against a running server; one results row per concurrency "
-                    "(backend=openai) plus a per-request detail file. A re-run on the same --out skips the points "
-                    "already measured (--no-resume measures all again). The API key is read from the environment "
-                    f"variable named by --api-key-env (default {DEFAULT_API_KEY_ENV}).",
-        formatter_class=DefaultsHelpFormatter)
-    url_help = {f.name: f for f in fields(LoadConfig)}["url"].metadata["help"]
-    p.add_argument("--url", required=True, help=url_help)
-    p.add_argument("--concurrency", type=concurrency_list, default=",".join(map(str, DEFAULT_CONCURRENCIES)),
-                   help="comma-separated max concurrency values")
-    p.add_argument("--workload", default=None, choices=sorted(WORKLOAD_PRESETS),
-                   help="ISL/OSL preset (overrides --isl/--osl): " +
-                        ", ".join(f"{k}={v[0]}/{v[1]}" for k, v in WORKLOAD_PRESETS.items()))
-    add_config_args(p, LoadConfig)
-    p.add_argument("--tokenizer", default=None, help="local tokenizer path/id for prompts and token counts "
-                                                     "('' for none; default: try the model id)")
-    p.add_argument("--accelerator", default=None, help="catalog accelerator name for the rows (e.g. MI355X)")
-    p.add_argument("--n-gpus", type=int, default=None, help="GPUs behind the server (for tok/s/GPU)")
-    p.add_argument("--out", default="results/serve-bench", help="output directory (created; a re-run resumes)")
-    p.add_argument("--plot", action="store_true", help="also write OUT/serve-bench.png")
-    p.add_argument("--no-resume", action="store_true",
-                   help="measure every point again (an earlier run's files move to OUT/previous/)")
-    p.add_argument("--retry-killed", action="store_true",
-                   help="measure again points an earlier run died on (recorded as killed, skipped by default)")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object (the rows and the results path) instead of the text summary")
-    p.set_defaults(func=_cli_serve_bench)
-
-
-def _cli_serve_bench(args) -> int:
-    """Exit 0 when at least one request of the sweep completed, else 1 (2: a user error, from kit.cli.main)."""
-    out = check_out_dir(args.out, "--out", "results/serve-bench")  # before any network work
-    cfg = config_from_args(LoadConfig, args, url=args.url, max_concurrency=args.concurrency[0])
-    if args.workload:
-        cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
-    cfg.validate()
-
-    def note(text: str) -> None:  # on stderr: with --json, stdout holds the JSON object only
-        print(f"kit serve-bench: {text}", file=sys.stderr)
-
-    model_error = None
-    if not cfg.model:  # listed once here (the tokenizer needs it too), not again by the sweep
-        try:
-            cfg.model = run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s))
-        except UserError as e:
-            model_error = str(e)
-            note(f"{e}; no request is sent, every planned request is counted as failed")
-    tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    if args.tokenizer is None and cfg.model:
-        try:
-            tok = load_tokenizer(cfg.model)
-        except UserError as e:
-            note(f"no tokenizer ({short_error(e)}); prompts are token ids, token counts per chunk assumed 1")
-    extra = {k: v for k, v in (("accelerator", args.accelerator), ("n_gpus", args.n_gpus)) if v is not None}
-    measured: set = set()
-
-    def on_point(row: dict, frame) -> None:
-        measured.add(row["point_id"])
-        if not args.json:
-            print(summary_line(row), flush=True)
-
-    df = run_served_sweep(cfg, args.concurrency, out, tokenizer=tok, extra=extra, resume=not args.no_resume,
-                          progress=False, on_point=on_point, model_error=model_error, retry_killed=args.retry_killed)
-    rc = 0 if (df["completed"].fillna(0) > 0).any() else 1
-    plot = None
-    if args.plot:
-        from kit.view.plots import plot_served
-
-        plot = out / "serve-bench.png"
-        plot_served(df).savefig(plot, dpi=110)
-    resumed = [r for r in df.to_dict("records") if r["point_id"] not in measured]
-    if args.json:
-        print(json.dumps({"out": str(out), "results": str(out / "results.parquet"), "points": len(df),
-                          "measured": len(measured), "resumed": len(resumed), "plot": str(plot) if plot else None,
-                          "exit_code": rc, "rows": json.loads(df.to_json(orient="records"))}))
-        return rc
-    for r in resumed:
-        print(f"(recorded earlier) {summary_line(r)}")
-    print(f"results: {out / 'results.parquet'} ({len(df)} rows: {len(measured)} measured now, {len(resumed)} "
-          f"recorded earlier; per-request detail in {out}/requests-*.jsonl)")
-    if plot:
-        print(f"plot: {plot}")
-    return rc

@@ -6,6 +6,7 @@ target input length (ISL) asking for a target output length (OSL), optionally sp
 a request rate and burstiness. The load generator that sends them is :mod:`kit.serve.load`. Prompts are random
 (no prefix sharing), so a server's prefix cache cannot shorten prefill.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,16 @@ class RequestInput:
     max_tokens: int
 
 
-def build_workload(n: int, isl: int, osl: int, tokenizer=None, seed: int = 0, isl_range: float = 0.0,
-                   osl_range: float = 0.0, as_token_ids: bool = False) -> list[RequestInput]:
+def build_workload(
+    n: int,
+    isl: int,
+    osl: int,
+    tokenizer=None,
+    seed: int = 0,
+    isl_range: float = 0.0,
+    osl_range: float = 0.0,
+    as_token_ids: bool = False,
+) -> list[RequestInput]:
     """``n`` random prompts of ~``isl`` tokens, each asking for ~``osl`` output tokens.
 
     With an HF tokenizer, prompts are random non-special token ids decoded to text and re-encoded (truncated to

@@ -3,6 +3,7 @@ report the speed of broken numerics, and an export bundle for CI.
 
 All functions take and return DataFrames in the :mod:`kit.results` schema; none measures anything.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,16 @@ def scaling_exponents(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concu
         xs, ys = list(g.index), list(g.values)
         for (x1, y1), (x2, y2) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
             k = math.log(y2 / y1) / math.log(x2 / x1) if y1 > 0 and y2 > 0 else float("nan")
-            rows.append({"context_len": int(ctx), "from": int(x1), "to": int(x2), "y_from": float(y1),
-                         "y_to": float(y2), "exponent": k})
+            rows.append(
+                {
+                    "context_len": int(ctx),
+                    "from": int(x1),
+                    "to": int(x2),
+                    "y_from": float(y1),
+                    "y_to": float(y2),
+                    "exponent": k,
+                }
+            )
     return pd.DataFrame(rows, columns=["context_len", "from", "to", "y_from", "y_to", "exponent"])
 
 
@@ -70,11 +79,18 @@ def concurrency_knee(df: pd.DataFrame, y: str = "decode_tok_s", min_exponent: fl
             knee = None  # still scaling at the largest concurrency
         else:
             knee = int(s.iloc[scaling[-1]]["to"])
-        rows.append({"context_len": int(ctx), "knee": knee, "reached": knee is not None,
-                     "y_at_knee": float(med.loc[knee]) if knee is not None else float("nan"),
-                     "max_y": float(med.max()), "max_at": int(med.idxmax()), "min_exponent": min_exponent})
-    out = pd.DataFrame(rows, columns=["context_len", "knee", "reached", "y_at_knee", "max_y", "max_at",
-                                      "min_exponent"])
+        rows.append(
+            {
+                "context_len": int(ctx),
+                "knee": knee,
+                "reached": knee is not None,
+                "y_at_knee": float(med.loc[knee]) if knee is not None else float("nan"),
+                "max_y": float(med.max()),
+                "max_at": int(med.idxmax()),
+                "min_exponent": min_exponent,
+            }
+        )
+    out = pd.DataFrame(rows, columns=["context_len", "knee", "reached", "y_at_knee", "max_y", "max_at", "min_exponent"])
     out["knee"] = out["knee"].astype("Int64")
     return out
 
@@ -109,19 +125,45 @@ def dtype_comparison(df: pd.DataFrame, baseline: str = "float32") -> pd.DataFram
     d.loc[bad, ["decode_tok_s", "tpot_ms_p50"]] = np.nan
     base = d[d["dtype"] == baseline].set_index(["context_len", "concurrency"])["decode_tok_s"]
     key = list(zip(d["context_len"], d["concurrency"]))
-    d[f"speedup_vs_{baseline}"] = [r / base.get(k, np.nan) if k in base.index else np.nan
-                                   for r, k in zip(d["decode_tok_s"], key)]
-    cols = ["dtype", "context_len", "concurrency", "status", "logits_finite", "decode_tok_s", "tpot_ms_p50",
-            f"speedup_vs_{baseline}", "flag"]
+    d[f"speedup_vs_{baseline}"] = [
+        r / base.get(k, np.nan) if k in base.index else np.nan for r, k in zip(d["decode_tok_s"], key)
+    ]
+    cols = [
+        "dtype",
+        "context_len",
+        "concurrency",
+        "status",
+        "logits_finite",
+        "decode_tok_s",
+        "tpot_ms_p50",
+        f"speedup_vs_{baseline}",
+        "flag",
+    ]
     return d[cols].sort_values(["context_len", "concurrency", "dtype"]).reset_index(drop=True)
 
 
 def ci_summary(df: pd.DataFrame) -> list[dict]:
     """One JSON-ready dict per point: identity, status and ``verdict`` (:func:`kit.results.verdict`: ``flagged`` for
     status ok with a problem flag), TTFT/TPOT/throughput with sample count (no per-step lists)."""
-    keep = ["model", "dtype", "device", "device_name", "context_len", "concurrency", "decode_steps", "repeats",
-            "status", "error", "ttft_ms", "tpot_ms_p50", "tpot_ms_p90", "tpot_n", "decode_tok_s",
-            "tok_s_per_stream", "peak_mem_gb"]
+    keep = [
+        "model",
+        "dtype",
+        "device",
+        "device_name",
+        "context_len",
+        "concurrency",
+        "decode_steps",
+        "repeats",
+        "status",
+        "error",
+        "ttft_ms",
+        "tpot_ms_p50",
+        "tpot_ms_p90",
+        "tpot_n",
+        "decode_tok_s",
+        "tok_s_per_stream",
+        "peak_mem_gb",
+    ]
     out = []
     verdicts = verdict(df) if len(df) else pd.Series([], dtype=object)
     for i, r in df.iterrows():
@@ -129,8 +171,11 @@ def ci_summary(df: pd.DataFrame) -> list[dict]:
         for c in keep:
             if c in df.columns:
                 v = r[c]
-                rec[c] = None if v is None or (not isinstance(v, str) and pd.isna(v)) else (
-                    v.item() if hasattr(v, "item") else v)
+                rec[c] = (
+                    None
+                    if v is None or (not isinstance(v, str) and pd.isna(v))
+                    else (v.item() if hasattr(v, "item") else v)
+                )
         out.append(rec)
     return out
 
@@ -158,8 +203,13 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
     points = ci_summary(df)
     statuses = {s: int(n) for s, n in df["status"].value_counts().items()} if len(df) else {}
     n_ok = int(ok_mask(df).sum()) if len(df) else 0
-    summary = {"n_points": len(df), "n_ok": n_ok, "n_flagged": statuses.get("ok", 0) - n_ok, "statuses": statuses,
-               "points": points}
+    summary = {
+        "n_points": len(df),
+        "n_ok": n_ok,
+        "n_flagged": statuses.get("ok", 0) - n_ok,
+        "statuses": statuses,
+        "points": points,
+    }
     paths["summary_json"] = out / "summary.json"
     paths["summary_json"].write_text(json.dumps(summary, indent=2, default=str))
     cols = ["dtype", "context_len", "concurrency", "verdict", "ttft_ms", "tpot_ms_p50", "tpot_n", "decode_tok_s"]

@@ -8,6 +8,7 @@ each set's accelerator, or from a price you type in::
     from kit.view.compare_view import CompareView
     CompareView({"MI355X": "results/mi355x", "B300": "results/b300"})
 """
+
 from __future__ import annotations
 
 import html
@@ -23,8 +24,12 @@ from kit.view.render import figure_png, snapshot_html, widget_bundle
 Y_CHOICES = ("decode_tok_s", "tok_s_per_stream", "tpot_ms_p50", "usd_per_mtok", "tok_per_usd")
 
 
-def compare_frame(sets: dict[str, pd.DataFrame], prices: dict[str, float] | None = None,
-                  basis: str | None = None, tok_s_col: str = "decode_tok_s") -> pd.DataFrame:
+def compare_frame(
+    sets: dict[str, pd.DataFrame],
+    prices: dict[str, float] | None = None,
+    basis: str | None = None,
+    tok_s_col: str = "decode_tok_s",
+) -> pd.DataFrame:
     """Concatenate labelled result sets and add cost columns, ready for plotting on shared axes.
 
     Args:
@@ -57,8 +62,11 @@ def compare_frame(sets: dict[str, pd.DataFrame], prices: dict[str, float] | None
         d = df.copy()
         d["label"] = str(lab)
         # a row without a price (no accelerator, or none on this basis): cost unknown, speed still compared
-        parts.append(add_cost_columns(d, basis=basis, usd_per_gpu_hr=prices.get(lab), tok_s_col=tok_s_col,
-                                      catalog=cat, missing_price="nan"))
+        parts.append(
+            add_cost_columns(
+                d, basis=basis, usd_per_gpu_hr=prices.get(lab), tok_s_col=tok_s_col, catalog=cat, missing_price="nan"
+            )
+        )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -115,22 +123,34 @@ class CompareView:
         if not self.rows:
             self.add_row()
             self.add_row()
-        self.widget = w.VBox([w.HTML("<h3>kit · compare result sets</h3>"), self.rows_box,
-                              w.HBox([self.add_button, self.basis, self.y, self.compare_button]), self.message,
-                              self.plot, self.table])
+        self.widget = w.VBox(
+            [
+                w.HTML("<h3>kit · compare result sets</h3>"),
+                self.rows_box,
+                w.HBox([self.add_button, self.basis, self.y, self.compare_button]),
+                self.message,
+                self.plot,
+                self.table,
+            ]
+        )
 
     def _repr_mimebundle_(self, **kwargs):
         """The live widget, plus a static HTML snapshot (plot + table) and a text summary."""
         labels = ", ".join(sorted(self.frame["label"].unique())) if not self.frame.empty else "nothing compared yet"
-        return widget_bundle(self.widget, f"kit CompareView: {labels}",
-                             snapshot_html(self.message.value, self.plot.value, self.table.value))
+        return widget_bundle(
+            self.widget,
+            f"kit CompareView: {labels}",
+            snapshot_html(self.message.value, self.plot.value, self.table.value),
+        )
 
     def add_row(self, path: str = "", label: str = ""):
         """Add an input row (path, label, $/GPU-hour; 0 = use the catalog); returns its three widgets."""
         w = self._w
-        row = (w.Text(value=path, description="results", placeholder="run dir or .parquet"),
-               w.Text(value=label, description="label", layout=w.Layout(width="220px")),
-               w.FloatText(value=0.0, description="$/GPU-h", layout=w.Layout(width="200px")))
+        row = (
+            w.Text(value=path, description="results", placeholder="run dir or .parquet"),
+            w.Text(value=label, description="label", layout=w.Layout(width="220px")),
+            w.FloatText(value=0.0, description="$/GPU-h", layout=w.Layout(width="200px")),
+        )
         self.rows.append(row)
         self.rows_box.children = [w.HBox(list(r)) for r in self.rows]
         return row
@@ -165,8 +185,11 @@ class CompareView:
             self.message.value = f"<div style='color:#b00'>{html.escape(self.last_error, quote=False)}</div>"
             return
         unpriced = sorted(self.frame[self.frame["usd_per_gpu_hr"].isna()]["label"].unique())
-        note = (f"no catalog price on basis {self.basis.value!r} for: {', '.join(unpriced)}; type a $/GPU-h"
-                if unpriced else "")
+        note = (
+            f"no catalog price on basis {self.basis.value!r} for: {', '.join(unpriced)}; type a $/GPU-h"
+            if unpriced
+            else ""
+        )
         self.message.value = html.escape(note)
         self.redraw()
 
@@ -177,5 +200,4 @@ class CompareView:
         if self.frame.empty:
             return
         self.plot.value = figure_png(compare_plot(self.frame, y=self.y.value))
-        self.table.value = compare_summary(self.frame).to_html(index=False, border=0, na_rep="-",
-                                                               classes="kit-compare")
+        self.table.value = compare_summary(self.frame).to_html(index=False, border=0, na_rep="-", classes="kit-compare")

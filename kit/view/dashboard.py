@@ -14,6 +14,7 @@ file, readiness wait, stop by process group). Programmatic use (the browser test
     with launch(out_dir="results/dashboard", port=0) as srv:   # returns once the page answers
         print(srv.url)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,16 +49,28 @@ def dashboard_notebook(out_dir: str | Path, config: SweepConfig | None = None):
 
     cfg = dataclasses.replace(config if config is not None else SweepConfig()).validate()  # fail before serving
     settings = ", ".join(f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(SweepConfig))
-    src = ("from kit.view.panel import ControlPanel\n\n"
-           f"panel = ControlPanel(out_dir={str(Path(out_dir).resolve())!r}, {settings})\npanel")
-    return new_notebook([("md", "# kit dashboard\nA sweep control panel: enter a workload and press **Run**."),
-                         ("code", src)])
+    src = (
+        "from kit.view.panel import ControlPanel\n\n"
+        f"panel = ControlPanel(out_dir={str(Path(out_dir).resolve())!r}, {settings})\npanel"
+    )
+    return new_notebook(
+        [("md", "# kit dashboard\nA sweep control panel: enter a workload and press **Run**."), ("code", src)]
+    )
 
 
 def voila_command(notebook: str | Path, port: int, open_browser: bool = False) -> list[str]:
     """The Voilà command line: bound to 127.0.0.1, no port retries (a busy port is an error), code hidden."""
-    cmd = [sys.executable, "-m", "voila", str(Path(notebook).resolve()), f"--port={int(port)}", f"--Voila.ip={HOST}",
-           "--Voila.port_retries=0", "--strip_sources=True", "--show_tracebacks=True"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "voila",
+        str(Path(notebook).resolve()),
+        f"--port={int(port)}",
+        f"--Voila.ip={HOST}",
+        "--Voila.port_retries=0",
+        "--strip_sources=True",
+        "--show_tracebacks=True",
+    ]
     if not open_browser:
         cmd.append("--no-browser")
     return cmd
@@ -81,12 +94,24 @@ def write_notebook(out_dir: str | Path, config: SweepConfig | None = None) -> Pa
 def voila_server(notebook: str | Path, port: int, log_path: str | Path, open_browser: bool = False) -> Server:
     """A :class:`kit.serve.launch.Server` (not started) running Voilà on ``notebook`` at 127.0.0.1:``port``, its
     output in ``log_path``, working directory the notebook's folder, ready when :data:`READY_PATH` answers."""
-    return Server(argv=voila_command(notebook, port, open_browser), url=f"http://{HOST}:{int(port)}",
-                  log_path=log_path, env={"PYTHONUNBUFFERED": "1"}, ready_path=READY_PATH, cwd=Path(notebook).parent)
+    return Server(
+        argv=voila_command(notebook, port, open_browser),
+        url=f"http://{HOST}:{int(port)}",
+        log_path=log_path,
+        env={"PYTHONUNBUFFERED": "1"},
+        ready_path=READY_PATH,
+        cwd=Path(notebook).parent,
+    )
 
 
-def launch(out_dir: str | Path = DEFAULT_OUT, port: int = DEFAULT_PORT, timeout_s: float = READY_TIMEOUT_S,
-           log_path: str | Path | None = None, config: SweepConfig | None = None, **settings) -> Server:
+def launch(
+    out_dir: str | Path = DEFAULT_OUT,
+    port: int = DEFAULT_PORT,
+    timeout_s: float = READY_TIMEOUT_S,
+    log_path: str | Path | None = None,
+    config: SweepConfig | None = None,
+    **settings,
+) -> Server:
     """Start Voilà serving the panel in the background and wait until it answers; returns the running
     :class:`kit.serve.launch.Server` (``.url`` is the page; ``.stop()`` or leaving ``with`` stops the process group).
 
@@ -107,12 +132,15 @@ def launch(out_dir: str | Path = DEFAULT_OUT, port: int = DEFAULT_PORT, timeout_
 # ------------------------------------------------------------------------------------------------ CLI
 def add_cli(sub) -> None:
     """``kit dashboard``: serve the control panel as a web page on 127.0.0.1; sweep options from SweepConfig."""
-    p = sub.add_parser("dashboard", description="Serve the sweep control panel as a standalone web page with Voila on "
-                                   "127.0.0.1 (not reachable from other machines; use an SSH tunnel for a remote "
-                                   "node: ssh -L PORT:127.0.0.1:PORT host). Open the printed URL, enter a workload, "
-                                   "press Run. Runs are written under --out. The sweep options set the panel's "
-                                   "initial values. Ctrl-C stops the server.",
-                       formatter_class=DefaultsHelpFormatter)
+    p = sub.add_parser(
+        "dashboard",
+        description="Serve the sweep control panel as a standalone web page with Voila on "
+        "127.0.0.1 (not reachable from other machines; use an SSH tunnel for a remote "
+        "node: ssh -L PORT:127.0.0.1:PORT host). Open the printed URL, enter a workload, "
+        "press Run. Runs are written under --out. The sweep options set the panel's "
+        "initial values. Ctrl-C stops the server.",
+        formatter_class=DefaultsHelpFormatter,
+    )
     add_config_args(p, SweepConfig)
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port on 127.0.0.1 (0: any free port)")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for the runs and voila.log (created)")
@@ -132,8 +160,9 @@ def _cli_dashboard(args: argparse.Namespace) -> int:
     log_path = nb.parent / "voila.log"
     with voila_server(nb, port, log_path, open_browser=args.open) as srv:
         srv.wait_ready(args.ready_timeout)
-        print(f"kit dashboard: serving on {srv.url}/  (runs under {nb.parent}; log {log_path}; Ctrl-C stops)",
-              flush=True)
+        print(
+            f"kit dashboard: serving on {srv.url}/  (runs under {nb.parent}; log {log_path}; Ctrl-C stops)", flush=True
+        )
         try:
             rc = srv.proc.wait()
         except KeyboardInterrupt:

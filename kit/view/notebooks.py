@@ -5,6 +5,7 @@ so a typo in a test silently runs the defaults; :func:`run_notebook` raises inst
 explicitly (``kernel_name="python3"``): a notebook whose metadata names a kernel that is not installed otherwise
 fails with ``NoSuchKernel`` (papermill #638, #251).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +18,11 @@ KERNEL = "python3"
 
 def list_notebooks() -> list[str]:
     """Every notebook under ``notebooks/`` as a posix path relative to it, sorted (checkpoints skipped)."""
-    return sorted(p.relative_to(NOTEBOOK_DIR).as_posix() for p in NOTEBOOK_DIR.rglob("*.ipynb")
-                  if ".ipynb_checkpoints" not in p.parts)
+    return sorted(
+        p.relative_to(NOTEBOOK_DIR).as_posix()
+        for p in NOTEBOOK_DIR.rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in p.parts
+    )
 
 
 def declared_parameters(path: str | Path) -> dict:
@@ -35,8 +39,14 @@ def declared_parameters(path: str | Path) -> dict:
     return params
 
 
-def run_notebook(path: str | Path, output_path: str | Path, parameters: dict | None = None,
-                 cell_timeout_s: int = 300, cwd: str | Path | None = None, kernel_name: str = KERNEL):
+def run_notebook(
+    path: str | Path,
+    output_path: str | Path,
+    parameters: dict | None = None,
+    cell_timeout_s: int = 300,
+    cwd: str | Path | None = None,
+    kernel_name: str = KERNEL,
+):
     """Execute ``path`` with papermill, writing the executed copy to ``output_path``.
 
     Args:
@@ -56,12 +66,18 @@ def run_notebook(path: str | Path, output_path: str | Path, parameters: dict | N
     declared = declared_parameters(path)
     unknown = sorted(set(parameters) - set(declared))
     if unknown:
-        raise UserError(f"parameter(s) {unknown} are not declared in {Path(path).name}; "
-                         f"declared: {sorted(declared)}")
+        raise UserError(f"parameter(s) {unknown} are not declared in {Path(path).name}; declared: {sorted(declared)}")
     Path(output_path).parent.mkdir(parents=True, exist_ok=True)
-    return pm.execute_notebook(str(path), str(output_path), parameters=parameters, kernel_name=kernel_name,
-                               execution_timeout=cell_timeout_s, cwd=str(cwd or Path(path).parent),
-                               progress_bar=False, log_output=False)
+    return pm.execute_notebook(
+        str(path),
+        str(output_path),
+        parameters=parameters,
+        kernel_name=kernel_name,
+        execution_timeout=cell_timeout_s,
+        cwd=str(cwd or Path(path).parent),
+        progress_bar=False,
+        log_output=False,
+    )
 
 
 def strip_outputs(path: str | Path) -> bool:

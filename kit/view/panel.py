@@ -20,6 +20,7 @@ writes the results as Parquet or CSV. In a notebook the sweep runs in a backgrou
 the Stop button stays responsive while the kernel is busy measuring. The compare view is
 :class:`kit.view.compare_view.CompareView`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,11 +37,18 @@ import pandas as pd
 from kit import dtypes, hardware, models
 from kit._io import check_out_dir
 from kit.cli import parse_int_list
-from kit.errors import KitError, UserError
+from kit.errors import KitError
 from kit.measure.engine import KV_FILLS
 from kit.measure.sweep import SweepConfig
-from kit.view.plots import heatmap, throughput_vs_concurrency, tpot_vs_context
-from kit.view.render import figure_png, point_problems, snapshot_html, table_html, widget_bundle
+from kit.view.render import (
+    PANEL_PLOTS,
+    figure_png,
+    panel_plot,
+    point_problems,
+    snapshot_html,
+    table_html,
+    widget_bundle,
+)
 
 log = logging.getLogger("kit")
 
@@ -48,36 +56,6 @@ log = logging.getLogger("kit")
 DEVICES = ("auto", *hardware.PLATFORMS)
 #: output directory when the box is left empty
 DEFAULT_OUT = "results/panel"
-#: the plot menu: label → (figure function of :mod:`kit.view.plots`, y column)
-PANEL_PLOTS = {
-    "decode tok/s vs concurrency": (throughput_vs_concurrency, "decode_tok_s"),
-    "TPOT vs KV-cache length": (tpot_vs_context, "tpot_ms_p50"),
-    "decode tok/s heatmap": (heatmap, "decode_tok_s"),
-    "tok/s per stream vs concurrency": (throughput_vs_concurrency, "tok_s_per_stream"),
-}
-
-
-def panel_plot(df: pd.DataFrame | None, kind: str = "decode tok/s vs concurrency", label: str | None = None):
-    """The Figure of menu entry ``kind`` (:data:`PANEL_PLOTS`) for ``df``, drawn by :mod:`kit.view.plots`; None when
-    there is no row to draw.
-
-    Several dtypes in ``df`` are told apart by line style (``label="dtype"`` unless given); the heatmap shows the
-    first dtype (its last row per grid cell).
-
-    Raises: UserError (a ValueError) for an unknown ``kind``, listing the allowed ones.
-    """
-    if kind not in PANEL_PLOTS:
-        raise UserError(f"plot kind {kind!r}; allowed: {list(PANEL_PLOTS)}")
-    if df is None or df.empty:
-        return None
-    fn, y = PANEL_PLOTS[kind]
-    if fn is heatmap:
-        first = df["dtype"].dropna().iloc[0] if "dtype" in df and df["dtype"].notna().any() else None
-        sub = df if first is None else df[df["dtype"] == first]
-        return heatmap(sub.drop_duplicates(["context_len", "concurrency"], keep="last"), value=y)
-    if label is None and "dtype" in df.columns and df["dtype"].nunique() > 1:
-        label = "dtype"
-    return fn(df, y=y, label=label)
 
 
 class ControlPanel:
@@ -101,8 +79,15 @@ class ControlPanel:
     shown in the message area), ``last_error``.
     """
 
-    def __init__(self, out_dir: str | Path = DEFAULT_OUT, config: SweepConfig | None = None, *,
-                 threaded: bool = True, runner: Callable | None = None, **settings):
+    def __init__(
+        self,
+        out_dir: str | Path = DEFAULT_OUT,
+        config: SweepConfig | None = None,
+        *,
+        threaded: bool = True,
+        runner: Callable | None = None,
+        **settings,
+    ):
         import ipywidgets as w
 
         self.initial = dataclasses.replace(config if config is not None else SweepConfig(), **settings)
@@ -120,25 +105,51 @@ class ControlPanel:
 
         lay = w.Layout(width="330px")
         style = {"description_width": "120px"}
-        self.model = w.Combobox(value=c.model, options=list(models.PRESETS), description="model",
-                                placeholder="preset or checkpoint dir", ensure_option=False, layout=lay, style=style,
-                                tooltip="a preset name or a local checkpoint directory")
-        self.dtypes = w.SelectMultiple(value=tuple(dtypes.canonical(d) for d in c.dtypes),
-                                       options=dtypes.MODEL_DTYPES, description="dtypes", rows=3, layout=lay,
-                                       style=style)
+        self.model = w.Combobox(
+            value=c.model,
+            options=list(models.PRESETS),
+            description="model",
+            placeholder="preset or checkpoint dir",
+            ensure_option=False,
+            layout=lay,
+            style=style,
+            tooltip="a preset name or a local checkpoint directory",
+        )
+        self.dtypes = w.SelectMultiple(
+            value=tuple(dtypes.canonical(d) for d in c.dtypes),
+            options=dtypes.MODEL_DTYPES,
+            description="dtypes",
+            rows=3,
+            layout=lay,
+            style=style,
+        )
         self.device = w.Dropdown(value=c.device, options=DEVICES, description="device", layout=lay, style=style)
-        self.kv_lens = w.Text(value=", ".join(map(str, c.kv_lens)), description="KV lengths",
-                              placeholder="e.g. 128, 512, 2048", layout=lay, style=style)
-        self.concurrencies = w.Text(value=", ".join(map(str, c.concurrencies)), description="concurrencies",
-                                    placeholder="e.g. 1, 4, 16", layout=lay, style=style)
-        self.decode_steps = w.BoundedIntText(value=c.decode_steps, min=1, max=100000, description="decode steps",
-                                             layout=lay, style=style)
-        self.warmup_steps = w.BoundedIntText(value=c.warmup_steps, min=0, max=100000, description="warm-up steps",
-                                             layout=lay, style=style)
-        self.repeats = w.BoundedIntText(value=c.repeats, min=1, max=1000, description="repeats", layout=lay,
-                                        style=style)
-        self.kv_fill = w.Dropdown(value=c.kv_fill, options=list(KV_FILLS), description="KV fill", layout=lay,
-                                  style=style)
+        self.kv_lens = w.Text(
+            value=", ".join(map(str, c.kv_lens)),
+            description="KV lengths",
+            placeholder="e.g. 128, 512, 2048",
+            layout=lay,
+            style=style,
+        )
+        self.concurrencies = w.Text(
+            value=", ".join(map(str, c.concurrencies)),
+            description="concurrencies",
+            placeholder="e.g. 1, 4, 16",
+            layout=lay,
+            style=style,
+        )
+        self.decode_steps = w.BoundedIntText(
+            value=c.decode_steps, min=1, max=100000, description="decode steps", layout=lay, style=style
+        )
+        self.warmup_steps = w.BoundedIntText(
+            value=c.warmup_steps, min=0, max=100000, description="warm-up steps", layout=lay, style=style
+        )
+        self.repeats = w.BoundedIntText(
+            value=c.repeats, min=1, max=1000, description="repeats", layout=lay, style=style
+        )
+        self.kv_fill = w.Dropdown(
+            value=c.kv_fill, options=list(KV_FILLS), description="KV fill", layout=lay, style=style
+        )
         self.out_dir = w.Text(value=str(out_dir), description="output dir", layout=lay, style=style)
         self.input_check = w.HTML(value="")
         self.run_button = w.Button(description="Run", button_style="success", icon="play")
@@ -146,19 +157,30 @@ class ControlPanel:
         self.progress = w.IntProgress(value=0, min=0, max=1, description="0/0", layout=w.Layout(width="420px"))
         self.status = w.HTML(value="idle")
         self.message = w.HTML(value="")
-        self.plot_kind = w.Dropdown(value=list(PANEL_PLOTS)[0], options=list(PANEL_PLOTS), description="plot",
-                                    layout=w.Layout(width="360px"))
+        self.plot_kind = w.Dropdown(
+            value=list(PANEL_PLOTS)[0], options=list(PANEL_PLOTS), description="plot", layout=w.Layout(width="360px")
+        )
         self.plot = w.Image(format="png", layout=w.Layout(max_width="640px", display="none"))
         self.table = w.HTML(value=table_html(self.frame))
-        self.export_format = w.Dropdown(value="parquet", options=["parquet", "csv"], description="export",
-                                        layout=w.Layout(width="220px"))
+        self.export_format = w.Dropdown(
+            value="parquet", options=["parquet", "csv"], description="export", layout=w.Layout(width="220px")
+        )
         self.export_button = w.Button(description="Export", icon="download")
         self.export_path = w.HTML(value="")
-        for widget, cls in ((self.run_button, "kit-run"), (self.stop_button, "kit-stop"), (self.plot, "kit-plot"),
-                            (self.table, "kit-table"), (self.message, "kit-message"), (self.status, "kit-status"),
-                            (self.kv_lens, "kit-kv"), (self.concurrencies, "kit-concurrency"),
-                            (self.decode_steps, "kit-decode-steps"), (self.repeats, "kit-repeats"),
-                            (self.warmup_steps, "kit-warmup-steps"), (self.progress, "kit-progress")):
+        for widget, cls in (
+            (self.run_button, "kit-run"),
+            (self.stop_button, "kit-stop"),
+            (self.plot, "kit-plot"),
+            (self.table, "kit-table"),
+            (self.message, "kit-message"),
+            (self.status, "kit-status"),
+            (self.kv_lens, "kit-kv"),
+            (self.concurrencies, "kit-concurrency"),
+            (self.decode_steps, "kit-decode-steps"),
+            (self.repeats, "kit-repeats"),
+            (self.warmup_steps, "kit-warmup-steps"),
+            (self.progress, "kit-progress"),
+        ):
             widget.add_class(cls)
 
         self.run_button.on_click(self.on_run)
@@ -168,26 +190,58 @@ class ControlPanel:
         for widget in (self.kv_lens, self.concurrencies, self.model, self.dtypes):
             widget.observe(lambda _c: self.check_inputs(), names="value")
 
-        inputs = w.VBox([self.model, self.dtypes, self.device, self.kv_lens, self.concurrencies, self.decode_steps,
-                         self.warmup_steps, self.repeats, self.kv_fill, self.out_dir, self.input_check],
-                        layout=w.Layout(min_width="350px", margin="0 16px 0 0"))
-        controls = w.VBox([w.HBox([self.run_button, self.stop_button]), self.progress, self.status, self.message,
-                           w.HBox([self.export_format, self.export_button]), self.export_path])
-        self.widget = w.VBox([w.HTML("<h3>kit · sweep control panel</h3>"), w.HBox([inputs, controls]),
-                              self.plot_kind, self.plot, self.table])
+        inputs = w.VBox(
+            [
+                self.model,
+                self.dtypes,
+                self.device,
+                self.kv_lens,
+                self.concurrencies,
+                self.decode_steps,
+                self.warmup_steps,
+                self.repeats,
+                self.kv_fill,
+                self.out_dir,
+                self.input_check,
+            ],
+            layout=w.Layout(min_width="350px", margin="0 16px 0 0"),
+        )
+        controls = w.VBox(
+            [
+                w.HBox([self.run_button, self.stop_button]),
+                self.progress,
+                self.status,
+                self.message,
+                w.HBox([self.export_format, self.export_button]),
+                self.export_path,
+            ]
+        )
+        self.widget = w.VBox(
+            [
+                w.HTML("<h3>kit · sweep control panel</h3>"),
+                w.HBox([inputs, controls]),
+                self.plot_kind,
+                self.plot,
+                self.table,
+            ]
+        )
         self.check_inputs()
 
     # ----------------------------------------------------------------- display
     def _repr_mimebundle_(self, **kwargs):
         """The live widget, plus a static HTML snapshot and a text summary for places without a widget manager
         (papermill outputs rendered in the docs, nbconvert, a plain console)."""
-        return widget_bundle(self.widget, self.summary(), snapshot_html(self.status.value, self.plot.value,
-                                                                       self.table.value))
+        return widget_bundle(
+            self.widget, self.summary(), snapshot_html(self.status.value, self.plot.value, self.table.value)
+        )
 
     def summary(self) -> str:
         """One line: state, points finished, run directory."""
-        return (f"kit ControlPanel: {self.state}, {len(self.frame)} point(s)"
-                + (f" in {self.run_dir}" if self.run_dir else "") + " (interactive in JupyterLab / kit dashboard)")
+        return (
+            f"kit ControlPanel: {self.state}, {len(self.frame)} point(s)"
+            + (f" in {self.run_dir}" if self.run_dir else "")
+            + " (interactive in JupyterLab / kit dashboard)"
+        )
 
     # ----------------------------------------------------------------- inputs
     def check_inputs(self) -> list[str]:
@@ -204,10 +258,13 @@ class ControlPanel:
             problems.append("dtypes: select at least one")
         name = self.model.value.strip()
         if name not in models.PRESETS and not models.is_checkpoint_dir(name):
-            problems.append(f"model: {name!r} is neither a preset ({', '.join(models.PRESETS)}) nor a checkpoint "
-                            "directory with config.json")
-        self.input_check.value = "".join(f"<div style='color:#b00'>⚠ {html.escape(p, quote=False)}</div>"
-                                         for p in problems)
+            problems.append(
+                f"model: {name!r} is neither a preset ({', '.join(models.PRESETS)}) nor a checkpoint "
+                "directory with config.json"
+            )
+        self.input_check.value = "".join(
+            f"<div style='color:#b00'>⚠ {html.escape(p, quote=False)}</div>" for p in problems
+        )
         return problems
 
     def config(self) -> SweepConfig:
@@ -217,13 +274,18 @@ class ControlPanel:
         Raises: UserError (a ValueError) naming the bad value (from :func:`kit.cli.parse_int_list` or
         ``SweepConfig.validate``).
         """
-        cfg = dataclasses.replace(self.initial, model=self.model.value.strip(), dtypes=list(self.dtypes.value),
-                                  device=self.device.value,
-                                  kv_lens=parse_int_list(self.kv_lens.value, "KV lengths"),
-                                  concurrencies=parse_int_list(self.concurrencies.value, "concurrencies"),
-                                  decode_steps=int(self.decode_steps.value),
-                                  warmup_steps=int(self.warmup_steps.value), repeats=int(self.repeats.value),
-                                  kv_fill=self.kv_fill.value)
+        cfg = dataclasses.replace(
+            self.initial,
+            model=self.model.value.strip(),
+            dtypes=list(self.dtypes.value),
+            device=self.device.value,
+            kv_lens=parse_int_list(self.kv_lens.value, "KV lengths"),
+            concurrencies=parse_int_list(self.concurrencies.value, "concurrencies"),
+            decode_steps=int(self.decode_steps.value),
+            warmup_steps=int(self.warmup_steps.value),
+            repeats=int(self.repeats.value),
+            kv_fill=self.kv_fill.value,
+        )
         return cfg.validate()
 
     def next_run_dir(self) -> Path:
@@ -290,9 +352,11 @@ class ControlPanel:
         self.progress.value = min(self.progress.value + 1, self.progress.max)
         self.progress.description = f"{self.progress.value}/{self.progress.max}"
         el = time.perf_counter() - self._t0
-        self.status.value = (f"{self.state}: {self.progress.value}/{self.progress.max} points in {el:.1f} s · last: "
-                             f"{record.get('dtype')} kv={record.get('context_len')} B={record.get('concurrency')} "
-                             f"→ {record.get('status')}")
+        self.status.value = (
+            f"{self.state}: {self.progress.value}/{self.progress.max} points in {el:.1f} s · last: "
+            f"{record.get('dtype')} kv={record.get('context_len')} B={record.get('concurrency')} "
+            f"→ {record.get('status')}"
+        )
         for p in point_problems(pd.DataFrame([record])):
             self._say(p, error=True)
         self.redraw()
@@ -313,8 +377,7 @@ class ControlPanel:
                 path = out / "export.csv"
                 self.frame.drop(columns=list(LIST_COLUMNS), errors="ignore").to_csv(path, index=False)
             else:
-                path = save_results(self.frame, out / "export.parquet",
-                                    metadata=self.frame.attrs.get("metadata", {}))
+                path = save_results(self.frame, out / "export.parquet", metadata=self.frame.attrs.get("metadata", {}))
         except OSError as e:
             self._say(f"export failed: {e}", error=True)
             return None
@@ -323,7 +386,7 @@ class ControlPanel:
 
     # ----------------------------------------------------------------- internals
     def redraw(self) -> None:
-        """Redraw the plot (:func:`panel_plot` of the chosen kind) and the table from ``frame``."""
+        """Redraw the plot (:func:`kit.view.render.panel_plot` of the chosen kind) and the table from ``frame``."""
         try:
             fig = panel_plot(self.frame, self.plot_kind.value)
             png = figure_png(fig) if fig is not None else None
@@ -338,23 +401,33 @@ class ControlPanel:
     def _say(self, text: str, error: bool = False) -> None:
         self.messages.append(text)
         color = "#b00" if error else "#333"
-        self.message.value = "".join(f"<div style='color:{color}'>{html.escape(m, quote=False)}</div>"
-                                     for m in self.messages[-12:])
+        self.message.value = "".join(
+            f"<div style='color:{color}'>{html.escape(m, quote=False)}</div>" for m in self.messages[-12:]
+        )
 
     def _sweep(self, cfg: SweepConfig, out: Path) -> None:
         from kit.measure.sweep import run_sweep
 
         try:
-            df = run_sweep(cfg, out, resume=False, progress=False, on_point=self.on_point,
-                           should_stop=self._stop.is_set, runner=self.runner)
+            df = run_sweep(
+                cfg,
+                out,
+                resume=False,
+                progress=False,
+                on_point=self.on_point,
+                should_stop=self._stop.is_set,
+                runner=self.runner,
+            )
             self.frame = df
             self.redraw()
             stopped = self._stop.is_set()
             self.state = "stopped" if stopped else "done"
             el = time.perf_counter() - self._t0
             n_ok = int((df["status"] == "ok").sum()) if not df.empty else 0
-            self.status.value = (f"<b>{'stopped' if stopped else 'done'}</b>: {len(df)} points "
-                                 f"({n_ok} ok) in {el:.1f} s → <code>{html.escape(str(out))}</code>")
+            self.status.value = (
+                f"<b>{'stopped' if stopped else 'done'}</b>: {len(df)} points "
+                f"({n_ok} ok) in {el:.1f} s → <code>{html.escape(str(out))}</code>"
+            )
             self.progress.bar_style = "warning" if stopped else "success"
         except Exception as e:  # shown in the panel (a background thread has no one to raise to), never a dead button
             log.exception("panel sweep failed")

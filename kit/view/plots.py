@@ -5,6 +5,7 @@ logits) are drawn, not dropped: a red ``x`` on the x position at the bottom of t
 cell labelled with the verdict, e.g. "OOM" or "FLAGGED" (heatmap). Several result sets (devices, dtypes, runs)
 share axes when ``label`` names a column that tells them apart: one line style per label value.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,14 +43,25 @@ def label_of(col: str) -> str:
     return _LABELS.get(col, col)
 
 
-def _check(df: pd.DataFrame, cols) -> None:
+def require_columns(df: pd.DataFrame, cols) -> None:
+    """Raise UserError naming the columns of ``cols`` (None entries ignored) that ``df`` lacks."""
     missing = [c for c in cols if c and c not in df.columns]
     if missing:
         raise UserError(f"column(s) {missing} not in the results; available: {list(df.columns)}")
 
 
-def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, label: str | None = None, ax=None,
-              logx: bool = True, logy: bool = False, title: str | None = None, band: str | None = None):
+def line_plot(
+    df: pd.DataFrame,
+    x: str,
+    y: str,
+    hue: str,
+    label: str | None = None,
+    ax=None,
+    logx: bool = True,
+    logy: bool = False,
+    title: str | None = None,
+    band: str | None = None,
+):
     """One line of ``y`` over ``x`` per value of ``hue`` (and per ``label`` value, by line style).
 
     Args:
@@ -57,7 +69,7 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, label: str | None = No
 
     Returns: the Figure. Raises: ValueError for a missing column.
     """
-    _check(df, [x, y, hue, label, band])
+    require_columns(df, [x, y, hue, label, band])
     fig = ax.figure if ax is not None else plt.figure(figsize=(6.4, 4.2))
     ax = ax or fig.add_subplot(111)
     groups = [(None, df)] if label is None else list(df.groupby(label, sort=True))
@@ -75,13 +87,22 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, label: str | None = No
             if len(ok):
                 ax.plot(ok[x], ok[y], style, marker="o", color=color, label=name)
                 if band is not None:
-                    ax.fill_between(ok[x].astype(float), ok[y].astype(float), ok[band].astype(float), color=color,
-                                    alpha=0.15)
+                    ax.fill_between(
+                        ok[x].astype(float), ok[y].astype(float), ok[band].astype(float), color=color, alpha=0.15
+                    )
             bad = sub[~good]
             if len(bad):
                 bad_any = True
-                ax.plot(bad[x], [0.0] * len(bad), "x", color="red", markersize=10, mew=2,
-                        transform=ax.get_xaxis_transform(), clip_on=False)
+                ax.plot(
+                    bad[x],
+                    [0.0] * len(bad),
+                    "x",
+                    color="red",
+                    markersize=10,
+                    mew=2,
+                    transform=ax.get_xaxis_transform(),
+                    clip_on=False,
+                )
     if bad_any:
         ax.plot([], [], "x", color="red", mew=2, label="OOM / error (not measured)")
     if logx:
@@ -102,25 +123,47 @@ def line_plot(df: pd.DataFrame, x: str, y: str, hue: str, label: str | None = No
 
 def throughput_vs_concurrency(df: pd.DataFrame, y: str = "decode_tok_s", label: str | None = None, ax=None):
     """Decode tok/s vs concurrency, one line per KV length (rises with concurrency until compute-bound)."""
-    return line_plot(df, "concurrency", y, "context_len", label=label, ax=ax, logy=True,
-                     title=_title(df, "decode throughput vs concurrency"))
+    return line_plot(
+        df,
+        "concurrency",
+        y,
+        "context_len",
+        label=label,
+        ax=ax,
+        logy=True,
+        title=_title(df, "decode throughput vs concurrency"),
+    )
 
 
 def tpot_vs_context(df: pd.DataFrame, y: str = "tpot_ms_p50", label: str | None = None, ax=None):
     """TPOT p50 vs KV length, one line per concurrency, shaded up to p90 (rises with KV length)."""
     band = "tpot_ms_p90" if y == "tpot_ms_p50" and "tpot_ms_p90" in df.columns else None
-    return line_plot(df, "context_len", y, "concurrency", label=label, ax=ax, band=band,
-                     title=_title(df, "TPOT vs KV-cache length" + (" (band: p50 to p90)" if band else "")))
+    return line_plot(
+        df,
+        "context_len",
+        y,
+        "concurrency",
+        label=label,
+        ax=ax,
+        band=band,
+        title=_title(df, "TPOT vs KV-cache length" + (" (band: p50 to p90)" if band else "")),
+    )
 
 
-def heatmap(df: pd.DataFrame, value: str = "decode_tok_s", x: str = "concurrency", y: str = "context_len",
-            ax=None, fmt: str = "{:.0f}"):
+def heatmap(
+    df: pd.DataFrame,
+    value: str = "decode_tok_s",
+    x: str = "concurrency",
+    y: str = "context_len",
+    ax=None,
+    fmt: str = "{:.0f}",
+):
     """Heatmap of ``value`` over the (y, x) grid; cells that are not ok hatched and labelled with their verdict
     (:func:`kit.results.verdict`: OOM, ERROR, FLAGGED).
 
     Raises: ValueError for a missing column or duplicate (x, y) points (filter to one model/dtype first).
     """
-    _check(df, [value, x, y])
+    require_columns(df, [value, x, y])
     if df.duplicated([x, y]).any():
         raise UserError(f"several rows per ({y}, {x}); filter to one model/dtype/run before a heatmap")
     xs, ys = sorted(df[x].unique()), sorted(df[y].unique())
@@ -142,8 +185,15 @@ def heatmap(df: pd.DataFrame, value: str = "decode_tok_s", x: str = "concurrency
             ax.text(j, i, st.upper(), ha="center", va="center", color="red", fontsize=9, fontweight="bold")
         else:
             v = grid[i, j]
-            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
-                    color="white" if v < np.nanmean(grid) else "black")
+            ax.text(
+                j,
+                i,
+                fmt.format(v),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if v < np.nanmean(grid) else "black",
+            )
     ax.set_xticks(range(len(xs)), [str(v) for v in xs])
     ax.set_yticks(range(len(ys)), [str(v) for v in ys])
     ax.set_xlabel(label_of(x))
@@ -173,8 +223,11 @@ def save_standard_plots(df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     for dt in dtypes:
         sub = df[df["dtype"] == dt]
         suffix = f"_{dt}" if len(dtypes) > 1 else ""
-        for name, fn in (("throughput_vs_concurrency", throughput_vs_concurrency),
-                         ("tpot_vs_context", tpot_vs_context), ("heatmap_decode_tok_s", heatmap)):
+        for name, fn in (
+            ("throughput_vs_concurrency", throughput_vs_concurrency),
+            ("tpot_vs_context", tpot_vs_context),
+            ("heatmap_decode_tok_s", heatmap),
+        ):
             fig = fn(sub)
             path = out / f"{name}{suffix}.png"
             fig.savefig(path, dpi=110)
@@ -190,18 +243,32 @@ def compare_plot(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concurrenc
 
     Raises: UserError (a ValueError) for a missing column.
     """
-    _check(df, ["label"])
+    require_columns(df, ["label"])
     logy = y in ("decode_tok_s", "usd_per_mtok", "tok_per_usd")
-    return line_plot(df, x, y, hue, label="label", logy=logy,
-                     title=f"{label_of(y).split(' (')[0]} vs {x}: {' vs '.join(map(str, df['label'].unique()))}")
+    return line_plot(
+        df,
+        x,
+        y,
+        hue,
+        label="label",
+        logy=logy,
+        title=f"{label_of(y).split(' (')[0]} vs {x}: {' vs '.join(map(str, df['label'].unique()))}",
+    )
 
 
 def dtype_plot(df: pd.DataFrame, y: str = "decode_tok_s"):
     """Decode tok/s vs concurrency per dtype (line style) and KV length (colour). A point whose logits were
     non-finite (``x_logits_finite`` False) measured broken arithmetic: it is drawn as not measured (red x), never
     as a speed. Returns the Figure."""
-    return line_plot(df, "concurrency", y, "context_len", label="dtype", logy=True,
-                     title=_title(df, f"{label_of(y).split(' (')[0]} by dtype (x: non-finite logits or not measured)"))
+    return line_plot(
+        df,
+        "concurrency",
+        y,
+        "context_len",
+        label="dtype",
+        logy=True,
+        title=_title(df, f"{label_of(y).split(' (')[0]} by dtype (x: non-finite logits or not measured)"),
+    )
 
 
 def knee_plot(df: pd.DataFrame, knee: pd.DataFrame, y: str = "decode_tok_s"):
@@ -212,14 +279,19 @@ def knee_plot(df: pd.DataFrame, knee: pd.DataFrame, y: str = "decode_tok_s"):
 
     Returns: the Figure. Raises: UserError (a ValueError) for a missing column.
     """
-    _check(knee, ["context_len", "knee", "reached", "y_at_knee"])
+    require_columns(knee, ["context_len", "knee", "reached", "y_at_knee"])
     fig = throughput_vs_concurrency(df, y=y)
     ax = fig.axes[0]
     for _, k in knee[knee["reached"].astype(bool)].iterrows():
         b = int(k["knee"])
         ax.axvline(b, color="grey", ls=":", lw=1)
-        ax.annotate(f"knee kv={int(k['context_len'])}: B={b}", (b, k["y_at_knee"]), fontsize=8,
-                    textcoords="offset points", xytext=(4, -12))
+        ax.annotate(
+            f"knee kv={int(k['context_len'])}: B={b}",
+            (b, k["y_at_knee"]),
+            fontsize=8,
+            textcoords="offset points",
+            xytext=(4, -12),
+        )
     return fig
 
 
@@ -254,8 +326,13 @@ def plot_served(df, title: str | None = None):
         a1.plot(g["concurrency"].astype(float), g["_tok_s"], marker="o", label=label)
         a2.plot(g["tok_s_per_stream"], g["_per_gpu"], marker="o", label=label)
         for _, r in g.iterrows():
-            a2.annotate(str(r["concurrency"]), (r["tok_s_per_stream"], r["_per_gpu"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
+            a2.annotate(
+                str(r["concurrency"]),
+                (r["tok_s_per_stream"], r["_per_gpu"]),
+                fontsize=7,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
     a1.set_xscale("log", base=2)
     concs = sorted({int(c) for c in df["concurrency"].dropna()})
     if concs:
@@ -276,165 +353,18 @@ def plot_served(df, title: str | None = None):
     return fig
 
 
-# ---------------------------------------------------------------- planner figures
-def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["status"] == "ok"] if "status" in df.columns else df
-
-
-def _log_plain(ax, axis: str) -> None:
-    """Log scale on ``axis`` ("x" or "y") with plain numbers at 1, 2, 5 × 10^k (more within less than a decade).
-    Call it after plotting."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    getattr(ax, f"set_{axis}scale")("log")
-    lo, hi = getattr(ax, f"get_{axis}lim")()
-    a = getattr(ax, f"{axis}axis")
-    a.set_major_locator(LogLocator(subs=(1, 2, 5) if hi > 10 * lo > 0 else (1, 2, 3, 4, 5, 6, 8)))
-    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    a.set_minor_formatter(NullFormatter())
-
-
-def overlay_figure(measured: pd.DataFrame, predicted: pd.DataFrame, x: str = "context_len", y: str = "tpot_ms_p50",
-                   hue: str = "concurrency"):
-    """Predicted (dashed) over measured (solid, markers) ``y`` vs ``x``, one colour per ``hue`` value; for TPOT the
-    per-point error in % (:func:`kit.plan.roofline.compare`) is annotated and its median is in the title.
-
-    Returns: the Figure. Raises: UserError for a missing column.
-    """
-    from kit.plan.roofline import compare
-
-    for d in (measured, predicted):
-        _check(d, [x, y, hue])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    err = compare(measured, predicted, y) if y == "tpot_ms_p50" else None
-    m, p = _ok(measured), _ok(predicted)
-    for i, (hv, g) in enumerate(sorted(m.groupby(hue), key=lambda t: t[0])):
-        col = f"C{i % 10}"
-        g = g.sort_values(x)
-        ax.plot(g[x], g[y], "o-", color=col, label=f"{hue}={hv} measured")
-        gp = p[p[hue] == hv].sort_values(x)
-        ax.plot(gp[x], gp[y], "--", color=col, alpha=0.8, label=f"{hue}={hv} planner")
-        if err is not None:
-            for _, r in err[err[hue] == hv].iterrows():
-                ax.annotate(f"{r['error_pct']:+.0f}%", (r[x], r["measured"]), textcoords="offset points",
-                            xytext=(4, 4), fontsize=7, color=col)
+def value_grids(values: dict, title: str = "fp8 E4M3 grids: same shape, shifted by one binade"):
+    """Each number format's representable positive values as a row of ``|`` marks on a log2 axis (e.g.
+    ``{fmt: kit.check.fp8.positive_values(fmt)}``): shows where two formats' grids differ. Returns the Figure."""
+    if not values:
+        raise UserError("values is empty; give {format name: 1-d array of its positive values}")
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.85 * len(values)))
+    for i, vals in enumerate(values.values()):
+        v = np.asarray(vals, dtype=float)
+        ax.scatter(v, [i] * v.size, s=80, marker="|")
     ax.set_xscale("log", base=2)
-    xs = sorted(pd.to_numeric(m[x], errors="coerce").dropna().unique())
-    if xs:
-        ax.set_xticks(xs, [f"{v:g}" for v in xs])
-    _log_plain(ax, "y")
-    ax.set(xlabel=label_of(x), ylabel=label_of(y))
-    title = "planner (dashed) vs measured (solid)"
-    if err is not None and len(err):
-        title += f": median |error| {err['error_pct'].abs().median():.0f}% (n={len(err)})"
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
+    ax.set_yticks(range(len(values)), list(values))
+    ax.set_ylim(-0.6, len(values) - 0.4)
+    ax.set(xlabel="representable positive value (log2 scale)", title=title)
     fig.tight_layout()
-    return fig
-
-
-def stacked_bars(df: pd.DataFrame, label: str, parts: list[str], note: str | None = None,
-                 xlabel: str = "GB per GPU", title: str | None = None):
-    """Horizontal stacked bars: one bar per row (named by column ``label``), one segment per column of ``parts``
-    (e.g. the GB of :meth:`kit.plan.fit.FitResult.memory_parts`), ``note`` (a column) written after each bar.
-
-    Returns: the Figure. Raises: UserError for a missing column.
-    """
-    _check(df, [label, *parts, note])
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.7 * len(df)))
-    names = [str(v) for v in df[label]]
-    left = np.zeros(len(df))
-    for col in parts:
-        vals = df[col].astype(float).fillna(0).to_numpy()
-        ax.barh(names, vals, left=left, label=label_of(col).replace("_", " "))
-        left = left + vals
-    if note:
-        for i, v in enumerate(df[note]):
-            ax.text(left[i] * 1.01, i, str(v), va="center", fontsize=8)
-    ax.set_xlim(0, max(left.max(), 1e-9) * 1.2)
-    ax.invert_yaxis()
-    ax.set(xlabel=xlabel, title=title or f"{', '.join(parts)} per {label}")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(parts))
-    fig.tight_layout()
-    return fig
-
-
-def grouped_bars(df: pd.DataFrame, label: str, values: list[str], xlabel: str | None = None,
-                 title: str | None = None, logx: bool = False):
-    """Horizontal grouped bars: one group per row (named by ``label``), one bar per column of ``values`` (e.g. KV
-    bytes per token in bf16 and fp8, or per token in total and per GPU under TP), each labelled with its value.
-
-    Returns: the Figure. Raises: UserError for a missing column.
-    """
-    _check(df, [label, *values])
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.3 * len(df) * len(values)))
-    y = np.arange(len(df))
-    h = 0.8 / len(values)
-    for i, col in enumerate(values):
-        vals = df[col].astype(float).to_numpy()
-        bars = ax.barh(y + i * h, vals, height=h, label=label_of(col))
-        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in vals], fontsize=7, padding=2)
-    ax.set_yticks(y + h * (len(values) - 1) / 2, [str(v) for v in df[label]])
-    ax.invert_yaxis()
-    if logx:
-        ax.set_xscale("log")
-    ax.set_xlim(right=ax.get_xlim()[1] * (3 if logx else 1.15))
-    ax.set(xlabel=xlabel or ", ".join(values), title=title or f"{', '.join(values)} per {label}")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    return fig
-
-
-def curves(df: pd.DataFrame, x: str, y: str, hue: str, style: str | None = None, logx: bool = False,
-           logy: bool = True, title: str | None = None, ylabel: str | None = None, markers: bool = True, ax=None):
-    """One line of ``y`` over ``x`` per ``hue`` value (one colour each), and per ``style`` value one line style and
-    marker (e.g. ``source``: published vs planner); rows not ok are left out. Returns the Figure.
-
-    Raises: UserError for a missing column.
-    """
-    _check(df, [x, y, hue, style])
-    fig = ax.figure if ax is not None else plt.figure(figsize=(7, 4.2))
-    ax = ax or fig.add_subplot(111)
-    d = _ok(df)
-    colours = {h: f"C{i % 10}" for i, h in enumerate(sorted(d[hue].dropna().unique(), key=str))}
-    looks = ["o-", "s--", "^:", "d-."] if markers else ["-", "--", ":", "-."]
-    styles = {s: looks[i % 4] for i, s in enumerate(d[style].dropna().unique())} if style else {}
-    for keys, g in d.groupby([hue, style] if style else [hue]):
-        g = g.sort_values(x)
-        ax.plot(g[x].astype(float), g[y].astype(float), styles.get(keys[-1], looks[0]), color=colours[keys[0]],
-                label=" · ".join(str(k) for k in keys))
-    for on, axis in ((logx, "x"), (logy, "y")):
-        if on:
-            _log_plain(ax, axis)
-    ax.set(xlabel=label_of(x), ylabel=ylabel or label_of(y), title=title or f"{label_of(y)} vs {label_of(x)}")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def cost_vs_interactivity(df: pd.DataFrame, hue: str = "accelerator", x: str = "tok_s_per_stream",
-                          per_gpu: str = "tok_s_per_gpu", cost: str = "usd_per_mtok", title: str | None = None):
-    """Two panels over interactivity ``x``: the Pareto front of ``per_gpu`` (:func:`kit.plan.cost.pareto_front`) and
-    the cost ``cost`` ($/Mtok, log), one line per ``hue`` value. Returns the Figure.
-
-    Raises: UserError for a missing column.
-    """
-    from kit.plan.cost import pareto_front
-
-    _check(df, [hue, x, per_gpu, cost])
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    fronts = pd.concat([pareto_front(g, x, per_gpu) for _, g in df.groupby(hue)], ignore_index=True)
-    curves(fronts, x, per_gpu, hue, logy=False, ax=a1, title="throughput vs interactivity (Pareto front)")
-    curves(df, x, cost, hue, ax=a2, title=title or "cost vs interactivity")
-    return fig
-
-
-def decode_panels(df: pd.DataFrame):
-    """:func:`throughput_vs_concurrency` and :func:`tpot_vs_context` side by side. Returns the Figure."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    throughput_vs_concurrency(df, ax=a1)
-    tpot_vs_context(df, ax=a2)
     return fig

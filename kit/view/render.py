@@ -3,6 +3,7 @@ table and its HTML, the problem lines, PNG bytes of a figure, and the static sna
 runs (papermill outputs in the docs, nbconvert, a console). No widget is built here; every function is testable on a
 plain DataFrame.
 """
+
 from __future__ import annotations
 
 import base64
@@ -10,11 +11,24 @@ import io
 
 import pandas as pd
 
+from kit.errors import UserError
 from kit.results import row_problems, verdict
+from kit.view.plots import heatmap, throughput_vs_concurrency, tpot_vs_context
 
 #: columns of the results table shown in the panel (all from the kit.results schema)
-TABLE_COLUMNS = ("dtype", "context_len", "concurrency", "status", "ttft_ms", "tpot_ms_p50", "tpot_ms_p90",
-                 "tpot_n", "decode_tok_s", "tok_s_per_stream", "peak_mem_gb")
+TABLE_COLUMNS = (
+    "dtype",
+    "context_len",
+    "concurrency",
+    "status",
+    "ttft_ms",
+    "tpot_ms_p50",
+    "tpot_ms_p90",
+    "tpot_n",
+    "decode_tok_s",
+    "tok_s_per_stream",
+    "peak_mem_gb",
+)
 
 
 def results_table(df: pd.DataFrame | None, columns=TABLE_COLUMNS) -> pd.DataFrame:
@@ -39,8 +53,10 @@ def table_html(df: pd.DataFrame | None, css_class: str = "kit-results") -> str:
     t = results_table(df)
     if t.empty:
         return f"<p class='{css_class}-empty'>no finished points yet</p>"
-    style = (f"<style>table.{css_class} td, table.{css_class} th {{padding: 2px 10px; text-align: right;}}"
-             f" table.{css_class} tbody tr:nth-child(odd) {{background: #f4f4f4;}}</style>")
+    style = (
+        f"<style>table.{css_class} td, table.{css_class} th {{padding: 2px 10px; text-align: right;}}"
+        f" table.{css_class} tbody tr:nth-child(odd) {{background: #f4f4f4;}}</style>"
+    )
     return style + t.to_html(index=False, classes=css_class, na_rep="-", border=0)
 
 
@@ -65,8 +81,10 @@ def point_problems(df: pd.DataFrame | None) -> list[str]:
         err = r.get("error")
         why = ([str(err)] if _present(err) else []) + [p for p in row_problems(r) if not _present(err)]
         if r.get("status") != "ok" or why:
-            out.append(f"{r.get('status')}: {r.get('dtype')} kv={r.get('context_len')} B={r.get('concurrency')}: "
-                       f"{'; '.join(why)}".rstrip(": "))
+            out.append(
+                f"{r.get('status')}: {r.get('dtype')} kv={r.get('context_len')} B={r.get('concurrency')}: "
+                f"{'; '.join(why)}".rstrip(": ")
+            )
     return out
 
 
@@ -89,8 +107,9 @@ def snapshot_html(status_html: str, png, table: str) -> str:
     parts = [f"<div class='kit-snapshot'><div>{status_html}</div>"]
     data = bytes(png) if png is not None else b""
     if data:
-        parts.append(f"<img alt='plot' style='max-width:640px' src='data:image/png;base64,"
-                     f"{base64.b64encode(data).decode()}'/>")
+        parts.append(
+            f"<img alt='plot' style='max-width:640px' src='data:image/png;base64,{base64.b64encode(data).decode()}'/>"
+        )
     parts.append(f"{table}</div>")
     return "".join(parts)
 
@@ -102,3 +121,35 @@ def widget_bundle(widget, text: str, html_snapshot: str) -> dict:
     data["text/plain"] = text
     data["text/html"] = html_snapshot
     return data
+
+
+#: the plot menu: label → (figure function of :mod:`kit.view.plots`, y column)
+PANEL_PLOTS = {
+    "decode tok/s vs concurrency": (throughput_vs_concurrency, "decode_tok_s"),
+    "TPOT vs KV-cache length": (tpot_vs_context, "tpot_ms_p50"),
+    "decode tok/s heatmap": (heatmap, "decode_tok_s"),
+    "tok/s per stream vs concurrency": (throughput_vs_concurrency, "tok_s_per_stream"),
+}
+
+
+def panel_plot(df: pd.DataFrame | None, kind: str = "decode tok/s vs concurrency", label: str | None = None):
+    """The Figure of menu entry ``kind`` (:data:`PANEL_PLOTS`) for ``df``, drawn by :mod:`kit.view.plots`; None when
+    there is no row to draw.
+
+    Several dtypes in ``df`` are told apart by line style (``label="dtype"`` unless given); the heatmap shows the
+    first dtype (its last row per grid cell).
+
+    Raises: UserError (a ValueError) for an unknown ``kind``, listing the allowed ones.
+    """
+    if kind not in PANEL_PLOTS:
+        raise UserError(f"plot kind {kind!r}; allowed: {list(PANEL_PLOTS)}")
+    if df is None or df.empty:
+        return None
+    fn, y = PANEL_PLOTS[kind]
+    if fn is heatmap:
+        first = df["dtype"].dropna().iloc[0] if "dtype" in df and df["dtype"].notna().any() else None
+        sub = df if first is None else df[df["dtype"] == first]
+        return heatmap(sub.drop_duplicates(["context_len", "concurrency"], keep="last"), value=y)
+    if label is None and "dtype" in df.columns and df["dtype"].nunique() > 1:
+        label = "dtype"
+    return fn(df, y=y, label=label)

@@ -1,6 +1,7 @@
 """kit doctor: JSON validates against the documented schema; --strict exits non-zero naming a missing symbol
 (fake kernel library lacking top_k_renorm_prob); compile check failure and timeout paths; CLI errors; the CLI's
 options derive from DoctorConfig; kit.check.probes."""
+
 import json
 import subprocess
 import sys
@@ -32,16 +33,20 @@ def validate(report):
 def test_cli_json_full_run_validates_against_schema(tmp_path):
     """The real command, as CI would run it (torch.compile check included)."""
     out = tmp_path / "doctor.json"
-    proc = subprocess.run([sys.executable, "-m", "kit.cli", "doctor", "--json", "--strict", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kit.cli", "doctor", "--json", "--strict", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     report = json.loads(proc.stdout)
     validate(report)
     assert json.loads(out.read_text())["schema_version"] == D.SCHEMA_VERSION
     assert report["ok"] and report["problems"] == []
     assert report["device"]["platform"] in ("cpu", "cuda", "rocm")
-    assert {d["dtype"]: d["works"] for d in report["dtypes"]} == {"float32": True, "float16": True,
-                                                                   "bfloat16": True}
+    assert {d["dtype"]: d["works"] for d in report["dtypes"]} == {"float32": True, "float16": True, "bfloat16": True}
     assert all(d["n"] == 5 and d["matmul_ms_p50"] > 0 for d in report["dtypes"])
     assert report["compile"]["checked"] and (report["compile"]["ok"] or report["compile"]["timed_out"])
     fp8 = {f["format"]: f for f in report["fp8"]["formats"]}
@@ -87,13 +92,16 @@ def test_require_missing_library_is_a_problem(capsys):
     assert "required library flashinfer (flashinfer.sampling) is not importable" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,pattern", [
-    (["--library", "sglang=x"], r"--library 'sglang=x': use NAME=MODULE with NAME one of"),
-    (["--library", "sgl_kernel"], r"use NAME=MODULE"),
-    (["--require", "vllm"], r"--require 'vllm': unknown library; known"),
-    (["--device", "tpu"], r"device='tpu' is not allowed"),
-    (["--compile-timeout", "0"], r"--compile-timeout must be > 0"),
-])
+@pytest.mark.parametrize(
+    "argv,pattern",
+    [
+        (["--library", "sglang=x"], r"--library 'sglang=x': use NAME=MODULE with NAME one of"),
+        (["--library", "sgl_kernel"], r"use NAME=MODULE"),
+        (["--require", "vllm"], r"--require 'vllm': unknown library; known"),
+        (["--device", "tpu"], r"device='tpu' is not allowed"),
+        (["--compile-timeout", "0"], r"--compile-timeout must be > 0"),
+    ],
+)
 def test_cli_bad_arguments_exit_2_with_message(argv, pattern, capsys):
     import re
 
@@ -108,12 +116,18 @@ def test_schema_flag_prints_a_valid_schema(capsys):
     assert schema == json.loads(json.dumps(D.SCHEMA))
 
 
-@pytest.mark.parametrize("code,kind,needle", [
-    ('import json; print(json.dumps({"ok": False, "error": "InductorError: no C++ compiler", "seconds": 0.1}))',
-     "problem", "torch.compile (inductor) does not work on cpu: InductorError: no C++ compiler"),
-    ("import os; os.abort()", "problem", "compile check process failed"),
-    ("import time; time.sleep(30)", "warning", "did not finish within 0.5 s"),
-])
+@pytest.mark.parametrize(
+    "code,kind,needle",
+    [
+        (
+            'import json; print(json.dumps({"ok": False, "error": "InductorError: no C++ compiler", "seconds": 0.1}))',
+            "problem",
+            "torch.compile (inductor) does not work on cpu: InductorError: no C++ compiler",
+        ),
+        ("import os; os.abort()", "problem", "compile check process failed"),
+        ("import time; time.sleep(30)", "warning", "did not finish within 0.5 s"),
+    ],
+)
 def test_compile_failure_is_a_problem_crash_too_timeout_a_warning(monkeypatch, code, kind, needle):
     """The compile check runs in a subprocess: a failure, a crash (a compiler segfault on a new device) and a hang
     are all reported, and none takes the doctor down."""
@@ -127,8 +141,19 @@ def test_compile_failure_is_a_problem_crash_too_timeout_a_warning(monkeypatch, c
 def test_format_report_names_everything():
     r = D.run_doctor(compile_check=False, timing=False)
     text = D.format_report(r)
-    for needle in ("kit doctor — torch", "device ", "dtypes ", "float16", "bfloat16", "fp8            native e4m3fn",
-                   "e4m3fnuz", "torch.compile  not checked", "kernel libs", "sgl_kernel", "verdict: ready"):
+    for needle in (
+        "kit doctor — torch",
+        "device ",
+        "dtypes ",
+        "float16",
+        "bfloat16",
+        "fp8            native e4m3fn",
+        "e4m3fnuz",
+        "torch.compile  not checked",
+        "kernel libs",
+        "sgl_kernel",
+        "verdict: ready",
+    ):
         assert needle in text, needle
 
 
@@ -150,8 +175,7 @@ def test_out_is_validated_before_the_probes(tmp_path, capsys, monkeypatch):
 def test_noisy_and_implausible_timings_are_flagged_not_failed(monkeypatch):
     import torch
 
-    fake = {torch.float32: (7.85, 0.0043, 5.05), torch.float16: (7.9, 0.0042, 1.1),
-            torch.bfloat16: (0.069, 0.487, 1.2)}
+    fake = {torch.float32: (7.85, 0.0043, 5.05), torch.float16: (7.9, 0.0042, 1.1), torch.bfloat16: (0.069, 0.487, 1.2)}
     monkeypatch.setattr(P, "_time_matmul", lambda dt, device, n: fake[dt])
     r = D.run_doctor(device="cpu", compile_check=False, timing=True)
     validate(r)
@@ -162,8 +186,15 @@ def test_noisy_and_implausible_timings_are_flagged_not_failed(monkeypatch):
     text = D.format_report(r)
     assert "(noisy: repeats vary 5.05×)" in text and "warning: implausible: bfloat16" in text
     # quiet, plausible timings: no caveat
-    assert P.timing_caveats([{"dtype": "float32", "works": True, "spread": 1.1, "n": 5, "vs_float32": None},
-                             {"dtype": "bfloat16", "works": True, "spread": 1.3, "n": 5, "vs_float32": 3.0}]) == []
+    assert (
+        P.timing_caveats(
+            [
+                {"dtype": "float32", "works": True, "spread": 1.1, "n": 5, "vs_float32": None},
+                {"dtype": "bfloat16", "works": True, "spread": 1.3, "n": 5, "vs_float32": 3.0},
+            ]
+        )
+        == []
+    )
 
 
 def test_cli_options_derive_from_doctor_config(capsys):
@@ -174,11 +205,24 @@ def test_cli_options_derive_from_doctor_config(capsys):
     args = parser.parse_args(["doctor"])
     cfg = cli.config_from_args(D.DoctorConfig, args)
     assert cfg == D.DoctorConfig()
-    args = parser.parse_args(["doctor", "--no-compile", "--compile-timeout", "3", "--library", "aiter=m",
-                              "--require", "aiter", "--device", "cpu"])
+    args = parser.parse_args(
+        [
+            "doctor",
+            "--no-compile",
+            "--compile-timeout",
+            "3",
+            "--library",
+            "aiter=m",
+            "--require",
+            "aiter",
+            "--device",
+            "cpu",
+        ]
+    )
     cfg = cli.config_from_args(D.DoctorConfig, args)
-    assert cfg == D.DoctorConfig(device="cpu", libraries=("aiter=m",), require=("aiter",), compile_check=False,
-                                 compile_timeout_s=3.0)
+    assert cfg == D.DoctorConfig(
+        device="cpu", libraries=("aiter=m",), require=("aiter",), compile_check=False, compile_timeout_s=3.0
+    )
     with pytest.raises(SystemExit):
         parser.parse_args(["doctor", "--help"])
     text = capsys.readouterr().out
@@ -198,6 +242,12 @@ def test_probe_fp8_and_compile_sections_here():
     fp8 = P.probe_fp8("cpu", "rocm", "gfx942")
     assert fp8["native_format"] == "e4m3fnuz"
     assert [f["format"] for f in fp8["formats"]] == ["e4m3fn", "e4m3fnuz", "e5m2", "e5m2fnuz"]
-    assert P.compile_not_checked("eager") == {"checked": False, "ok": None, "backend": "eager", "seconds": None,
-                                             "timed_out": False, "error": None}
+    assert P.compile_not_checked("eager") == {
+        "checked": False,
+        "ok": None,
+        "backend": "eager",
+        "seconds": None,
+        "timed_out": False,
+        "error": None,
+    }
     assert set(P.package_versions()) == set(P.PACKAGES)

@@ -1,5 +1,6 @@
 """kit.check.fp8: the same byte in e4m3fn and e4m3fnuz, clamp-then-cast (F1), re-encoding an e4m3fn checkpoint for
 e4m3fnuz, the native format per platform, the format table and the grids of representable values."""
+
 import pytest
 import torch
 
@@ -44,8 +45,8 @@ def test_format_table_matches_torch():
 
 def test_positive_values_grids():
     fn, fnuz = positive_values("e4m3fn"), positive_values("e4m3fnuz")
-    assert (fn.numel(), fn.min().item(), fn.max().item()) == (126, 2.0 ** -9, 448.0)
-    assert (fnuz.numel(), fnuz.min().item(), fnuz.max().item()) == (127, 2.0 ** -10, 240.0)
+    assert (fn.numel(), fn.min().item(), fn.max().item()) == (126, 2.0**-9, 448.0)
+    assert (fnuz.numel(), fnuz.min().item(), fnuz.max().item()) == (127, 2.0**-10, 240.0)
     assert bool((fn[1:] > fn[:-1]).all())  # ascending, distinct
 
 

@@ -1,6 +1,7 @@
 """kit.check.harness: the report, its summary, the planted bug caught eager and compiled, sampler ids with explicit
 noise, impl errors as results, skipped dtypes, custom inputs and tolerances, argument errors, the compile cache;
 kit.check.cases: every op has generated and named edge-case inputs."""
+
 import json
 
 import pytest
@@ -33,14 +34,35 @@ def test_every_op_check_has_labelled_edge_rows():
         assert (c.output == "ids") == (c.support is not None) == ("uniform" in gen.kwargs), name
 
 
-REPORT_COLUMNS = {"op", "impl", "device", "dtype", "mode", "input", "status", "passed", "max_abs_err", "max_rel_err",
-                  "mismatches", "n_elements", "nonfinite_ref", "nonfinite_out", "first_bad_row", "first_bad_label",
-                  "atol", "rtol", "expected", "got", "error"}
+REPORT_COLUMNS = {
+    "op",
+    "impl",
+    "device",
+    "dtype",
+    "mode",
+    "input",
+    "status",
+    "passed",
+    "max_abs_err",
+    "max_rel_err",
+    "mismatches",
+    "n_elements",
+    "nonfinite_ref",
+    "nonfinite_out",
+    "first_bad_row",
+    "first_bad_label",
+    "atol",
+    "rtol",
+    "expected",
+    "got",
+    "error",
+}
 
 
 def test_planted_bug_is_caught_and_named():
-    rep = check_op("top_p_renorm_prob", top_p_renorm_prob_drops_crossing_token, impl_name="drops-crossing-token",
-                   modes=("eager",))
+    rep = check_op(
+        "top_p_renorm_prob", top_p_renorm_prob_drops_crossing_token, impl_name="drops-crossing-token", modes=("eager",)
+    )
     assert not rep.passed and REPORT_COLUMNS <= set(rep.df.columns)
     assert set(rep.failures["dtype"]) == {"float32", "float16", "bfloat16"}
     first = rep.first_failure()
@@ -58,8 +80,7 @@ def test_planted_bug_is_caught_and_named():
 
 @pytest.mark.compile
 def test_planted_bug_caught_in_compiled_mode_reference_passes():
-    bad = check_op("top_p_renorm_prob", top_p_renorm_prob_drops_crossing_token, modes=("compile",),
-                   dtypes=("float32",))
+    bad = check_op("top_p_renorm_prob", top_p_renorm_prob_drops_crossing_token, modes=("compile",), dtypes=("float32",))
     assert not bad.passed and "dtype=float32 mode=compile input=generated first bad row=" in bad.summary()
     good = check_op("top_p_renorm_prob", S.top_p_renorm_prob, modes=("compile",), dtypes=("float32",))
     assert good.passed, good.summary()
@@ -96,6 +117,7 @@ def test_unsupported_dtype_is_skipped_with_reason(monkeypatch):
     def fake(dtype, device):  # raises what kit.hardware.check_dtype_supported raises
         if dtype == torch.bfloat16:
             raise UserError("dtype=bfloat16 is not supported on FakeGPU; use float16 or float32")
+
     monkeypatch.setattr(H, "check_dtype_supported", fake)
     rep = check_op("top_k_renorm_prob", modes=("eager",))
     sk = rep.df[rep.df["status"] == "skipped"]
@@ -103,32 +125,50 @@ def test_unsupported_dtype_is_skipped_with_reason(monkeypatch):
 
 
 def test_custom_inputs_and_tolerances():
-    case = Case("mine", (torch.tensor([[.1, .2, .7]]), torch.tensor([2])))
+    case = Case("mine", (torch.tensor([[0.1, 0.2, 0.7]]), torch.tensor([2])))
     rep = check_op("top_k_renorm_prob", modes=("eager",), inputs=[case], dtypes=("bf16", torch.float16))
     assert rep.passed and list(rep.df["input"]) == ["mine", "mine"]
     # a tolerance looser than the bug lets it through on finite values (the report shows the tolerance used),
     # but NaN is never within tolerance of a number: the NaN row (kept NaN by the reference) still fails
-    rep = check_op("top_p_renorm_prob", top_p_renorm_prob_drops_crossing_token, modes=("eager",),
-                   dtypes=("float32",), tol={"float32": (1.0, 0.0)})
+    rep = check_op(
+        "top_p_renorm_prob",
+        top_p_renorm_prob_drops_crossing_token,
+        modes=("eager",),
+        dtypes=("float32",),
+        tol={"float32": (1.0, 0.0)},
+    )
     assert (rep.df["atol"] == 1.0).all() and list(rep.df["passed"]) == [True, False]
     assert rep.first_failure()["first_bad_label"] == "NaN row"
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    ({"op": "nope"}, r"unknown op 'nope'; checkable ops"),
-    ({"op": "top_k_renorm_prob", "modes": ("jit",)}, r"modes \['jit'\] not allowed"),
-    ({"op": "top_k_renorm_prob", "dtypes": ("int8",)}, r"dtype 'int8' is not checked; allowed"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        ({"op": "nope"}, r"unknown op 'nope'; checkable ops"),
+        ({"op": "top_k_renorm_prob", "modes": ("jit",)}, r"modes \['jit'\] not allowed"),
+        ({"op": "top_k_renorm_prob", "dtypes": ("int8",)}, r"dtype 'int8' is not checked; allowed"),
+    ],
+)
 def test_check_op_bad_arguments(kwargs, pattern):
     with pytest.raises(UserError, match=pattern):
         check_op(**kwargs)
 
 
 def test_checked_dtype_uses_the_kit_vocabulary():
-    assert [checked_dtype(d) for d in ("bf16", "fp16", "half", "float", torch.float32, "float64", torch.float64)] \
-        == ["bfloat16", "float16", "float16", "float32", "float32", "float64", "float64"]
-    with pytest.raises(UserError, match=r"dtype 'int8' is not checked; allowed: \['bfloat16', 'float16', "
-                                        r"'float32', 'float64'\]"):
+    assert [checked_dtype(d) for d in ("bf16", "fp16", "half", "float", torch.float32, "float64", torch.float64)] == [
+        "bfloat16",
+        "float16",
+        "float16",
+        "float32",
+        "float32",
+        "float64",
+        "float64",
+    ]
+    with pytest.raises(
+        UserError,
+        match=r"dtype 'int8' is not checked; allowed: \['bfloat16', 'float16', "
+        r"'float32', 'float64'\]",
+    ):
         checked_dtype(torch.int8)
     with pytest.raises(UserError, match="dtype 'fp8' is not checked"):
         checked_dtype("fp8")
@@ -137,6 +177,7 @@ def test_checked_dtype_uses_the_kit_vocabulary():
 def test_compiled_cache_takes_dict_options():
     """torch.compile's ``options=`` is a dict: the cache key must not need it hashable (compiles lazily: no
     compile here)."""
+
     def f(x):
         return x + 1
 

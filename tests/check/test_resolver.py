@@ -1,5 +1,6 @@
 """kit.check.resolver: a missing symbol is named with every place tried (S1, fake kernel libraries), the resolver never
 returns None, alternate symbol names and adapters, and probe_library for kit doctor."""
+
 from pathlib import Path
 
 import pytest
@@ -18,23 +19,33 @@ def fakes(monkeypatch):
 
 
 def rocm_like():
-    return KernelLibrary("sgl_kernel", "fake_rocm_sgl_kernel", {
-        "top_k_renorm_prob": ("top_k_renorm_prob", "top_k_renorm_probs"),
-        "top_p_renorm_prob": ("top_p_renorm_prob", "top_p_renorm_probs")})
+    return KernelLibrary(
+        "sgl_kernel",
+        "fake_rocm_sgl_kernel",
+        {
+            "top_k_renorm_prob": ("top_k_renorm_prob", "top_k_renorm_probs"),
+            "top_p_renorm_prob": ("top_p_renorm_prob", "top_p_renorm_probs"),
+        },
+    )
 
 
 def test_s1_missing_symbol_raises_naming_symbol_and_every_place(fakes):
     guarded = KernelLibrary("guarded", "fake_guarded_kernels", {"top_k_renorm_prob": ("top_k_renorm_prob",)})
-    absent = KernelLibrary("flashinfer", "no_such_flashinfer_module.sampling",
-                           {"top_k_renorm_prob": ("top_k_renorm_probs",)})
+    absent = KernelLibrary(
+        "flashinfer", "no_such_flashinfer_module.sampling", {"top_k_renorm_prob": ("top_k_renorm_probs",)}
+    )
     with pytest.raises(OpNotFoundError) as ei:
         resolve_op("top_k_renorm_prob", [absent, rocm_like(), guarded], fallback=False)
     msg = str(ei.value)
-    for needle in ("top_k_renorm_prob", "no_such_flashinfer_module.sampling", "not installed",
-                   "fake_rocm_sgl_kernel.top_k_renorm_prob: module imported but has no attribute",
-                   "fake_rocm_sgl_kernel.top_k_renorm_probs",
-                   "fake_guarded_kernels.top_k_renorm_prob: attribute is None",
-                   "kit.reference"):
+    for needle in (
+        "top_k_renorm_prob",
+        "no_such_flashinfer_module.sampling",
+        "not installed",
+        "fake_rocm_sgl_kernel.top_k_renorm_prob: module imported but has no attribute",
+        "fake_rocm_sgl_kernel.top_k_renorm_probs",
+        "fake_guarded_kernels.top_k_renorm_prob: attribute is None",
+        "kit.reference",
+    ):
         assert needle in msg, (needle, msg)
     assert len(ei.value.tried) == 5
     assert isinstance(ei.value, KitError) and isinstance(ei.value, LookupError)
@@ -52,7 +63,7 @@ def test_s1_resolver_never_returns_none_and_records_what_ran(fakes):
     # the op the ROCm-like build does have is taken from it
     r2 = resolve_op("top_p_renorm_prob", [rocm_like()])
     assert r2.library == "sgl_kernel" and r2.where == "fake_rocm_sgl_kernel.top_p_renorm_prob" and r2.tried == ()
-    p = torch.tensor([[.2, .3, .5]])
+    p = torch.tensor([[0.2, 0.3, 0.5]])
     torch.testing.assert_close(r2(p, 0.4), S.top_p_renorm_prob(p, 0.4))
 
 
@@ -76,6 +87,7 @@ def test_resolver_alternate_symbol_names_and_adapter(fakes):
     report = check_op("top_k_renorm_prob", r.fn, modes=("eager",), dtypes=("float32",))
     assert report.passed, report.summary()
     import fake_aiter_ops
+
     assert (True, 0) in fake_aiter_ops.CALLS  # per-row tensor went to maybe_top_k_arr
 
 

@@ -1,5 +1,6 @@
 """kit.check.sampling: cases S1–S5 (eager and torch.compile, float32/float16/bfloat16), documented edge semantics, and
 strict validation of every op's arguments."""
+
 import pytest
 import torch
 
@@ -10,11 +11,19 @@ from kit.check.stats import frequency_check
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MODES = ["eager", pytest.param("compile", marks=pytest.mark.compile)]
 
-S1_PROBS = [[.2499, .2592, .1085, .2718, .1106], [.2205, .0942, .2912, .3452, .0489],
-            [.2522, .1602, .2346, .1532, .2000], [.1543, .3182, .2062, .0958, .2255]]
-S1_TOPK3 = [[.3201, .3319, 0, .3480, 0], [.2573, 0, .3398, .4028, 0], [.3672, 0, .3416, 0, .2912],
-            [0, .4243, .2750, 0, .3007]]
-S1_TOPP03 = [[0, .4882, 0, .5118, 0], [0, 0, 0, 1, 0], [.5181, 0, .4819, 0, 0], [0, 1, 0, 0, 0]]
+S1_PROBS = [
+    [0.2499, 0.2592, 0.1085, 0.2718, 0.1106],
+    [0.2205, 0.0942, 0.2912, 0.3452, 0.0489],
+    [0.2522, 0.1602, 0.2346, 0.1532, 0.2000],
+    [0.1543, 0.3182, 0.2062, 0.0958, 0.2255],
+]
+S1_TOPK3 = [
+    [0.3201, 0.3319, 0, 0.3480, 0],
+    [0.2573, 0, 0.3398, 0.4028, 0],
+    [0.3672, 0, 0.3416, 0, 0.2912],
+    [0, 0.4243, 0.2750, 0, 0.3007],
+]
+S1_TOPP03 = [[0, 0.4882, 0, 0.5118, 0], [0, 0, 0, 1, 0], [0.5181, 0, 0.4819, 0, 0], [0, 1, 0, 0, 0]]
 
 
 def run(fn, mode, *args, **kwargs):
@@ -29,8 +38,12 @@ def per_dtype(x):
 
 def close(out, expected, dtype, atol=1e-3):
     """The case's atol plus the dtype's rtol (inputs and outputs are rounded to the dtype)."""
-    torch.testing.assert_close(out.float(), torch.tensor(expected, dtype=torch.float32), atol=atol,
-                               rtol=DEFAULT_TOL[str(dtype).removeprefix("torch.")][1])
+    torch.testing.assert_close(
+        out.float(),
+        torch.tensor(expected, dtype=torch.float32),
+        atol=atol,
+        rtol=DEFAULT_TOL[str(dtype).removeprefix("torch.")][1],
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------- S1
@@ -58,7 +71,7 @@ def test_s1_scalar_parameters_match_per_row():
 
 
 # ----------------------------------------------------------------------------------------------------------- S2
-S2_X = [[.1, .6, .3], [.2, .5, .3]]
+S2_X = [[0.1, 0.6, 0.3], [0.2, 0.5, 0.3]]
 
 
 def _s2(xs, k):
@@ -72,7 +85,7 @@ def _s2_one_hot(p, u):
 @pytest.mark.parametrize("mode", MODES)
 def test_s2_k_zero_k_ge_vocab_mixed_k(mode):
     xs = per_dtype(S2_X)
-    for ks, row2 in (([0, 2], [0, .625, .375]), ([3, 2], [0, .625, .375]), ([2**30, 1], [0, 1, 0])):
+    for ks, row2 in (([0, 2], [0, 0.625, 0.375]), ([3, 2], [0, 0.625, 0.375]), ([2**30, 1], [0, 1, 0])):
         outs = run(_s2, mode, xs, torch.tensor(ks))
         flipped = run(_s2, mode, [x.flip(0) for x in xs], torch.tensor(ks).flip(0))
         for dtype, out, fl in zip(DTYPES, outs, flipped):
@@ -91,7 +104,7 @@ def test_s2_one_hot_row_always_yields_its_token(mode):
 
 
 def test_s2_vocab_permutation_equivariant_with_ties():
-    x = torch.tensor([[.2, .2, .2, .1, .1, .1, .05, .05]])
+    x = torch.tensor([[0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.05, 0.05]])
     perm = torch.randperm(8, generator=torch.Generator().manual_seed(0))
     for fn, arg in ((S.top_k_renorm_prob, 2), (S.top_p_renorm_prob, 0.3), (S.min_p_renorm_prob, 0.9)):
         torch.testing.assert_close(fn(x[:, perm], arg), fn(x, arg)[:, perm])
@@ -110,16 +123,19 @@ def test_s3_int_top_k_and_wrong_shape(mode):
     p = torch.rand(2, 4)
     p /= p.sum(-1, keepdim=True)
     for dtype, out in zip(DTYPES, run(_s3, mode, [p.to(d) for d in DTYPES])):
-        close(out, [[.3201, .3319, 0, .3480], [.2187, .3366, 0, .4446]], dtype)
+        close(out, [[0.3201, 0.3319, 0, 0.3480], [0.2187, 0.3366, 0, 0.4446]], dtype)
     with pytest.raises(ValueError, match=r"top_k .*shape \(batch,\).*\(2, 4\)"):
         run(S.top_k_renorm_prob, mode, p, torch.full((2, 4), 3))
 
 
 # every per-row parameter of every op refuses a (batch, vocab) tensor — the whole kind of fault, not one op
 PER_ROW = [
-    (S.top_k_renorm_prob, "top_k", torch.long), (S.top_k_mask_logits, "top_k", torch.long),
-    (S.top_p_renorm_prob, "top_p", torch.float32), (S.min_p_renorm_prob, "min_p", torch.float32),
-    (S.apply_temperature, "temperature", torch.float32), (S.softmax_with_temperature, "temperature", torch.float32),
+    (S.top_k_renorm_prob, "top_k", torch.long),
+    (S.top_k_mask_logits, "top_k", torch.long),
+    (S.top_p_renorm_prob, "top_p", torch.float32),
+    (S.min_p_renorm_prob, "min_p", torch.float32),
+    (S.apply_temperature, "temperature", torch.float32),
+    (S.softmax_with_temperature, "temperature", torch.float32),
 ]
 
 
@@ -143,19 +159,28 @@ def test_s3_kind_sampler_parameters_reject_matrix(kw):
 
 # ----------------------------------------------------------------------------------------------------------- S4
 def _s4(xs, lgs, mp_hi, mp_lo, t):
-    return [(S.min_p_renorm_prob(x, mp_hi), S.min_p_renorm_prob(x, mp_lo), S.softmax_with_temperature(lg, t))
-            for x, lg in zip(xs, lgs)]
+    return [
+        (S.min_p_renorm_prob(x, mp_hi), S.min_p_renorm_prob(x, mp_lo), S.softmax_with_temperature(lg, t))
+        for x, lg in zip(xs, lgs)
+    ]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_s4_min_p_and_temperature_once(mode):
-    outs = run(_s4, mode, per_dtype([[0.9, 0, 0, 0.1]]), per_dtype([[2.0, 1.0, 0.0]]), torch.tensor([0.8]),
-               torch.tensor([0.05]), torch.tensor([2.0]))
+    outs = run(
+        _s4,
+        mode,
+        per_dtype([[0.9, 0, 0, 0.1]]),
+        per_dtype([[2.0, 1.0, 0.0]]),
+        torch.tensor([0.8]),
+        torch.tensor([0.05]),
+        torch.tensor([2.0]),
+    )
     twice = torch.softmax(torch.tensor([[2.0, 1.0, 0.0]]) / 4, -1)
     for dtype, (hi, lo, probs) in zip(DTYPES, outs):
         close(hi, [[1, 0, 0, 0]], dtype)
-        close(lo, [[.9, 0, 0, .1]], dtype)
-        close(probs, [[.5065, .3072, .1863]], dtype)
+        close(lo, [[0.9, 0, 0, 0.1]], dtype)
+        close(probs, [[0.5065, 0.3072, 0.1863]], dtype)
         assert not torch.allclose(probs.float(), twice, atol=1e-2)  # [.4192, .3265, .2543]: T applied twice
 
 
@@ -194,7 +219,7 @@ def _sample_global_rng(probs):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_s5_sampled_frequencies_pass_chi_square(mode):
-    probs = torch.tensor([.25, .25, .5])
+    probs = torch.tensor([0.25, 0.25, 0.5])
     if mode == "eager":
         res = frequency_check(_sample_eager, probs, n_draws=1000)
     else:
@@ -206,34 +231,37 @@ def test_s5_sampled_frequencies_pass_chi_square(mode):
 
 def test_s5_frequency_check_catches_a_biased_sampler():
     def biased(probs):  # ignores the given distribution
-        return S.sampling_from_probs(torch.tensor([[.5, .25, .25]]).expand_as(probs).contiguous(),
-                                     generator=torch.Generator().manual_seed(0))
-    res = frequency_check(biased, torch.tensor([.25, .25, .5]), n_draws=1000)
+        return S.sampling_from_probs(
+            torch.tensor([[0.5, 0.25, 0.25]]).expand_as(probs).contiguous(), generator=torch.Generator().manual_seed(0)
+        )
+
+    res = frequency_check(biased, torch.tensor([0.25, 0.25, 0.5]), n_draws=1000)
     assert not res.passed and res.p_value < 1e-6
 
     def impossible(probs):
         return torch.zeros(probs.shape[0], dtype=torch.long)
-    res = frequency_check(impossible, torch.tensor([0.0, .5, .5]), n_draws=100)
+
+    res = frequency_check(impossible, torch.tensor([0.0, 0.5, 0.5]), n_draws=100)
     assert res.impossible == 100 and not res.passed
 
 
 # ----------------------------------------------------------------------------------------------- documented edges
 def test_edge_semantics():
     nan = float("nan")
-    bad = torch.tensor([[nan, .5, .5], [0, 0, 0], [float("inf"), 1, 0], [.2, .3, .5]])
-    for fn, arg in ((S.top_k_renorm_prob, 2), (S.top_p_renorm_prob, .5), (S.min_p_renorm_prob, .1)):
+    bad = torch.tensor([[nan, 0.5, 0.5], [0, 0, 0], [float("inf"), 1, 0], [0.2, 0.3, 0.5]])
+    for fn, arg in ((S.top_k_renorm_prob, 2), (S.top_p_renorm_prob, 0.5), (S.min_p_renorm_prob, 0.1)):
         out = fn(bad, arg)
         assert torch.isnan(out[0]).all() and torch.isnan(out[2]).all()  # NaN/inf rows → all NaN
         assert torch.equal(out[1], torch.zeros(3))  # all-zero rows → zeros, no division by zero
-    ids = S.sampling_from_probs(bad, uniform=torch.full((4,), .5))
+    ids = S.sampling_from_probs(bad, uniform=torch.full((4,), 0.5))
     assert ids.tolist()[:3] == [-1, -1, -1] and ids[3].item() == 2
     # p = 0 keeps only the top token; p = 1 keeps all; min_p = 1 keeps the max
-    x = torch.tensor([[.1, .6, .3]])
+    x = torch.tensor([[0.1, 0.6, 0.3]])
     assert S.top_p_renorm_prob(x, 0.0).tolist() == [[0, 1, 0]]
     torch.testing.assert_close(S.top_p_renorm_prob(x, 1.0), x)
     assert S.min_p_renorm_prob(x, 1.0).tolist() == [[0, 1, 0]]
     # the token whose mass crosses p is kept
-    torch.testing.assert_close(S.top_p_renorm_prob(x, 0.61), torch.tensor([[0, .6667, .3333]]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(S.top_p_renorm_prob(x, 0.61), torch.tensor([[0, 0.6667, 0.3333]]), atol=1e-4, rtol=0)
     # logits: all -inf stays all -inf; NaN row → NaN; softmax of all -inf is NaN
     ninf = float("-inf")
     lg = torch.tensor([[ninf, ninf, ninf], [1.0, nan, 0.0], [3.0, 1.0, 2.0]])
@@ -241,15 +269,15 @@ def test_edge_semantics():
     assert torch.isinf(m[0]).all() and torch.isnan(m[1]).all() and m[2].tolist() == [3.0, ninf, ninf]
     assert torch.isnan(S.softmax_with_temperature(lg[:1], 1.0)).all()
     # zero-probability tokens are never sampled, whatever the noise
-    p = torch.tensor([[0.0, .5, 0.0, .5, 0.0]]).expand(5, -1).contiguous()
+    p = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).expand(5, -1).contiguous()
     u = torch.tensor([0.0, 0.25, 0.5, 0.75, 0.99999994])
     assert set(S.sampling_from_probs(p, uniform=u).tolist()) <= {1, 3}
 
 
 def test_sampling_with_generator_is_reproducible():
     p = torch.rand(8, 20)
-    a = S.top_k_top_p_sampling_from_probs(p, 5, .9, generator=torch.Generator().manual_seed(5))
-    b = S.top_k_top_p_sampling_from_probs(p, 5, .9, generator=torch.Generator().manual_seed(5))
+    a = S.top_k_top_p_sampling_from_probs(p, 5, 0.9, generator=torch.Generator().manual_seed(5))
+    b = S.top_k_top_p_sampling_from_probs(p, 5, 0.9, generator=torch.Generator().manual_seed(5))
     assert torch.equal(a, b) and a.dtype == torch.int64 and a.shape == (8,)
 
 
@@ -258,7 +286,7 @@ X = torch.rand(2, 5)
 U = torch.rand(2)
 BAD = [
     # (op, args, kwargs, message pattern)
-    (S.top_k_renorm_prob, ([[.5, .5]], 1), {}, r"probs must be a torch\.Tensor"),
+    (S.top_k_renorm_prob, ([[0.5, 0.5]], 1), {}, r"probs must be a torch\.Tensor"),
     (S.top_k_renorm_prob, (torch.rand(5), 1), {}, r"probs must have shape \(batch, vocab\)"),
     (S.top_k_renorm_prob, (torch.ones(2, 5, dtype=torch.long), 1), {}, r"probs must be a floating tensor"),
     (S.top_k_renorm_prob, (X, -1), {}, r"top_k=-1 is out of range; allowed: integers ≥ 0"),
@@ -269,7 +297,7 @@ BAD = [
     (S.top_p_renorm_prob, (X, 1.5), {}, r"top_p=1\.5 is out of range; allowed: floats in \[0, 1\]"),
     (S.top_p_renorm_prob, (X, -0.1), {}, r"top_p=-0\.1 is out of range"),
     (S.top_p_renorm_prob, (X, float("nan")), {}, r"top_p=nan is out of range"),
-    (S.top_p_renorm_prob, (X, torch.tensor([.5, 2.0])), {}, r"top_p\[1\]=2\.0 is out of range"),
+    (S.top_p_renorm_prob, (X, torch.tensor([0.5, 2.0])), {}, r"top_p\[1\]=2\.0 is out of range"),
     (S.top_p_renorm_prob, (X, torch.tensor([1, 1])), {}, r"top_p must be a floating tensor"),
     (S.top_p_renorm_prob, (X, "0.5"), {}, r"top_p must be a probability"),
     (S.top_p_renorm_prob, (X.int(), 0.5), {}, r"probs must be a floating tensor"),

@@ -1,4 +1,5 @@
 """kit.check.testing: the pytest helpers as a user's suite would use them."""
+
 import pytest
 
 from kit.check import sampling as S

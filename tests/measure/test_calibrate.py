@@ -1,4 +1,6 @@
-"""kit.measure.calibrate: measurements are positive medians with n, stored as JSON, and drive the planner's local device."""
+"""kit.measure.calibrate: measurements are positive medians with n, stored as JSON, and drive the planner's local
+device."""
+
 from __future__ import annotations
 
 import json
@@ -66,15 +68,37 @@ def test_bad_sizes():
 def test_cli_calibrate(tmp_path, capsys, monkeypatch):
     from kit.cli import main
 
-    monkeypatch.setattr(calibrate, "calibrate", lambda device=None, quick=False: {
-        "device": "cpu", "device_name": "x", "device_key": "cpu", "threads": 1, "mem_bw_gb_s": 10.0,
-        "mem_read_gb_s": 12.0, "matmul_tflops": {"float32": 0.1, "bfloat16": None}, "overhead_ms_fixed": 0.5,
-        "overhead_ms_per_layer": 0.2,
-        "details": {"bandwidth": {"copy_gb_s": 10.0, "copy_p10": 9.0, "copy_p90": 11.0, "n": 3, "size_mb": 8,
-                                  "read_gb_s": 12.0},
-                    "matmul": {"float32": {"tflops": 0.1, "n": 3, "size": 128},
-                               "bfloat16": {"tflops": None, "error": "no"}},
-                    "overhead": {"step_ms": {1: 0.7, 4: 1.3}}}, "attn_tflops": 0.01})
+    monkeypatch.setattr(
+        calibrate,
+        "calibrate",
+        lambda device=None, quick=False: {
+            "device": "cpu",
+            "device_name": "x",
+            "device_key": "cpu",
+            "threads": 1,
+            "mem_bw_gb_s": 10.0,
+            "mem_read_gb_s": 12.0,
+            "matmul_tflops": {"float32": 0.1, "bfloat16": None},
+            "overhead_ms_fixed": 0.5,
+            "overhead_ms_per_layer": 0.2,
+            "details": {
+                "bandwidth": {
+                    "copy_gb_s": 10.0,
+                    "copy_p10": 9.0,
+                    "copy_p90": 11.0,
+                    "n": 3,
+                    "size_mb": 8,
+                    "read_gb_s": 12.0,
+                },
+                "matmul": {
+                    "float32": {"tflops": 0.1, "n": 3, "size": 128},
+                    "bfloat16": {"tflops": None, "error": "no"},
+                },
+                "overhead": {"step_ms": {1: 0.7, 4: 1.3}},
+            },
+            "attn_tflops": 0.01,
+        },
+    )
     out = tmp_path / "c.json"
     assert main(["calibrate", "--quick", "--out", str(out)]) == 0
     text = capsys.readouterr().out

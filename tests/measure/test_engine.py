@@ -1,4 +1,5 @@
 """Engine numbers follow their definitions; the static-cache decode computes the same logits as a full forward."""
+
 import numpy as np
 import pytest
 import torch
@@ -40,20 +41,23 @@ def test_static_cache_decode_matches_full_forward(tiny_model):
     pos = torch.arange(C + 4).unsqueeze(0).expand(B, -1)
     with torch.inference_mode():
         fwd(ids[:, :C], pos[:, :C], cache)
-        step = fwd(ids[:, C:], pos[:, C:C + 1], cache)[:, -1]
+        step = fwd(ids[:, C:], pos[:, C : C + 1], cache)[:, -1]
         full = tiny_model(input_ids=ids).logits[:, -1]
         # rewinding the cache and decoding again gives the same answer (repeat blocks reuse the cache)
         engine.set_cache_length(cache, C)
-        again = fwd(ids[:, C:], pos[:, C:C + 1], cache)[:, -1]
+        again = fwd(ids[:, C:], pos[:, C : C + 1], cache)[:, -1]
     assert torch.allclose(step, full, atol=1e-4)
     assert torch.allclose(again, step, atol=1e-6)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(concurrency=0, context_len=8), "concurrency=0"),
-    (dict(concurrency=1, context_len=-3), "context_len=-3"),
-    (dict(concurrency=1, context_len=8, kv_fill="magic"), "kv_fill='magic'"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(concurrency=0, context_len=8), "concurrency=0"),
+        (dict(concurrency=1, context_len=-3), "context_len=-3"),
+        (dict(concurrency=1, context_len=8, kv_fill="magic"), "kv_fill='magic'"),
+    ],
+)
 def test_bad_points(tiny_model, kw, match):
     with pytest.raises(ValueError, match=match):
         engine.run_point(tiny_model, engine.PointConfig(**kw))

@@ -1,4 +1,5 @@
 """kit.measure.grid: the one grid runner, driven by a backend that needs no model (resume, failures, stop, archive)."""
+
 import contextlib
 import gc
 import weakref
@@ -24,8 +25,10 @@ class FakeBackend:
         self.measured, self.sessions, self.alive_at_cleanup = [], [], []
 
     def points(self):
-        return [GridPoint(f"p{i}", {"concurrency": i + 1, "context_len": 128, "model": "fake"}, f"B={i + 1}", i)
-                for i in range(self.n)]
+        return [
+            GridPoint(f"p{i}", {"concurrency": i + 1, "context_len": 128, "model": "fake"}, f"B={i + 1}", i)
+            for i in range(self.n)
+        ]
 
     def metadata(self):
         return results.run_metadata(model="fake")
@@ -135,9 +138,17 @@ def test_a_point_that_killed_the_process_is_recorded_killed_and_skipped(tmp_path
     assert b2.measured == [1]  # only when asked
 
 
-@pytest.mark.parametrize("exc", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. "
-                                                              "DefaultCPUAllocator: can't allocate memory: you tried "
-                                                              "to allocate 280000000000 bytes")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        MemoryError(),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. "
+            "DefaultCPUAllocator: can't allocate memory: you tried "
+            "to allocate 280000000000 bytes"
+        ),
+    ],
+)
 def test_a_cpu_allocation_failure_is_an_oom(tmp_path, exc):
     class Alloc(FakeBackend):
         def measure(self, point):

@@ -1,4 +1,5 @@
 """Sweep persistence: kill -9 loses no finished point and resumes; OOM recorded, memory freed, sweep goes on."""
+
 import gc
 import os
 import signal
@@ -11,12 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kit import models
+from kit import models, results
 from kit.errors import OutputPathError
-from kit.measure.grid import oom_error_type
-from kit import results
 from kit.measure import sweep
 from kit.measure.engine import run_point
+from kit.measure.grid import oom_error_type
 
 SMALL = dict(kv_lens=[16, 32], concurrencies=[1, 2], decode_steps=3, warmup_steps=1, repeats=1)
 
@@ -98,20 +98,24 @@ def test_other_errors_recorded_and_retried_on_resume(tmp_path):
     assert set(latest.status) == {"ok"} and len(df2) == 6
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(model="gpt-9"), "unknown model preset 'gpt-9'"),
-    (dict(kv_lens=[0, 128]), "KV length 0"),
-    (dict(concurrencies=[-1]), "concurrency -1"),
-    (dict(kv_lens=[20000]), "at most 16384 positions"),
-    (dict(dtypes=["float8"]), "dtype 'float8'"),
-    (dict(device="tpu"), "device='tpu'"),
-    (dict(kv_fill="nope"), "kv_fill='nope'"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(model="gpt-9"), "unknown model preset 'gpt-9'"),
+        (dict(kv_lens=[0, 128]), "KV length 0"),
+        (dict(concurrencies=[-1]), "concurrency -1"),
+        (dict(kv_lens=[20000]), "at most 16384 positions"),
+        (dict(dtypes=["float8"]), "dtype 'float8'"),
+        (dict(device="tpu"), "device='tpu'"),
+        (dict(kv_fill="nope"), "kv_fill='nope'"),
+    ],
+)
 def test_bad_input_rejected_before_any_work(tmp_path, kw, match):
     calls = []
     with pytest.raises(ValueError, match=match):
-        sweep.run_sweep(sweep.SweepConfig(**{**SMALL, **kw}), tmp_path / "o", progress=False,
-                        runner=lambda *a: calls.append(1))
+        sweep.run_sweep(
+            sweep.SweepConfig(**{**SMALL, **kw}), tmp_path / "o", progress=False, runner=lambda *a: calls.append(1)
+        )
     assert calls == [] and not (tmp_path / "o").exists()
 
 
@@ -137,8 +141,9 @@ def slow(model, point, device, seed):
 sweep.run_sweep(sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode_steps=2, warmup_steps=0,
                                   repeats=1), {str(out)!r}, progress=False, runner=slow)
 """
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).parents[2])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2]
+    )
     deadline = time.time() + 120
     line = ""
     while time.time() < deadline and "READY" not in line:
@@ -152,16 +157,25 @@ sweep.run_sweep(sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode
     assert len(before) == 2 and set(before.status) == {"ok"}
     cfg = sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode_steps=2, warmup_steps=0, repeats=1)
     measured = []
-    df = sweep.run_sweep(cfg, out, progress=False,
-                         runner=lambda m, p, d, s: measured.append((p.context_len, p.concurrency)) or run_point(m, p, d, s))
+    df = sweep.run_sweep(
+        cfg,
+        out,
+        progress=False,
+        runner=lambda m, p, d, s: measured.append((p.context_len, p.concurrency)) or run_point(m, p, d, s),
+    )
     # the point the process died on is recorded as killed and skipped (it could kill every re-run); the rest runs
     assert measured == [(32, 2)]
     assert df.point_id.nunique() == 4 and sorted(df.status) == ["killed", "ok", "ok", "ok"]
     killed = df[df.status == "killed"].iloc[0]
     assert (killed.context_len, killed.concurrency) == (32, 1) and "died while measuring" in killed.error
     measured.clear()
-    df = sweep.run_sweep(cfg, out, progress=False, retry_killed=True,
-                         runner=lambda m, p, d, s: measured.append((p.context_len, p.concurrency)) or run_point(m, p, d, s))
+    df = sweep.run_sweep(
+        cfg,
+        out,
+        progress=False,
+        retry_killed=True,
+        runner=lambda m, p, d, s: measured.append((p.context_len, p.concurrency)) or run_point(m, p, d, s),
+    )
     assert measured == [(32, 1)] and df.drop_duplicates("point_id", keep="last").status.eq("ok").all()
 
 
@@ -203,8 +217,12 @@ def test_identity_includes_seed_and_threads(tmp_path):
     assert ids == {p.point_id for p in sweep.EngineBackend(sweep.SweepConfig(**SMALL)).points()}  # stable
     calls = []
     sweep.run_sweep(sweep.SweepConfig(**SMALL), tmp_path, progress=False)
-    sweep.run_sweep(sweep.SweepConfig(**SMALL, threads=1), tmp_path, progress=False,
-                    runner=lambda *a: calls.append(a) or sweep.run_point(*a))
+    sweep.run_sweep(
+        sweep.SweepConfig(**SMALL, threads=1),
+        tmp_path,
+        progress=False,
+        runner=lambda *a: calls.append(a) or sweep.run_point(*a),
+    )
     assert len(calls) == 4  # another --threads measures again, it does not "resume" the old numbers
 
 

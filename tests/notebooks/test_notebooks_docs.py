@@ -2,6 +2,7 @@
 its files are checked (row counts, columns, statuses, curve shapes; never timing values). Plus cases N1 and N2
 (missing kernel, widgets headless, a dying kernel) and the rules every committed notebook follows.
 """
+
 from __future__ import annotations
 
 import ast
@@ -133,12 +134,15 @@ def test_howto_export_results_for_ci():
 
 
 # ------------------------------------------------------------------------------------------- reference + explanation
-@pytest.mark.parametrize("rel, files", [
-    ("reference/accelerator-catalog.ipynb", ["accelerators.csv", "prices.csv"]),
-    ("reference/model-presets.ipynb", ["presets.csv"]),
-    ("reference/metric-definitions.ipynb", ["metric_functions.csv"]),
-    ("reference/results-schema.ipynb", ["schema.csv"]),
-])
+@pytest.mark.parametrize(
+    "rel, files",
+    [
+        ("reference/accelerator-catalog.ipynb", ["accelerators.csv", "prices.csv"]),
+        ("reference/model-presets.ipynb", ["presets.csv"]),
+        ("reference/metric-definitions.ipynb", ["metric_functions.csv"]),
+        ("reference/results-schema.ipynb", ["schema.csv"]),
+    ],
+)
 def test_reference_rendered_from_kit_data(rel, files):
     out = execute(rel).out_dir
     for f in files:
@@ -186,10 +190,16 @@ def test_notebook_committed_clean(rel):
     # papermill skips (with only a warning) any line holding a second "=", even inside the comment: such a
     # parameter cannot be set from outside. Every assigned name must be declared.
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    assigned = {t.id for node in ast.parse(cell.source).body if isinstance(node, (ast.Assign, ast.AnnAssign))
-                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
-    assert not assigned - set(params), f"assigned but not seen by papermill (a second '=' on the line?): " \
-                                       f"{sorted(assigned - set(params))}"
+    assigned = {
+        t.id
+        for node in ast.parse(cell.source).body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Name)
+    }
+    assert not assigned - set(params), (
+        f"assigned but not seen by papermill (a second '=' on the line?): {sorted(assigned - set(params))}"
+    )
     untyped = [n for n, p in params.items() if p["inferred_type_name"] == "None"]
     uncommented = [n for n, p in params.items() if not p["help"].strip()]
     assert not untyped and not uncommented, f"untyped: {untyped}; no comment: {uncommented}"
@@ -217,8 +227,13 @@ def test_notebook_draws_no_figure_by_hand(rel):
     draws on matplotlib itself (plt.subplots, ax.plot, fig.axes[0]...)."""
     for src in _code_cells(rel):
         tree = ast.parse(src)
-        plt_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-                     if a.name == "matplotlib.pyplot"}
+        plt_names = {
+            a.asname or a.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Import)
+            for a in n.names
+            if a.name == "matplotlib.pyplot"
+        }
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 base, attr = node.value.id, node.attr

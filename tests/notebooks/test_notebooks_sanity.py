@@ -1,5 +1,6 @@
 """The kernel/dtype sanity notebooks run under papermill with small parameters; the tests read the files they wrote.
 They execute once per session through nbexec (two at a time), and the docs build renders those same copies."""
+
 from __future__ import annotations
 
 import json

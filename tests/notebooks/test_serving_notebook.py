@@ -1,6 +1,7 @@
 """The how-to notebook "benchmark a serving endpoint" runs under papermill with small parameters: it starts
 `transformers serve` on CPU itself, sweeps concurrency, runs an in-process sweep of the same checkpoint and
 plots both. Assertions are on the files it wrote (rows, columns, statuses), never on timing values."""
+
 from pathlib import Path
 
 import pytest

@@ -1,4 +1,5 @@
 """papermill runs the first tutorial with small parameters (once per session, via nbexec); assert on its files."""
+
 import pytest
 from nbexec import execute
 

@@ -10,7 +10,7 @@ from kit.plan.sizes import weight_bytes
 from kit.plan.spec import get_spec
 from kit.plan.step import expert_coverage
 from kit.results import validate_record
-from kit.view.plots import overlay_figure
+from kit.view.plan_plots import overlay_figure
 
 
 def test_expert_coverage():

@@ -1,4 +1,5 @@
 """Fixtures of the served-view tests: the scripted SSE server (tests/sse_server.py) and a silent port."""
+
 import pytest
 from sse_server import SilentServer, start_in_thread
 

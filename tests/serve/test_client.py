@@ -1,5 +1,6 @@
 """kit.serve.client: SSE parsing, event classification, request records (cases E1-E2, exact time stamps), the
 request body and headers, the model listing's errors, error texts."""
+
 import asyncio
 import json
 import time
@@ -8,7 +9,9 @@ import pytest
 from sse_server import chars, script
 
 from kit.serve import client
-from kit.serve.load import LoadConfig, aggregate, run_coro
+from kit.serve.aggregate import aggregate
+from kit.serve.load import LoadConfig, run_coro
+from kit.serve.sse import SSEParser, classify_event
 from kit.serve.workload import RequestInput
 
 
@@ -19,7 +22,7 @@ def sse_bytes(payload) -> bytes:
 
 def replay(name: str, chat: bool = True, split: bool = False) -> client.StreamCapture:
     """Feed a scripted scenario to the real parser and capture with its *exact* time stamps (t0 = 0)."""
-    cap, parser = client.StreamCapture(t_send=0.0), client.SSEParser()
+    cap, parser = client.StreamCapture(t_send=0.0), SSEParser()
     for t, payload in script(name, chat, 64, 5.0):
         raw = sse_bytes(payload)
         if split:  # the event arrives in two network reads; it completes (and is stamped) at the second
@@ -67,8 +70,9 @@ def test_e2_one_and_zero_output_tokens():
     # B (no usage, tokenizer says whitespace is 0 tokens) gives the same
     cap = replay("e2c", chat=False)
     cap.chunk_usage = [None] * len(cap.chunk_usage)
-    assert client.request_record(cap, RequestInput("p", 4, 64), client.token_counter(chars))["itl_ms"] == \
-        pytest.approx([100.0])
+    assert client.request_record(cap, RequestInput("p", 4, 64), client.token_counter(chars))["itl_ms"] == pytest.approx(
+        [100.0]
+    )
     cfg = LoadConfig(url="http://x", slo_tpot_ms=50.0)
     row = aggregate([a, b, c], cfg, {"duration_s": 1.0})
     assert row["completed"] == 3 and row["failed"] == 0
@@ -78,19 +82,19 @@ def test_e2_one_and_zero_output_tokens():
 
 # ---------------------------------------------------------------- parsing details
 def test_sse_parser_crlf_multiline_comments_and_eof_without_blank_line():
-    p = client.SSEParser()
-    out = p.feed(b": keep-alive\r\n\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\nevent: x\ndata: [DONE]")
+    p = SSEParser()
+    out = p.feed(b': keep-alive\r\n\r\ndata: {"a":\r\ndata: 1}\r\n\r\nevent: x\ndata: [DONE]')
     assert out == ['{"a":\n1}']
     assert p.close() == ["[DONE]"]
 
 
 def test_classify_events():
-    assert client.classify_event({"choices": [], "usage": {"completion_tokens": 3}})[2] == {"completion_tokens": 3}
-    assert client.classify_event({"choices": [{"delta": {"role": "assistant"}}]})[0] == ""
-    assert client.classify_event({"choices": [{"delta": {"reasoning_content": "hm"}}]})[0] == "hm"
-    assert client.classify_event({"choices": [{"text": "", "token_ids": [5, 6]}]})[1] == 2
-    assert "boom" in client.classify_event({"object": "error", "message": "boom"})[4]
-    assert "boom" in client.classify_event({"error": {"message": "boom"}})[4]
+    assert classify_event({"choices": [], "usage": {"completion_tokens": 3}})[2] == {"completion_tokens": 3}
+    assert classify_event({"choices": [{"delta": {"role": "assistant"}}]})[0] == ""
+    assert classify_event({"choices": [{"delta": {"reasoning_content": "hm"}}]})[0] == "hm"
+    assert classify_event({"choices": [{"text": "", "token_ids": [5, 6]}]})[1] == 2
+    assert "boom" in classify_event({"object": "error", "message": "boom"})[4]
+    assert "boom" in classify_event({"error": {"message": "boom"}})[4]
 
 
 def test_done_is_never_parsed_and_bad_json_is_an_error():
@@ -123,14 +127,14 @@ def test_output_tokens_estimated_without_usage():
 
 # ---------------------------------------------------------------- body, headers
 def test_request_body():
-    cfg = LoadConfig(url="http://x", endpoint="chat", ignore_eos=True, continuous_usage=True,
-                     extra_body={"top_k": 1})
+    cfg = LoadConfig(url="http://x", endpoint="chat", ignore_eos=True, continuous_usage=True, extra_body={"top_k": 1})
     body = cfg.request_body("m", RequestInput("hello", 1, 7))
     assert body["messages"] == [{"role": "user", "content": "hello"}] and body["max_tokens"] == 7
     assert body["stream"] and body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert body["ignore_eos"] and body["top_k"] == 1
-    assert body == client.request_body("chat", "m", RequestInput("hello", 1, 7), ignore_eos=True,
-                                       continuous_usage=True, extra_body={"top_k": 1})
+    assert body == client.request_body(
+        "chat", "m", RequestInput("hello", 1, 7), ignore_eos=True, continuous_usage=True, extra_body={"top_k": 1}
+    )
     plain = LoadConfig(url="http://x").request_body("m", RequestInput([1, 2], 2, 3))
     assert plain["prompt"] == [1, 2] and "ignore_eos" not in plain
     assert plain["stream_options"] == {"include_usage": True}

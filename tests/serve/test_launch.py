@@ -1,6 +1,7 @@
 """kit.serve.launch: recipe commands and environments for vLLM / SGLang on ROCm and CUDA and transformers serve;
 the Server process wrapper (readiness by HTTP path or open port, early exit, timeout, stop by process group), also
 for a generic argv such as the dashboard's Voila."""
+
 import sys
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 
 from kit._io import free_port
 from kit.serve import launch as L
+from kit.serve import recipes
 
 HERE = Path(__file__).parents[1]
 
@@ -42,8 +44,19 @@ def arg(argv, flag):
 
 @pytest.mark.parametrize("acc", ["MI355X", "MI300X"])
 def test_vllm_rocm_recipe(acc):
-    argv, env = L.build_command(L.LaunchSpec("vllm", "/models/kimi", acc, tp=8, ep=8, dtype="bfloat16",
-                                             quantization="fp8", kv_cache_dtype="fp8", max_model_len=8192))
+    argv, env = recipes.build_command(
+        recipes.LaunchSpec(
+            "vllm",
+            "/models/kimi",
+            acc,
+            tp=8,
+            ep=8,
+            dtype="bfloat16",
+            quantization="fp8",
+            kv_cache_dtype="fp8",
+            max_model_len=8192,
+        )
+    )
     assert argv[:3] == ["vllm", "serve", "/models/kimi"]
     assert arg(argv, "--tensor-parallel-size") == "8" and "--enable-expert-parallel" in argv
     assert arg(argv, "--quantization") == "fp8" and arg(argv, "--kv-cache-dtype") == "fp8"
@@ -54,9 +67,20 @@ def test_vllm_rocm_recipe(acc):
 
 @pytest.mark.parametrize("acc", ["B300", "B200", "H200"])
 def test_sglang_cuda_recipe_multinode(acc):
-    spec = L.LaunchSpec("sglang", "/models/kimi", acc, tp=16, ep=16, nnodes=2, node_rank=1,
-                        master_addr="node0", master_port=5000, kv_cache_dtype="fp8", trust_remote_code=True)
-    argv, env = L.build_command(spec, python="python3")
+    spec = recipes.LaunchSpec(
+        "sglang",
+        "/models/kimi",
+        acc,
+        tp=16,
+        ep=16,
+        nnodes=2,
+        node_rank=1,
+        master_addr="node0",
+        master_port=5000,
+        kv_cache_dtype="fp8",
+        trust_remote_code=True,
+    )
+    argv, env = recipes.build_command(spec, python="python3")
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     assert arg(argv, "--model-path") == "/models/kimi" and arg(argv, "--tp-size") == "16"
     assert arg(argv, "--ep-size") == "16" and arg(argv, "--kv-cache-dtype") == "fp8_e4m3"
@@ -66,29 +90,41 @@ def test_sglang_cuda_recipe_multinode(acc):
 
 
 def test_sglang_rocm_env_and_vllm_multinode_headless():
-    _, env = L.build_command(L.LaunchSpec("sglang", "m", "MI355X", tp=8))
+    _, env = recipes.build_command(recipes.LaunchSpec("sglang", "m", "MI355X", tp=8))
     assert env["SGLANG_USE_AITER"] == "1"
-    a0, _ = L.build_command(L.LaunchSpec("vllm", "m", "B200", tp=8, nnodes=2, node_rank=0, master_addr="10.0.0.1"))
-    a1, _ = L.build_command(L.LaunchSpec("vllm", "m", "B200", tp=8, nnodes=2, node_rank=1, master_addr="10.0.0.1"))
+    a0, _ = recipes.build_command(
+        recipes.LaunchSpec("vllm", "m", "B200", tp=8, nnodes=2, node_rank=0, master_addr="10.0.0.1")
+    )
+    a1, _ = recipes.build_command(
+        recipes.LaunchSpec("vllm", "m", "B200", tp=8, nnodes=2, node_rank=1, master_addr="10.0.0.1")
+    )
     assert "--headless" not in a0 and "--headless" in a1
     assert arg(a1, "--master-addr") == "10.0.0.1" and arg(a1, "--nnodes") == "2"
-    _, env = L.build_command(L.LaunchSpec("vllm", "m", "B300", quantization="modelopt_fp4"))
+    _, env = recipes.build_command(recipes.LaunchSpec("vllm", "m", "B300", quantization="modelopt_fp4"))
     assert env.get("VLLM_USE_FLASHINFER_MOE_FP4") == "1"
 
 
 def test_user_env_overrides_vendor_defaults_and_shell_line():
-    spec = L.LaunchSpec("vllm", "my model", "MI300X", env={"VLLM_ROCM_USE_AITER": "0", "HIP_VISIBLE_DEVICES": "0,1"},
-                        extra_args=["--max-num-batched-tokens", "16384"])
-    argv, env = L.build_command(spec)
+    spec = recipes.LaunchSpec(
+        "vllm",
+        "my model",
+        "MI300X",
+        env={"VLLM_ROCM_USE_AITER": "0", "HIP_VISIBLE_DEVICES": "0,1"},
+        extra_args=["--max-num-batched-tokens", "16384"],
+    )
+    argv, env = recipes.build_command(spec)
     assert env["VLLM_ROCM_USE_AITER"] == "0" and env["HIP_VISIBLE_DEVICES"] == "0,1"
     assert argv[-2:] == ["--max-num-batched-tokens", "16384"]
-    line = L.shell_line(spec)
+    line = recipes.shell_line(spec)
     assert line.startswith("HSA_NO_SCRATCH_RECLAIM=1 ") and "'my model'" in line
 
 
 def test_api_key_is_not_logged(tmp_path):
-    srv = L.Server(argv=[sys.executable, "-c", "pass", "--api-key", "sk-secret-1", "--api-key=sk-secret-2"],
-                   url="http://127.0.0.1:9", log_path=tmp_path / "k.log")
+    srv = L.Server(
+        argv=[sys.executable, "-c", "pass", "--api-key", "sk-secret-1", "--api-key=sk-secret-2"],
+        url="http://127.0.0.1:9",
+        log_path=tmp_path / "k.log",
+    )
     with srv:
         srv.proc.wait(10)
     text = (tmp_path / "k.log").read_text()
@@ -96,35 +132,42 @@ def test_api_key_is_not_logged(tmp_path):
 
 
 def test_transformers_cpu_recipe():
-    argv, env = L.build_command(L.LaunchSpec("transformers", "/tmp/m", port=8123))
+    argv, env = recipes.build_command(recipes.LaunchSpec("transformers", "/tmp/m", port=8123))
     assert argv[1:3] == ["serve", "/tmp/m"] and "--continuous-batching" in argv
     assert arg(argv, "--device") == "cpu" and arg(argv, "--port") == "8123" and "--cb-num-blocks" not in argv
-    argv, _ = L.build_command(L.LaunchSpec("transformers", "/tmp/m", max_model_len=256, max_num_seqs=16,
-                                           max_batch_tokens=512))
+    argv, _ = recipes.build_command(
+        recipes.LaunchSpec("transformers", "/tmp/m", max_model_len=256, max_num_seqs=16, max_batch_tokens=512)
+    )
     assert arg(argv, "--cb-num-blocks") == "128" and arg(argv, "--cb-block-size") == "32"
     assert arg(argv, "--cb-max-batch-tokens") == "512"
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(server="tgi"), "server='tgi'"),
-    (dict(accelerator="A100"), "accelerator='A100'"),
-    (dict(server="vllm", accelerator="CPU"), "not accelerator='CPU'"),
-    (dict(tp=0), "tp=0"),
-    (dict(nnodes=2), "master_addr"),
-    (dict(nnodes=2, node_rank=2, master_addr="x"), "node_rank=2"),
-    (dict(dtype="fp8"), "dtype='fp8'"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(server="tgi"), "server='tgi'"),
+        (dict(accelerator="A100"), "accelerator='A100'"),
+        (dict(server="vllm", accelerator="CPU"), "not accelerator='CPU'"),
+        (dict(tp=0), "tp=0"),
+        (dict(nnodes=2), "master_addr"),
+        (dict(nnodes=2, node_rank=2, master_addr="x"), "node_rank=2"),
+        (dict(dtype="fp8"), "dtype='fp8'"),
+    ],
+)
 def test_bad_specs_name_the_value(kw, match):
     base = dict(server="transformers", model="m", accelerator="CPU")
     base.update(kw)
     with pytest.raises(ValueError, match=match):
-        L.LaunchSpec(**base).validate()
+        recipes.LaunchSpec(**base).validate()
 
 
 def test_server_ready_and_stop_by_process_group(tmp_path):
     port = free_port()
-    srv = L.Server(argv=[sys.executable, str(HERE / "sse_server.py"), "--port", str(port)],
-                   url=f"http://127.0.0.1:{port}", log_path=tmp_path / "s.log")
+    srv = L.Server(
+        argv=[sys.executable, str(HERE / "sse_server.py"), "--port", str(port)],
+        url=f"http://127.0.0.1:{port}",
+        log_path=tmp_path / "s.log",
+    )
     with srv:
         waited = srv.wait_ready(30, poll_s=0.1)
         assert waited < 30 and L.http_status(srv.url + "/health", 2) == 200
@@ -134,13 +177,17 @@ def test_server_ready_and_stop_by_process_group(tmp_path):
 
 
 def test_server_exits_early_or_never_ready(tmp_path):
-    srv = L.Server(argv=[sys.executable, "-c", "print('boom'); raise SystemExit(3)"], url="http://127.0.0.1:9",
-                   log_path=tmp_path / "a.log")
+    srv = L.Server(
+        argv=[sys.executable, "-c", "print('boom'); raise SystemExit(3)"],
+        url="http://127.0.0.1:9",
+        log_path=tmp_path / "a.log",
+    )
     with srv, pytest.raises(RuntimeError, match="(?s)code 3.*boom"):
         srv.wait_ready(20, poll_s=0.1)
     # a server that never answers (and has a child) times out, then stop() kills the whole group
-    srv = L.Server(argv=["bash", "-c", "sleep 120 & sleep 120"], url=f"http://127.0.0.1:{free_port()}",
-                   log_path=tmp_path / "b.log")
+    srv = L.Server(
+        argv=["bash", "-c", "sleep 120 & sleep 120"], url=f"http://127.0.0.1:{free_port()}", log_path=tmp_path / "b.log"
+    )
     srv.start()
     t = time.monotonic()
     with pytest.raises(TimeoutError, match="not ready"):
@@ -158,9 +205,14 @@ def test_generic_argv_server_with_a_ready_path_cwd_and_env(tmp_path):
     extra environment; stop ends the whole group."""
     port = free_port()
     (tmp_path / "index.html").write_text("hello")
-    srv = L.Server(argv=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                   url=f"http://127.0.0.1:{port}", ready_path="/index.html", cwd=tmp_path,
-                   env={"PYTHONUNBUFFERED": "1"}, log_path=tmp_path / "logs" / "http.log")
+    srv = L.Server(
+        argv=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        url=f"http://127.0.0.1:{port}",
+        ready_path="/index.html",
+        cwd=tmp_path,
+        env={"PYTHONUNBUFFERED": "1"},
+        log_path=tmp_path / "logs" / "http.log",
+    )
     assert srv.ready_paths == ("/index.html",) and not srv.is_ready()
     with srv.start_ready(timeout_s=30, poll_s=0.1):
         assert L.http_status(srv.url + "/index.html") == 200  # served from cwd
@@ -170,8 +222,12 @@ def test_generic_argv_server_with_a_ready_path_cwd_and_env(tmp_path):
     assert "http.server" in (tmp_path / "logs" / "http.log").read_text()
     # ready_path=None: ready as soon as the port accepts a connection (nothing is fetched)
     port = free_port()
-    srv = L.Server(argv=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                   url=f"http://127.0.0.1:{port}/", ready_path=None, log_path=tmp_path / "b.log")
+    srv = L.Server(
+        argv=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        url=f"http://127.0.0.1:{port}/",
+        ready_path=None,
+        log_path=tmp_path / "b.log",
+    )
     with srv.start_ready(timeout_s=30, poll_s=0.1):
         assert srv.url == f"http://127.0.0.1:{port}" and L.port_open(srv.url)
         pid = srv.proc.pid
@@ -180,8 +236,12 @@ def test_generic_argv_server_with_a_ready_path_cwd_and_env(tmp_path):
 
 
 def test_start_ready_stops_a_server_that_never_gets_ready(tmp_path):
-    srv = L.Server(argv=["bash", "-c", "sleep 120 & sleep 120"], url=f"http://127.0.0.1:{free_port()}",
-                   ready_path="/", log_path=tmp_path / "n.log")
+    srv = L.Server(
+        argv=["bash", "-c", "sleep 120 & sleep 120"],
+        url=f"http://127.0.0.1:{free_port()}",
+        ready_path="/",
+        log_path=tmp_path / "n.log",
+    )
     with pytest.raises(TimeoutError, match="not ready"):
         srv.start_ready(timeout_s=0.5, poll_s=0.1)
     assert srv.proc.returncode is not None and live_in_group(srv.proc.pid) == []

@@ -1,5 +1,6 @@
 """kit.serve.load (with kit.serve.workload and kit.serve.selfcheck): the config and its defaults, workloads,
 arrivals, aggregation (case E3), and run_load_async against the scripted SSE server."""
+
 import asyncio
 import math
 import time
@@ -8,6 +9,7 @@ import pytest
 from sse_server import chars, dead_url
 
 from kit.serve import load
+from kit.serve.aggregate import aggregate
 from kit.serve.load import LoadConfig
 from kit.serve.selfcheck import LoopProbe
 from kit.serve.workload import WORKLOAD_PRESETS, RequestInput, arrival_gaps_s, build_workload
@@ -47,16 +49,27 @@ def test_config_validation_names_bad_values():
 def test_e3_goodput():
     def rec(ttft, tpot, n_out):
         e2el = ttft + (tpot or 0) * (n_out - 1)
-        return {"ok": True, "ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el, "output_tokens": n_out,
-                "input_tokens": 4, "itl_ms": [], "chunk_gaps_ms": [], "n_chunks": n_out, "client_queue_ms": 0.0}
+        return {
+            "ok": True,
+            "ttft_ms": ttft,
+            "tpot_ms": tpot,
+            "e2el_ms": e2el,
+            "output_tokens": n_out,
+            "input_tokens": 4,
+            "itl_ms": [],
+            "chunk_gaps_ms": [],
+            "n_chunks": n_out,
+            "client_queue_ms": 0.0,
+        }
+
     recs = [rec(400, 90, 10), rec(600, 50, 10), rec(300, 100, 10), rec(200, None, 1)]
     cfg = LoadConfig(url="http://x", slo_ttft_ms=500, slo_tpot_ms=100)
-    row = load.aggregate(recs, cfg, {"duration_s": 2.0})
+    row = aggregate(recs, cfg, {"duration_s": 2.0})
     assert row["x_good_requests"] == 3
     assert row["goodput_rps"] == pytest.approx(1.5)
     assert row["request_throughput"] == pytest.approx(2.0)
     # no SLO given -> goodput missing, not equal to throughput
-    assert load.aggregate(recs, LoadConfig(url="http://x"), {"duration_s": 2.0})["goodput_rps"] is None
+    assert aggregate(recs, LoadConfig(url="http://x"), {"duration_s": 2.0})["goodput_rps"] is None
 
 
 def test_not_sent_counts_every_planned_request():
@@ -64,7 +77,7 @@ def test_not_sent_counts_every_planned_request():
     recs, info = load.not_sent(cfg, [RequestInput("p", 1, 7)], "no model")
     assert len(recs) == 5 and sum(r["warmup"] for r in recs) == 2 and {r["max_tokens"] for r in recs} == {7}
     assert info["setup_error"] == "no model" and info["x_client_check"] == "not applied: no request was sent"
-    row = load.aggregate(recs, cfg, info)
+    row = aggregate(recs, cfg, info)
     assert row["failed"] == 3 and row["completed"] == 0 and row["status"] == "error"
 
 
@@ -96,8 +109,9 @@ def test_workload_presets_and_token_ids():
 
 # ---------------------------------------------------------------- run_load_async against the scripted server
 def test_e1_end_to_end_over_http(scripted):
-    cfg = LoadConfig(url=scripted.url, model="e1", endpoint="chat", num_requests=2, max_concurrency=2,
-                     warmup_requests=0)
+    cfg = LoadConfig(
+        url=scripted.url, model="e1", endpoint="chat", num_requests=2, max_concurrency=2, warmup_requests=0
+    )
     recs, info = load.run_coro(load.run_load_async(cfg, [RequestInput("hi", 2, 64)], tokenizer=chars))
     for r in recs:
         assert r["ok"] and r["output_tokens"] == 6
@@ -117,16 +131,24 @@ def test_client_queue_is_reported_not_hidden(scripted):
 
 
 def test_duration_mode_stops_sending(scripted):
-    cfg = LoadConfig(url=scripted.url, model="normal", num_requests=None, duration_s=0.5, osl=4,
-                     max_concurrency=2, warmup_requests=0)
+    cfg = LoadConfig(
+        url=scripted.url, model="normal", num_requests=None, duration_s=0.5, osl=4, max_concurrency=2, warmup_requests=0
+    )
     t = time.perf_counter()
     recs, info = load.run_coro(load.run_load_async(cfg, [RequestInput("hi", 2, 4)], tokenizer=chars))
     assert time.perf_counter() - t < 3 and len(recs) > 4 and all(r["ok"] for r in recs)
 
 
 def test_request_rate_spaces_arrivals(scripted):
-    cfg = LoadConfig(url=scripted.url, model="e2b", num_requests=6, request_rate=20.0, max_concurrency=None,
-                     warmup_requests=0, seed=2)
+    cfg = LoadConfig(
+        url=scripted.url,
+        model="e2b",
+        num_requests=6,
+        request_rate=20.0,
+        max_concurrency=None,
+        warmup_requests=0,
+        seed=2,
+    )
     recs, info = load.run_coro(load.run_load_async(cfg, [RequestInput("hi", 2, 1)], tokenizer=chars))
     sent = sorted(r["sent_s"] for r in recs)
     expected = arrival_gaps_s(6, 20.0, 1.0, 2).cumsum()
@@ -136,8 +158,9 @@ def test_request_rate_spaces_arrivals(scripted):
 
 def test_model_listing_failure_returns_failed_records():
     # run_load_async itself returns the failed records (it does not raise)
-    recs, info = load.run_coro(load.run_load_async(LoadConfig(url=dead_url(), num_requests=2, warmup_requests=0),
-                                                   [RequestInput("hi", 2, 4)]))
+    recs, info = load.run_coro(
+        load.run_load_async(LoadConfig(url=dead_url(), num_requests=2, warmup_requests=0), [RequestInput("hi", 2, 4)])
+    )
     assert len(recs) == 2 and not any(r["ok"] for r in recs) and "/v1/models" in info["setup_error"]
 
 

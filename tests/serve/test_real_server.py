@@ -5,6 +5,7 @@ started by kit.serve.launch.Server; points and sweeps through kit.serve.sweep.
 transformers serve streams ``data:`` events without a final ``[DONE]``, sends usage in its last chunk, and its
 chunks are decoded text, not tokens. One server per module (start-up ~10 s); the last test kills it mid-run.
 """
+
 import os
 import signal
 import time
@@ -15,6 +16,7 @@ import pytest
 from kit import results as R
 from kit._io import free_port
 from kit.serve import launch as L
+from kit.serve import recipes
 from kit.serve.checkpoint import build_tiny_checkpoint
 from kit.serve.client import load_tokenizer
 from kit.serve.load import LoadConfig
@@ -27,8 +29,9 @@ pytestmark = pytest.mark.slow
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("tserve")
     ckpt = build_tiny_checkpoint(d / "tiny-llama")
-    spec = L.LaunchSpec("transformers", str(ckpt), "CPU", port=free_port(), max_model_len=256, max_num_seqs=16,
-                        max_batch_tokens=512)
+    spec = recipes.LaunchSpec(
+        "transformers", str(ckpt), "CPU", port=free_port(), max_model_len=256, max_num_seqs=16, max_batch_tokens=512
+    )
     srv = L.Server(spec, log_path=d / "server.log")
     srv.start()
     try:
@@ -41,8 +44,9 @@ def server(tmp_path_factory):
 def test_completions_and_chat_stream(server, tmp_path):
     srv, model, tok = server
     for endpoint in ("completions", "chat"):
-        cfg = LoadConfig(url=srv.url, endpoint=endpoint, isl=32, osl=12, num_requests=3, max_concurrency=3,
-                         warmup_requests=1)
+        cfg = LoadConfig(
+            url=srv.url, endpoint=endpoint, isl=32, osl=12, num_requests=3, max_concurrency=3, warmup_requests=1
+        )
         row = run_load_point(cfg, tmp_path / endpoint, tokenizer=tok)
         assert row["model"] == model  # from /v1/models
         assert row["completed"] == 3 and row["failed"] == 0, row["error"]
@@ -72,8 +76,16 @@ def test_ignore_eos_rejected_is_counted_not_raised(server, tmp_path):
 
 def test_server_killed_mid_run(server, tmp_path):
     srv, model, tok = server
-    cfg = LoadConfig(url=srv.url, isl=16, osl=128, num_requests=24, max_concurrency=2, warmup_requests=0,
-                     timeout_s=20, stall_timeout_s=5)
+    cfg = LoadConfig(
+        url=srv.url,
+        isl=16,
+        osl=128,
+        num_requests=24,
+        max_concurrency=2,
+        warmup_requests=0,
+        timeout_s=20,
+        stall_timeout_s=5,
+    )
     detail = tmp_path / f"requests-{served_point_id(replace(cfg, model=model))}.jsonl"  # the sweep lists the model
 
     def kill_after_two_finished(n_done: int, ok: bool) -> None:
@@ -82,8 +94,15 @@ def test_server_killed_mid_run(server, tmp_path):
 
     t = time.perf_counter()
     rows = []
-    run_served_sweep(cfg, [2], tmp_path, tokenizer=tok, progress=False, on_progress=kill_after_two_finished,
-                     on_point=lambda rec, frame: rows.append(rec))
+    run_served_sweep(
+        cfg,
+        [2],
+        tmp_path,
+        tokenizer=tok,
+        progress=False,
+        on_progress=kill_after_two_finished,
+        on_point=lambda rec, frame: rows.append(rec),
+    )
     row = rows[0]
     assert time.perf_counter() - t < 40
     assert row["completed"] >= 2 and row["failed"] >= 1 and row["completed"] + row["failed"] == 24

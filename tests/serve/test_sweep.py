@@ -1,6 +1,7 @@
 """kit.serve.sweep: served load points and sweeps through the one grid runner against the scripted SSE server
 (faults: 500s, stalls, truncated streams, a server killed mid-run, a dead or silent server), resume and
 --no-resume, Ctrl-C, and ``kit serve-bench`` (options from LoadConfig, --json, exit codes)."""
+
 import json
 import logging
 import os
@@ -17,9 +18,11 @@ from sse_server import chars, dead_url
 from kit import results as R
 from kit.cli import build_parser
 from kit.errors import OutputPathError
+from kit.serve import cli as serve_cli
 from kit.serve import sweep
+from kit.serve.cli import summary_line
 from kit.serve.load import LoadConfig
-from kit.serve.sweep import run_load_point, run_served_sweep, served_point_id, summary_line
+from kit.serve.sweep import run_load_point, run_served_sweep, served_point_id
 from kit.view.plots import plot_served
 
 HERE = Path(__file__).parents[1]
@@ -28,8 +31,9 @@ HERE = Path(__file__).parents[1]
 def one_point(cfg: LoadConfig, out, **kw) -> dict:
     """One load point through the served sweep (its one concurrency): the row exactly as the runner stored it."""
     rows = []
-    run_served_sweep(cfg, [cfg.max_concurrency], out, progress=False, on_point=lambda rec, frame: rows.append(rec),
-                     **kw)
+    run_served_sweep(
+        cfg, [cfg.max_concurrency], out, progress=False, on_point=lambda rec, frame: rows.append(rec), **kw
+    )
     assert len(rows) == 1
     return rows[0]
 
@@ -53,8 +57,15 @@ def test_fault_500_on_every_other_request(scripted, tmp_path):
 
 
 def test_fault_stall_past_the_timeout(scripted, tmp_path):
-    cfg = LoadConfig(url=scripted.url, model="stall", num_requests=2, max_concurrency=2, warmup_requests=0,
-                     stall_timeout_s=0.4, timeout_s=5)
+    cfg = LoadConfig(
+        url=scripted.url,
+        model="stall",
+        num_requests=2,
+        max_concurrency=2,
+        warmup_requests=0,
+        stall_timeout_s=0.4,
+        timeout_s=5,
+    )
     t = time.perf_counter()
     row = one_point(cfg, tmp_path, tokenizer=chars)
     assert time.perf_counter() - t < 5
@@ -67,8 +78,9 @@ def test_fault_truncated_stream_and_total_timeout(scripted, tmp_path):
     cfg = LoadConfig(url=scripted.url, model="truncate", num_requests=2, warmup_requests=0)
     row = run_load_point(cfg, tmp_path, tokenizer=chars)
     assert row["failed"] == 2 and "broken stream" in row["error"]
-    cfg = LoadConfig(url=scripted.url, model="slow", num_requests=1, warmup_requests=0, osl=100,
-                     timeout_s=0.5, stall_timeout_s=5)
+    cfg = LoadConfig(
+        url=scripted.url, model="slow", num_requests=1, warmup_requests=0, osl=100, timeout_s=0.5, stall_timeout_s=5
+    )
     row = run_load_point(cfg, tmp_path, tokenizer=chars)
     assert row["failed"] == 1 and "exceeded" in row["error"]
 
@@ -83,14 +95,26 @@ def test_dead_server_finishes_with_failures(tmp_path):
 
 
 def test_server_killed_mid_run(tmp_path):
-    proc = subprocess.Popen([sys.executable, str(HERE / "sse_server.py"), "--port", "0", "--gap-ms", "5"],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "sse_server.py"), "--port", "0", "--gap-ms", "5"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("READY"), line
         url = f"http://127.0.0.1:{int(line.split()[1])}"
-        cfg = LoadConfig(url=url, model="normal", num_requests=12, max_concurrency=2, warmup_requests=0,
-                         osl=60, timeout_s=10, stall_timeout_s=2)
+        cfg = LoadConfig(
+            url=url,
+            model="normal",
+            num_requests=12,
+            max_concurrency=2,
+            warmup_requests=0,
+            osl=60,
+            timeout_s=10,
+            stall_timeout_s=2,
+        )
         killer = threading.Timer(0.7, lambda: os.killpg(proc.pid, 9))
         killer.start()
         t = time.perf_counter()
@@ -117,8 +141,9 @@ def test_model_listing_failure_counts_every_planned_request(tmp_path):
     assert all(not d["ok"] and "cannot list models" in d["error"] for d in detail)
     assert int(R.load_results(tmp_path / "a")["failed"].iloc[0]) == 3
     # a sweep lists the models once and records every point the same way
-    df = run_served_sweep(LoadConfig(url=url, num_requests=4, warmup_requests=0), [1, 2], tmp_path / "b",
-                          progress=False)
+    df = run_served_sweep(
+        LoadConfig(url=url, num_requests=4, warmup_requests=0), [1, 2], tmp_path / "b", progress=False
+    )
     assert list(df["failed"]) == [4, 4] and list(df["completed"]) == [0, 0]
     # a duration-only run plans no count: one failed request
     row = run_load_point(LoadConfig(url=url, num_requests=None, duration_s=1.0, warmup_requests=0))
@@ -132,11 +157,15 @@ def test_silent_server_timeouts_name_what_when_and_where(silent_server, tmp_path
     row = run_load_point(LoadConfig(url=url, num_requests=2, warmup_requests=0, timeout_s=0.5), tmp_path / "a")
     assert time.perf_counter() - t < 3 and row["failed"] == 2 and "timed out after 0.5 s" in row["error"]
     # requests: silence before any response (stall timeout) and the total timeout, each with what/when/where
-    row = run_load_point(LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=5,
-                                    stall_timeout_s=0.4), tmp_path / "b")
+    row = run_load_point(
+        LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=5, stall_timeout_s=0.4),
+        tmp_path / "b",
+    )
     assert f"no response from {url}/v1/completions within 0.4 s" in row["error"]
-    row = run_load_point(LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=0.4,
-                                    stall_timeout_s=5), tmp_path / "c")
+    row = run_load_point(
+        LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=0.4, stall_timeout_s=5),
+        tmp_path / "c",
+    )
     assert f"request to {url}/v1/completions exceeded 0.4 s" in row["error"]
 
 
@@ -152,8 +181,9 @@ def test_html_error_page_is_one_short_line_in_the_summary(scripted, tmp_path):
 
 
 def test_selfcheck_not_applied_without_successful_streams(tmp_path):
-    row = run_load_point(LoadConfig(url=dead_url(), model="m", num_requests=20, max_concurrency=4,
-                                    warmup_requests=0), tmp_path)
+    row = run_load_point(
+        LoadConfig(url=dead_url(), model="m", num_requests=20, max_concurrency=4, warmup_requests=0), tmp_path
+    )
     assert row["failed"] == 20
     assert row["x_client_bound"] is False and row["x_client_warning"] is None
     assert row["x_client_check"].startswith("not applied: no successful streamed request")
@@ -164,8 +194,7 @@ def test_selfcheck_not_applied_without_successful_streams(tmp_path):
 # ---------------------------------------------------------------- sweeps
 def test_api_key_is_sent_but_never_written(scripted, tmp_path, monkeypatch):
     monkeypatch.setenv("KIT_TEST_API_KEY", "sk-very-secret-123")
-    cfg = LoadConfig(url=scripted.url, model="e2a", num_requests=2, warmup_requests=1,
-                     api_key_env="KIT_TEST_API_KEY")
+    cfg = LoadConfig(url=scripted.url, model="e2a", num_requests=2, warmup_requests=1, api_key_env="KIT_TEST_API_KEY")
     assert cfg.request_headers()["Authorization"] == "Bearer sk-very-secret-123"
     df = run_served_sweep(cfg, [1, 2], tmp_path, tokenizer=chars, progress=False)
     assert (df["completed"] == 2).all()
@@ -180,8 +209,16 @@ def test_sweep_rows_concat_with_in_process_rows_and_plot(scripted, tmp_path):
     assert (df["completed"] == 4).all() and (df["x_output_tokens_total"] == 64).all()
     assert df["goodput_rps"].notna().all() and df["tok_s_per_gpu"].notna().all()
     assert df["tpot_n"].iloc[0] == 4 and df["itl_n"].iloc[0] == 4 * 15
-    engine = {"backend": "engine", "status": "ok", "model": "tiny", "concurrency": 2, "decode_tok_s": 500.0,
-              "tpot_ms_p50": 4.0, "tok_s_per_stream": 250.0, "n_gpus": 1}
+    engine = {
+        "backend": "engine",
+        "status": "ok",
+        "model": "tiny",
+        "concurrency": 2,
+        "decode_tok_s": 500.0,
+        "tpot_ms_p50": 4.0,
+        "tok_s_per_stream": 250.0,
+        "n_gpus": 1,
+    }
     both = R.to_frame(R.load_results(tmp_path).to_dict("records") + [engine])
     assert set(both["backend"]) == {"openai", "engine"} and len(both) == 3
     fig = plot_served(both)
@@ -194,8 +231,15 @@ def test_interrupted_sweep_resumes_without_measuring_the_finished_point(scripted
     server sees no request for it, its detail file is untouched) and the runner says so."""
     cfg = LoadConfig(url=scripted.url, model="normal", num_requests=3, osl=4, warmup_requests=1)
     done = []
-    first = run_served_sweep(cfg, [1, 2], tmp_path, tokenizer=chars, progress=False,
-                             on_point=lambda rec, frame: done.append(rec), should_stop=lambda: len(done) >= 1)
+    first = run_served_sweep(
+        cfg,
+        [1, 2],
+        tmp_path,
+        tokenizer=chars,
+        progress=False,
+        on_point=lambda rec, frame: done.append(rec),
+        should_stop=lambda: len(done) >= 1,
+    )
     assert list(first["concurrency"]) == [1] and len(R.load_results(tmp_path)) == 1
     detail1 = Path(done[0]["x_detail_file"])
     before = (detail1.read_bytes(), detail1.stat().st_mtime_ns)
@@ -231,8 +275,9 @@ def test_no_resume_measures_again_and_archives(scripted, tmp_path):
 def test_point_ids_name_the_setting_and_ignore_where_the_server_is():
     a = LoadConfig(url="http://a:1", model="m", max_concurrency=4, isl=8, osl=2)
     assert served_point_id(a).startswith("openai-completions-c4-rinf-isl8-osl2-")
-    assert served_point_id(a) == served_point_id(LoadConfig(url="http://b:2", model="m", max_concurrency=4, isl=8,
-                                                            osl=2, timeout_s=5))
+    assert served_point_id(a) == served_point_id(
+        LoadConfig(url="http://b:2", model="m", max_concurrency=4, isl=8, osl=2, timeout_s=5)
+    )
     for other in (dict(num_requests=9), dict(model="n"), dict(seed=1), dict(slo_ttft_ms=5.0), dict(temperature=1.0)):
         assert served_point_id(LoadConfig(**{**a.__dict__, **other})) != served_point_id(a), other
 
@@ -285,14 +330,37 @@ def _cli(argv, capsys):
 
 
 def _serve_bench(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "kit", "serve-bench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=HERE.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "kit", "serve-bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=HERE.parent,
+    )
 
 
 def test_cli_serve_bench(scripted, tmp_path):
     out = tmp_path / "cli"
-    args = ["--url", scripted.url, "--model", "normal", "--concurrency", "1,2", "--isl", "8", "--osl", "8",
-            "--num-requests", "3", "--warmup", "0", "--tokenizer", "", "--out", str(out)]
+    args = [
+        "--url",
+        scripted.url,
+        "--model",
+        "normal",
+        "--concurrency",
+        "1,2",
+        "--isl",
+        "8",
+        "--osl",
+        "8",
+        "--num-requests",
+        "3",
+        "--warmup",
+        "0",
+        "--tokenizer",
+        "",
+        "--out",
+        str(out),
+    ]
     p = _serve_bench(*args, "--plot")
     assert p.returncode == 0, p.stderr + p.stdout
     df = R.load_results(out)
@@ -310,16 +378,48 @@ def test_cli_serve_bench(scripted, tmp_path):
 
 
 def test_cli_json_and_exit_code(scripted, tmp_path):
-    args = ["--url", scripted.url, "--model", "normal", "--concurrency", "1", "--isl", "4", "--osl", "4",
-            "--num-requests", "2", "--warmup", "0", "--tokenizer", "", "--json"]
+    args = [
+        "--url",
+        scripted.url,
+        "--model",
+        "normal",
+        "--concurrency",
+        "1",
+        "--isl",
+        "4",
+        "--osl",
+        "4",
+        "--num-requests",
+        "2",
+        "--warmup",
+        "0",
+        "--tokenizer",
+        "",
+        "--json",
+    ]
     p = _serve_bench(*args, "--out", str(tmp_path / "a"))
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)  # stdout is one JSON object and nothing else
     assert doc["results"] == str(tmp_path / "a" / "results.parquet") and doc["exit_code"] == 0
     assert len(doc["rows"]) == 1 and doc["rows"][0]["completed"] == 2 and doc["rows"][0]["backend"] == "openai"
     # no request completed: exit 1, also with --json
-    p = _serve_bench("--url", dead_url(), "--model", "m", "--concurrency", "1", "--num-requests", "2",
-                     "--warmup", "0", "--tokenizer", "", "--json", "--out", str(tmp_path / "b"))
+    p = _serve_bench(
+        "--url",
+        dead_url(),
+        "--model",
+        "m",
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "2",
+        "--warmup",
+        "0",
+        "--tokenizer",
+        "",
+        "--json",
+        "--out",
+        str(tmp_path / "b"),
+    )
     assert p.returncode == 1 and json.loads(p.stdout)["rows"][0]["failed"] == 2, p.stderr
 
 
@@ -332,7 +432,7 @@ def test_cli_concurrency_is_checked_by_argparse(capsys):
     assert rc == 2 and "argument --concurrency: '0'" in err
     rc, _, err = _cli(["serve-bench", "--url", "http://127.0.0.1:1", "--extra-body", "[1]"], capsys)
     assert rc == 2 and "argument --extra-body" in err and "JSON object" in err
-    assert sweep.concurrency_list(" 1, 4 ,16") == [1, 4, 16]
+    assert serve_cli.concurrency_list(" 1, 4 ,16") == [1, 4, 16]
 
 
 def test_cli_out_file_rejected_before_network(silent_server, tmp_path, capsys):
@@ -348,11 +448,18 @@ def test_cli_help_shows_defaults_once(capsys):
     rc, out, _ = _cli(["serve-bench", "--help"], capsys)
     assert rc == 0
     text = " ".join(out.split())
-    for s in ("comma-separated max concurrency values (default: 1,4,16)",
-              "measured requests per concurrency point (default: 64)", "(default: 600.0)",
-              "longest silence within a stream (default: 60.0)", "warm-up requests per point (excluded) (default: 2)",
-              "(default: OPENAI_API_KEY)", "(default: results/serve-bench)", "(default: completions)",
-              "input tokens per request (default: 1024)", "output tokens per request (max_tokens) (default: 400)"):
+    for s in (
+        "comma-separated max concurrency values (default: 1,4,16)",
+        "measured requests per concurrency point (default: 64)",
+        "(default: 600.0)",
+        "longest silence within a stream (default: 60.0)",
+        "warm-up requests per point (excluded) (default: 2)",
+        "(default: OPENAI_API_KEY)",
+        "(default: results/serve-bench)",
+        "(default: completions)",
+        "input tokens per request (default: 1024)",
+        "output tokens per request (max_tokens) (default: 400)",
+    ):
         assert s in text, s
     assert "default: None" not in text and "default: False" not in text
     assert "(default inf: all at once)" in text and "(default inf: all at once) (default" not in text
@@ -374,9 +481,30 @@ def test_cli_serve_bench_ctrl_c_keeps_finished_points(scripted, tmp_path):
     """Ctrl-C during the second point: exit 130, a one-line message naming the output dir, no traceback, and
     the first point's row is on disk."""
     out = tmp_path / "int"
-    cmd = [sys.executable, "-m", "kit.cli", "serve-bench", "--url", scripted.url, "--model", "normal",
-           "--concurrency", "1,2,3", "--isl", "8", "--osl", "64", "--num-requests", "8", "--warmup", "0",
-           "--tokenizer", "", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kit.cli",
+        "serve-bench",
+        "--url",
+        scripted.url,
+        "--model",
+        "normal",
+        "--concurrency",
+        "1,2,3",
+        "--isl",
+        "8",
+        "--osl",
+        "64",
+        "--num-requests",
+        "8",
+        "--warmup",
+        "0",
+        "--tokenizer",
+        "",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE.parent)
     deadline = time.time() + 60
     while time.time() < deadline and not ((out / "points.jsonl").exists() and (out / "points.jsonl").read_text()):

@@ -1,4 +1,5 @@
 """The compare view: the pure compare logic on hand-made frames, and the widget view driven by its handlers."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -11,9 +12,21 @@ PNG = b"\x89PNG"
 
 
 def _fake_set(accel: str, tok_s: float) -> pd.DataFrame:
-    rows = [{"status": "ok", "model": "m", "dtype": "bfloat16", "accelerator": accel, "n_gpus": 1,
-             "context_len": c, "concurrency": b, "decode_tok_s": tok_s * b, "tpot_ms_p50": 1000 / tok_s}
-            for c in (128, 512) for b in (1, 4)]
+    rows = [
+        {
+            "status": "ok",
+            "model": "m",
+            "dtype": "bfloat16",
+            "accelerator": accel,
+            "n_gpus": 1,
+            "context_len": c,
+            "concurrency": b,
+            "decode_tok_s": tok_s * b,
+            "tpot_ms_p50": 1000 / tok_s,
+        }
+        for c in (128, 512)
+        for b in (1, 4)
+    ]
     return pd.DataFrame(rows)
 
 

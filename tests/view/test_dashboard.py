@@ -2,6 +2,7 @@
 
 (The page in headless Chromium is ``test_dashboard_browser.py``.)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,20 @@ def test_cli_options_and_defaults_derive_from_sweep_config(capsys):
     with pytest.raises(SystemExit):
         main(["dashboard", "--help"])
     help_text = capsys.readouterr().out
-    for flag in ("--kv", "--concurrency", "--decode-steps", "--warmup-steps", "--repeats", "--kv-fill", "--dtype",
-                 "--model", "--device", "--port", "--out", "--print-command"):
+    for flag in (
+        "--kv",
+        "--concurrency",
+        "--decode-steps",
+        "--warmup-steps",
+        "--repeats",
+        "--kv-fill",
+        "--dtype",
+        "--model",
+        "--device",
+        "--port",
+        "--out",
+        "--print-command",
+    ):
         assert flag in help_text, flag
     over = build_parser("dashboard").parse_args(["dashboard", "--kv", "16,32", "--repeats", "1", "--threads", "1"])
     assert (over.kv_lens, over.repeats, over.threads) == ([16, 32], 1, 1)

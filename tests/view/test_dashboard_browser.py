@@ -4,6 +4,7 @@ Uses Debian's ``/usr/bin/chromium`` through ``executable_path`` (``playwright in
 never run). ``.ci/setup.sh`` installs chromium; outside CI the test is skipped when it is missing. The screenshot
 is saved as ``test-artifacts/dashboard.png``.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,16 @@ def test_dashboard_in_headless_chromium(tmp_path):
 
     ARTIFACTS.mkdir(exist_ok=True)
     out = tmp_path / "dash"
-    srv = launch(out_dir=out, port=0, log_path=tmp_path / "voila.log", kv_lens=[128], concurrencies=[8],
-                 decode_steps=8, repeats=2, device="cpu")
+    srv = launch(
+        out_dir=out,
+        port=0,
+        log_path=tmp_path / "voila.log",
+        kv_lens=[128],
+        concurrencies=[8],
+        decode_steps=8,
+        repeats=2,
+        device="cpu",
+    )
     url = srv.url + "/"
     try:
         with sync_playwright() as p:
@@ -57,13 +66,19 @@ def test_dashboard_in_headless_chromium(tmp_path):
                     page.press(f"{cls} input", "Enter")
                 page.click(".kit-run")
                 rows = page.locator(".kit-table table.kit-results tbody tr")
-                page.wait_for_function("() => document.querySelectorAll("
-                                       "'.kit-table table.kit-results tbody tr').length === 4", timeout=180_000)
-                page.wait_for_function("() => (document.querySelector('.kit-status') || {}).innerText"
-                                       "?.includes('done')", timeout=60_000)
+                page.wait_for_function(
+                    "() => document.querySelectorAll('.kit-table table.kit-results tbody tr').length === 4",
+                    timeout=180_000,
+                )
+                page.wait_for_function(
+                    "() => (document.querySelector('.kit-status') || {}).innerText?.includes('done')", timeout=60_000
+                )
                 img = page.locator("img.kit-plot")
-                page.wait_for_function("() => { const i = document.querySelector('img.kit-plot');"
-                                       " return i && i.complete && i.naturalWidth > 100; }", timeout=60_000)
+                page.wait_for_function(
+                    "() => { const i = document.querySelector('img.kit-plot');"
+                    " return i && i.complete && i.naturalWidth > 100; }",
+                    timeout=60_000,
+                )
                 assert img.is_visible()
                 assert rows.count() == 4
                 cells = page.locator(".kit-table table.kit-results tbody tr td").all_inner_texts()

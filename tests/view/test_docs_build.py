@@ -4,6 +4,7 @@ No notebook is executed twice: ``nbexec`` runs each once per session (shared wit
 the build renders those executed copies with MyST-NB's execution off. A notebook that fails to execute fails
 here too (its ``execute`` re-raises).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,10 +43,20 @@ def test_docs_build_nitpicky_warnings_as_errors(tmp_path):
         text = page.read_text()
         assert "cell_output" in text, f"{rel} rendered without outputs"
     api = (html / "api.html").read_text()
-    for name in ("kit.view.panel.ControlPanel", "kit.measure.sweep.run_sweep", "kit.metrics.usd_per_mtok",
-                 "kit.results.schema_table", "kit.view.compare_view.CompareView", "kit.view.plots.knee_plot",
-                 "kit.serve.launch.Server", "kit.plan.cost", "kit.check.sampling", "kit.measure.grid.run_grid",
-                 "kit.errors.UserError", "kit.dtypes.canonical"):
+    for name in (
+        "kit.view.panel.ControlPanel",
+        "kit.measure.sweep.run_sweep",
+        "kit.metrics.usd_per_mtok",
+        "kit.results.schema_table",
+        "kit.view.compare_view.CompareView",
+        "kit.view.plots.knee_plot",
+        "kit.serve.launch.Server",
+        "kit.plan.cost",
+        "kit.check.sampling",
+        "kit.measure.grid.run_grid",
+        "kit.errors.UserError",
+        "kit.dtypes.canonical",
+    ):
         assert name in api, name
     assert 'id="module-kit._io"' not in api  # private: no section of its own
     for mod in build.api_modules():  # every public module of every subpackage has its section

@@ -1,5 +1,6 @@
 """kit.view.notebooks (declared parameters, the papermill runner's refusals, strip, build) and one source of defaults
 for the notebooks' sweep parameters. Nothing here starts a kernel."""
+
 from __future__ import annotations
 
 import ast
@@ -20,9 +21,20 @@ from kit.view.notebooks import (
 )
 
 #: notebook parameter → SweepConfig field it sets (a singular name sets a one-item list)
-SWEEP_PARAMETERS = {"model": "model", "dtype": "dtypes", "dtypes": "dtypes", "device": "device", "kv_lens": "kv_lens",
-                    "concurrency": "concurrencies", "concurrencies": "concurrencies", "decode_steps": "decode_steps",
-                    "warmup_steps": "warmup_steps", "repeats": "repeats", "kv_fill": "kv_fill", "seed": "seed"}
+SWEEP_PARAMETERS = {
+    "model": "model",
+    "dtype": "dtypes",
+    "dtypes": "dtypes",
+    "device": "device",
+    "kv_lens": "kv_lens",
+    "concurrency": "concurrencies",
+    "concurrencies": "concurrencies",
+    "decode_steps": "decode_steps",
+    "warmup_steps": "warmup_steps",
+    "repeats": "repeats",
+    "kv_fill": "kv_fill",
+    "seed": "seed",
+}
 SMALL_CPU = "a small CPU value, so the notebook runs in seconds on a laptop"
 #: (notebook, parameter) whose default differs from SweepConfig() on purpose, and why. Anything else must agree.
 DIFFERS = {
@@ -56,11 +68,17 @@ DIFFERS = {
     ("how-to/load-a-local-checkpoint.ipynb", "repeats"): SMALL_CPU,
 }
 #: the notebooks of the panel / analysis set this test covers (the planner and serving notebooks set no sweep)
-SWEEP_NOTEBOOKS = ["tutorials/01-first-sweep.ipynb", "tutorials/02-explore-with-the-panel.ipynb",
-                   "how-to/compare-dtypes.ipynb", "how-to/compare-two-result-sets.ipynb",
-                   "how-to/export-results-for-ci.ipynb", "how-to/find-the-concurrency-knee.ipynb",
-                   "how-to/sweep-kv-cache-length.ipynb", "how-to/run-the-seed-workload.ipynb",
-                   "how-to/load-a-local-checkpoint.ipynb"]
+SWEEP_NOTEBOOKS = [
+    "tutorials/01-first-sweep.ipynb",
+    "tutorials/02-explore-with-the-panel.ipynb",
+    "how-to/compare-dtypes.ipynb",
+    "how-to/compare-two-result-sets.ipynb",
+    "how-to/export-results-for-ci.ipynb",
+    "how-to/find-the-concurrency-knee.ipynb",
+    "how-to/sweep-kv-cache-length.ipynb",
+    "how-to/run-the-seed-workload.ipynb",
+    "how-to/load-a-local-checkpoint.ipynb",
+]
 
 
 @pytest.mark.parametrize("rel", SWEEP_NOTEBOOKS)
@@ -107,8 +125,9 @@ def test_list_notebooks_and_declared_parameters(tmp_path):
 
 def test_run_notebook_refuses_an_undeclared_parameter_before_running(tmp_path):
     with pytest.raises(UserError, match=r"kv_len.*declared"):
-        run_notebook(NOTEBOOK_DIR / "how-to/sweep-kv-cache-length.ipynb", tmp_path / "x.ipynb",
-                     parameters={"kv_len": [16]})
+        run_notebook(
+            NOTEBOOK_DIR / "how-to/sweep-kv-cache-length.ipynb", tmp_path / "x.ipynb", parameters={"kv_len": [16]}
+        )
     assert not (tmp_path / "x.ipynb").exists()
 
 

@@ -2,6 +2,7 @@
 
 (``Button.click()`` swallows handler exceptions, so these tests call the handlers themselves.)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,8 @@ from kit.cli import parse_int_list
 from kit.measure.engine import run_point
 from kit.measure.sweep import SweepConfig
 from kit.results import load_results
-from kit.view.panel import PANEL_PLOTS, ControlPanel, panel_plot
-from kit.view.render import point_problems, results_table
+from kit.view.panel import ControlPanel
+from kit.view.render import PANEL_PLOTS, panel_plot, point_problems, results_table
 
 PNG = b"\x89PNG"
 
@@ -41,8 +42,12 @@ def test_panel_defaults_are_sweep_config_defaults(tmp_path):
     assert p.initial == d
     assert p.model.value == d.model and list(p.dtypes.value) == d.dtypes and p.device.value == d.device
     assert parse_int_list(p.kv_lens.value) == d.kv_lens and parse_int_list(p.concurrencies.value) == d.concurrencies
-    assert (p.decode_steps.value, p.warmup_steps.value, p.repeats.value, p.kv_fill.value) == \
-        (d.decode_steps, d.warmup_steps, d.repeats, d.kv_fill)
+    assert (p.decode_steps.value, p.warmup_steps.value, p.repeats.value, p.kv_fill.value) == (
+        d.decode_steps,
+        d.warmup_steps,
+        d.repeats,
+        d.kv_fill,
+    )
     cfg = p.config()
     for f in dataclasses.fields(SweepConfig):
         if f.name != "accelerator":  # validate() resolves it against the catalog
@@ -197,9 +202,18 @@ def test_sweep_failure_shows_in_panel(tmp_path):
 
 
 def test_non_finite_logits_flagged():
-    df = pd.DataFrame([{"status": "ok", "dtype": "float16", "context_len": 16, "concurrency": 1,
-                        "error": "non-finite logits in the last decode step"},
-                       {"status": "ok", "dtype": "float32", "context_len": 16, "concurrency": 1, "error": None}])
+    df = pd.DataFrame(
+        [
+            {
+                "status": "ok",
+                "dtype": "float16",
+                "context_len": 16,
+                "concurrency": 1,
+                "error": "non-finite logits in the last decode step",
+            },
+            {"status": "ok", "dtype": "float32", "context_len": 16, "concurrency": 1, "error": None},
+        ]
+    )
     probs = point_problems(df)
     assert len(probs) == 1 and "float16" in probs[0] and "non-finite" in probs[0]
     assert results_table(pd.DataFrame()).empty and panel_plot(pd.DataFrame()) is None
@@ -211,10 +225,22 @@ def plot_frame() -> pd.DataFrame:
     """A 2 x 3 grid, the largest point OOM (as kit.results rows)."""
     from kit import results
 
-    rows = [{"backend": "engine", "status": "oom" if (kv, b) == (512, 16) else "ok", "model": "tiny-llama",
-             "dtype": "float32", "context_len": kv, "concurrency": b, "tpot_ms_p50": 2 + kv / 256 + b / 8,
-             "tpot_ms_p90": 3 + kv / 256 + b / 8, "decode_tok_s": b * 100.0, "tok_s_per_stream": 100.0}
-            for kv in (128, 512) for b in (1, 4, 16)]
+    rows = [
+        {
+            "backend": "engine",
+            "status": "oom" if (kv, b) == (512, 16) else "ok",
+            "model": "tiny-llama",
+            "dtype": "float32",
+            "context_len": kv,
+            "concurrency": b,
+            "tpot_ms_p50": 2 + kv / 256 + b / 8,
+            "tpot_ms_p90": 3 + kv / 256 + b / 8,
+            "decode_tok_s": b * 100.0,
+            "tok_s_per_stream": 100.0,
+        }
+        for kv in (128, 512)
+        for b in (1, 4, 16)
+    ]
     return results.to_frame(rows)
 
 

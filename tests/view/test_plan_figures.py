@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 from kit.errors import UserError  # noqa: E402
 from kit.plan.fit import memory_fit  # noqa: E402
 from kit.plan.roofline import predict_grid, predict_like  # noqa: E402
-from kit.view import plots  # noqa: E402
+from kit.view import plan_plots  # noqa: E402
 
 CAL = {
     "device": "cpu",
@@ -56,14 +56,14 @@ def _lines(fig, i=0):
 def test_overlay_figure_planner_dashed_over_measured():
     measured = _measured()
     pred = predict_like(measured, "local", calibration=CAL)
-    fig = plots.overlay_figure(measured, pred)
+    fig = plan_plots.overlay_figure(measured, pred)
     ax = fig.axes[0]
     assert ax.get_title().startswith("planner (dashed) vs measured (solid): median |error|")
     styles = sorted(ln.get_linestyle() for ln in _lines(fig))
     assert styles == ["-", "-", "--", "--"]
     assert len(ax.texts) == 4 and all(t.get_text().endswith("%") for t in ax.texts)  # one error per point
     with pytest.raises(UserError, match="nope"):
-        plots.overlay_figure(measured, pred, y="nope")
+        plan_plots.overlay_figure(measured, pred, y="nope")
 
 
 def test_stacked_bars_memory_breakdown(tmp_path):
@@ -72,7 +72,7 @@ def test_stacked_bars_memory_breakdown(tmp_path):
         [{"system": f"8x{a}", **r.memory_parts(), "users": f"{r.max_concurrency:,} users"} for a, r in fits.items()]
     )
     parts = ["weights", "reserve", "kv_at_max_users", "unused"]
-    fig = plots.stacked_bars(mem, "system", parts, note="users", title="memory per GPU")
+    fig = plan_plots.stacked_bars(mem, "system", parts, note="users", title="memory per GPU")
     ax = fig.axes[0]
     assert len(ax.patches) == len(parts) * 2
     widths = [sum(p.get_width() for p in ax.patches[i::2]) for i in range(2)]  # each bar: the whole GPU
@@ -80,12 +80,12 @@ def test_stacked_bars_memory_breakdown(tmp_path):
     assert [t.get_text() for t in ax.texts] == list(mem["users"])
     fig.savefig(tmp_path / "m.png")
     with pytest.raises(UserError, match="'nope'"):
-        plots.stacked_bars(mem, "system", ["nope"])
+        plan_plots.stacked_bars(mem, "system", ["nope"])
 
 
 def test_grouped_bars_label_each_value():
     df = pd.DataFrame({"model": ["llama-3.1-8b", "deepseek-v3"], "bf16": [131072, 70272], "fp8": [65536, 35136]})
-    fig = plots.grouped_bars(df, "model", ["bf16", "fp8"], logx=True)
+    fig = plan_plots.grouped_bars(df, "model", ["bf16", "fp8"], logx=True)
     ax = fig.axes[0]
     assert len(ax.patches) == 4 and ax.get_xscale() == "log"
     assert [t.get_text() for t in ax.texts] == ["131,072", "70,272", "65,536", "35,136"]
@@ -107,7 +107,7 @@ def test_curves_colour_per_hue_style_per_source_and_skip_not_ok():
             for c in (1, 8, 64)
         ]
     )
-    fig = plots.curves(df, "tok_s_per_stream", "usd_per_mtok", hue="accelerator", style="source", logx=True)
+    fig = plan_plots.curves(df, "tok_s_per_stream", "usd_per_mtok", hue="accelerator", style="source", logx=True)
     lines = _lines(fig)
     assert len(lines) == 4
     by = {ln.get_label(): ln for ln in lines}
@@ -129,7 +129,7 @@ def test_cost_vs_interactivity_two_panels_from_planner_rows():
         ],
         ignore_index=True,
     )
-    fig = plots.cost_vs_interactivity(g, hue="accelerator", title="cost")
+    fig = plan_plots.cost_vs_interactivity(g, hue="accelerator", title="cost")
     assert len(fig.axes) == 2 and fig.axes[1].get_title() == "cost"
     assert len(_lines(fig, 0)) == 2 and len(_lines(fig, 1)) == 2
     assert fig.axes[0].get_ylabel() == "tok/s/GPU"
@@ -152,7 +152,7 @@ def test_decode_panels_side_by_side():
     ]
     from kit.results import to_frame
 
-    fig = plots.decode_panels(to_frame(rows))
+    fig = plan_plots.decode_panels(to_frame(rows))
     assert len(fig.axes) == 2
     assert fig.axes[0].get_xlabel() == "concurrency (batch size)"
     assert fig.axes[1].get_xlabel() == "KV-cache length (tokens)"

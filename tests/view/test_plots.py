@@ -1,4 +1,5 @@
 """Plots build from result frames and show OOM points instead of dropping them."""
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -14,11 +15,19 @@ def _frame():
     for kv in (128, 512):
         for b in (1, 4, 16):
             oom = kv == 512 and b == 16
-            rows.append({"backend": "engine", "status": "oom" if oom else "ok", "model": "tiny-llama",
-                         "dtype": "float32", "context_len": kv, "concurrency": b,
-                         "tpot_ms_p50": None if oom else 2 + kv / 256 + b / 8,
-                         "tpot_ms_p90": None if oom else 3 + kv / 256 + b / 8,
-                         "decode_tok_s": None if oom else b * 1000 / (2 + kv / 256 + b / 8)})
+            rows.append(
+                {
+                    "backend": "engine",
+                    "status": "oom" if oom else "ok",
+                    "model": "tiny-llama",
+                    "dtype": "float32",
+                    "context_len": kv,
+                    "concurrency": b,
+                    "tpot_ms_p50": None if oom else 2 + kv / 256 + b / 8,
+                    "tpot_ms_p90": None if oom else 3 + kv / 256 + b / 8,
+                    "decode_tok_s": None if oom else b * 1000 / (2 + kv / 256 + b / 8),
+                }
+            )
     return results.to_frame(rows)
 
 
@@ -86,8 +95,12 @@ def test_knee_plot_marks_reached_knees(tmp_path):
     from kit.view.analysis import concurrency_knee
 
     df = _frame()
-    knee = pd.DataFrame([{"context_len": 128, "knee": 4, "reached": True, "y_at_knee": 1000.0},
-                         {"context_len": 512, "knee": None, "reached": False, "y_at_knee": float("nan")}])
+    knee = pd.DataFrame(
+        [
+            {"context_len": 128, "knee": 4, "reached": True, "y_at_knee": 1000.0},
+            {"context_len": 512, "knee": None, "reached": False, "y_at_knee": float("nan")},
+        ]
+    )
     fig = plots.knee_plot(df, knee)
     ax = fig.axes[0]
     notes = [t.get_text() for t in ax.texts]
@@ -108,3 +121,17 @@ def test_flagged_points_are_not_drawn_as_measured():
     assert list(kv128.get_xdata()) == [1, 16]
     texts = [t.get_text() for t in plots.heatmap(df).axes[0].texts]
     assert "FLAGGED" in texts and "OOM" in texts
+
+
+def test_value_grids_one_row_per_format(tmp_path):
+    from kit.check.fp8 import positive_values
+    from kit.view.plots import value_grids
+
+    fig = value_grids({f: positive_values(f).numpy() for f in ("e4m3fn", "e4m3fnuz")})
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["e4m3fn", "e4m3fnuz"] and ax.get_xscale() == "log"
+    assert len(ax.collections) == 2 and ax.collections[0].get_offsets().shape[0] > 100
+    fig.savefig(tmp_path / "g.png")
+    assert (tmp_path / "g.png").stat().st_size > 5000
+    with pytest.raises(ValueError, match="values is empty"):
+        value_grids({})

@@ -1,4 +1,5 @@
 """kit.view.render on hand-made frames: the panel's table, problem lines, PNG bytes and static snapshot."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -19,22 +20,54 @@ from kit.view.render import (  # noqa: E402
 
 
 def _rows():
-    return pd.DataFrame([
-        {"dtype": "float32", "context_len": 64, "concurrency": 2, "status": "ok", "tpot_ms_p50": 1.23456,
-         "error": None, "x_step_ms": [1.0]},
-        {"dtype": "float32", "context_len": 16, "concurrency": 1, "status": "ok", "tpot_ms_p50": 2.0, "error": None},
-        {"dtype": "float16", "context_len": 16, "concurrency": 1, "status": "ok", "tpot_ms_p50": 0.5,
-         "error": "non-finite logits in the last decode step"},
-        {"dtype": "float32", "context_len": 64, "concurrency": 4, "status": "oom", "tpot_ms_p50": None,
-         "error": "CUDA out of memory"},
-    ])
+    return pd.DataFrame(
+        [
+            {
+                "dtype": "float32",
+                "context_len": 64,
+                "concurrency": 2,
+                "status": "ok",
+                "tpot_ms_p50": 1.23456,
+                "error": None,
+                "x_step_ms": [1.0],
+            },
+            {
+                "dtype": "float32",
+                "context_len": 16,
+                "concurrency": 1,
+                "status": "ok",
+                "tpot_ms_p50": 2.0,
+                "error": None,
+            },
+            {
+                "dtype": "float16",
+                "context_len": 16,
+                "concurrency": 1,
+                "status": "ok",
+                "tpot_ms_p50": 0.5,
+                "error": "non-finite logits in the last decode step",
+            },
+            {
+                "dtype": "float32",
+                "context_len": 64,
+                "concurrency": 4,
+                "status": "oom",
+                "tpot_ms_p50": None,
+                "error": "CUDA out of memory",
+            },
+        ]
+    )
 
 
 def test_results_table_sorted_rounded_known_columns_only():
     t = results_table(_rows())
     assert list(t.columns) == ["dtype", "context_len", "concurrency", "status", "tpot_ms_p50"]
-    assert list(zip(t.dtype, t.context_len, t.concurrency)) == [("float16", 16, 1), ("float32", 16, 1),
-                                                                 ("float32", 64, 2), ("float32", 64, 4)]
+    assert list(zip(t.dtype, t.context_len, t.concurrency)) == [
+        ("float16", 16, 1),
+        ("float32", 16, 1),
+        ("float32", 64, 2),
+        ("float32", 64, 4),
+    ]
     assert t.tpot_ms_p50.iloc[2] == 1.235
     empty = results_table(None)
     assert empty.empty and list(empty.columns) == list(TABLE_COLUMNS)
@@ -48,10 +81,15 @@ def test_table_html():
 
 def test_point_problems_lists_oom_error_and_non_finite():
     probs = point_problems(_rows())
-    assert probs == ["ok: float16 kv=16 B=1: non-finite logits in the last decode step",
-                     "oom: float32 kv=64 B=4: CUDA out of memory"]
-    assert point_problems(pd.DataFrame([{"status": "error", "dtype": "float32", "context_len": 8,
-                                         "concurrency": 1, "error": float("nan")}])) == ["error: float32 kv=8 B=1"]
+    assert probs == [
+        "ok: float16 kv=16 B=1: non-finite logits in the last decode step",
+        "oom: float32 kv=64 B=4: CUDA out of memory",
+    ]
+    assert point_problems(
+        pd.DataFrame(
+            [{"status": "error", "dtype": "float32", "context_len": 8, "concurrency": 1, "error": float("nan")}]
+        )
+    ) == ["error: float32 kv=8 B=1"]
     assert point_problems(None) == []
 
 
@@ -79,10 +117,26 @@ def test_snapshot_and_bundle():
 
 def test_a_flagged_row_never_reads_ok():
     """Status ok with a problem flag (non-finite logits, no error text): the table says flagged and it is listed."""
-    df = pd.DataFrame([{"dtype": "float16", "context_len": 16, "concurrency": 1, "status": "ok",
-                        "x_logits_finite": False, "error": None},
-                       {"dtype": "float32", "context_len": 16, "concurrency": 1, "status": "ok",
-                        "x_logits_finite": True, "error": None}])
+    df = pd.DataFrame(
+        [
+            {
+                "dtype": "float16",
+                "context_len": 16,
+                "concurrency": 1,
+                "status": "ok",
+                "x_logits_finite": False,
+                "error": None,
+            },
+            {
+                "dtype": "float32",
+                "context_len": 16,
+                "concurrency": 1,
+                "status": "ok",
+                "x_logits_finite": True,
+                "error": None,
+            },
+        ]
+    )
     assert list(results_table(df).status) == ["flagged", "ok"]
     probs = point_problems(df)
     assert len(probs) == 1 and probs[0].startswith("ok: float16 kv=16 B=1: non-finite logits")

@@ -1,0 +1,174 @@
+"""``kit serve-bench``: the command-line front end of the served sweep (:mod:`kit.serve.sweep`). Options derive
+from :class:`kit.serve.load.LoadConfig`; one summary line per point (or ``--json``); exit 1 when no request
+completed, 2 for a user error."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import fields
+
+from kit._io import check_out_dir
+from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args, int_list_arg
+from kit.errors import UserError
+from kit.serve.client import DEFAULT_API_KEY_ENV, get_model_id, load_tokenizer, short_error
+from kit.serve.load import LoadConfig, run_coro
+from kit.serve.sweep import DEFAULT_CONCURRENCIES, run_served_sweep
+from kit.serve.workload import WORKLOAD_PRESETS
+
+
+def summary_line(row: dict) -> str:
+    """A one-line text summary of a served row (concurrency, throughput, TTFT, TPOT, ITL, failures, self-check)."""
+    row = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in dict(row).items()}
+
+    def f(x, fmt=".1f"):
+        return "nan" if x is None else format(x, fmt)
+
+    s = (
+        f"c={row.get('concurrency')} rate={row.get('request_rate')}: {f(row.get('output_tok_s'))} out tok/s, "
+        f"{f(row.get('request_throughput'), '.2f')} req/s, TTFT p50 {f(row.get('ttft_ms'))} ms "
+        f"(n={row.get('x_ttft_n')}), TPOT p50 {f(row.get('tpot_ms_p50'))} ms (n={row.get('tpot_n')}), "
+        f"ITL p50 {f(row.get('itl_ms_p50'))} ms (n={row.get('itl_n')}), "
+        f"completed {row.get('completed')}, failed {row.get('failed')}"
+    )
+    if row.get("goodput_rps") is not None:
+        s += f", goodput {f(row.get('goodput_rps'), '.2f')} req/s"
+    if row.get("x_requests_without_text"):
+        s += f"; {row['x_requests_without_text']} completed requests streamed no text (no TTFT)"
+    if row.get("x_osl_mismatch"):
+        s += f"; {row['x_osl_mismatch']} requests' output length != max_tokens"
+    if row.get("x_client_warning"):
+        s += f"; WARNING {row['x_client_warning']}"
+    elif str(row.get("x_client_check") or "").startswith("not applied"):
+        s += f"; client self-check {row['x_client_check']}"
+    if row.get("error"):
+        s += f"; ERROR {short_error(row['error'], 300)}"
+    return s
+
+
+#: argparse type of ``--concurrency``: a comma list of integers >= 1 (argparse names the option)
+concurrency_list = int_list_arg(minimum=1, example="1,4,16")
+
+
+def add_cli(subparsers) -> None:
+    """``kit serve-bench``: a concurrency sweep against a running OpenAI-compatible server. Options derive from
+    :class:`kit.serve.load.LoadConfig` (one source of defaults and help), plus the sweep-level ones."""
+    p = subparsers.add_parser(
+        "serve-bench",
+        description="Concurrency sweep against a running server; one results row per concurrency "
+        "(backend=openai) plus a per-request detail file. A re-run on the same --out skips the points "
+        "already measured (--no-resume measures all again). The API key is read from the environment "
+        f"variable named by --api-key-env (default {DEFAULT_API_KEY_ENV}).",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    url_help = {f.name: f for f in fields(LoadConfig)}["url"].metadata["help"]
+    p.add_argument("--url", required=True, help=url_help)
+    p.add_argument(
+        "--concurrency",
+        type=concurrency_list,
+        default=",".join(map(str, DEFAULT_CONCURRENCIES)),
+        help="comma-separated max concurrency values",
+    )
+    p.add_argument(
+        "--workload",
+        default=None,
+        choices=sorted(WORKLOAD_PRESETS),
+        help="ISL/OSL preset (overrides --isl/--osl): "
+        + ", ".join(f"{k}={v[0]}/{v[1]}" for k, v in WORKLOAD_PRESETS.items()),
+    )
+    add_config_args(p, LoadConfig)
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="local tokenizer path/id for prompts and token counts ('' for none; default: try the model id)",
+    )
+    p.add_argument("--accelerator", default=None, help="catalog accelerator name for the rows (e.g. MI355X)")
+    p.add_argument("--n-gpus", type=int, default=None, help="GPUs behind the server (for tok/s/GPU)")
+    p.add_argument("--plot", action="store_true", help="also write OUT/serve-bench.png")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (the rows and the results path) instead of the text summary",
+    )
+    add_run_dir_args(p, "results/serve-bench")
+    p.set_defaults(func=_cli_serve_bench)
+
+
+def _cli_serve_bench(args) -> int:
+    """Exit 0 when at least one request of the sweep completed, else 1 (2: a user error, from kit.cli.main)."""
+    out = check_out_dir(args.out, "--out", "results/serve-bench")  # before any network work
+    cfg = config_from_args(LoadConfig, args, url=args.url, max_concurrency=args.concurrency[0])
+    if args.workload:
+        cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
+    cfg.validate()
+
+    def note(text: str) -> None:  # on stderr: with --json, stdout holds the JSON object only
+        print(f"kit serve-bench: {text}", file=sys.stderr)
+
+    model_error = None
+    if not cfg.model:  # listed once here (the tokenizer needs it too), not again by the sweep
+        try:
+            cfg.model = run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s))
+        except UserError as e:
+            model_error = str(e)
+            note(f"{e}; no request is sent, every planned request is counted as failed")
+    tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    if args.tokenizer is None and cfg.model:
+        try:
+            tok = load_tokenizer(cfg.model)
+        except UserError as e:
+            note(f"no tokenizer ({short_error(e)}); prompts are token ids, token counts per chunk assumed 1")
+    extra = {k: v for k, v in (("accelerator", args.accelerator), ("n_gpus", args.n_gpus)) if v is not None}
+    measured: set = set()
+
+    def on_point(row: dict, frame) -> None:
+        measured.add(row["point_id"])
+        if not args.json:
+            print(summary_line(row), flush=True)
+
+    df = run_served_sweep(
+        cfg,
+        args.concurrency,
+        out,
+        tokenizer=tok,
+        extra=extra,
+        resume=not args.no_resume,
+        progress=False,
+        on_point=on_point,
+        model_error=model_error,
+        retry_killed=args.retry_killed,
+    )
+    rc = 0 if (df["completed"].fillna(0) > 0).any() else 1
+    plot = None
+    if args.plot:
+        from kit.view.plots import plot_served
+
+        plot = out / "serve-bench.png"
+        plot_served(df).savefig(plot, dpi=110)
+    resumed = [r for r in df.to_dict("records") if r["point_id"] not in measured]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "out": str(out),
+                    "results": str(out / "results.parquet"),
+                    "points": len(df),
+                    "measured": len(measured),
+                    "resumed": len(resumed),
+                    "plot": str(plot) if plot else None,
+                    "exit_code": rc,
+                    "rows": json.loads(df.to_json(orient="records")),
+                }
+            )
+        )
+        return rc
+    for r in resumed:
+        print(f"(recorded earlier) {summary_line(r)}")
+    print(
+        f"results: {out / 'results.parquet'} ({len(df)} rows: {len(measured)} measured now, {len(resumed)} "
+        f"recorded earlier; per-request detail in {out}/requests-*.jsonl)"
+    )
+    if plot:
+        print(f"plot: {plot}")
+    return rc
