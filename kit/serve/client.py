@@ -40,7 +40,7 @@ from kit.errors import UserError
 from kit.serve.sse import SSEParser, classify_event
 
 if TYPE_CHECKING:  # annotations only: kit.serve.load imports this module
-    from kit.serve.load import RequestInput
+    from kit.serve.workload import RequestInput
 
 #: ``LoadConfig.endpoint`` → the path of its streaming API
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -145,7 +145,7 @@ def request_body(
     continuous_usage: bool = False,
     extra_body: dict | None = None,
 ) -> dict:
-    """The JSON body of one streaming request (OpenAI API) for ``req`` (a :class:`kit.serve.load.RequestInput`).
+    """The JSON body of one streaming request (OpenAI API) for ``req`` (a :class:`kit.serve.workload.RequestInput`).
 
     Always asks for the usage chunk (``stream_options.include_usage``), with ``continuous_usage`` also for usage in
     every chunk (vLLM ``continuous_usage_stats``). ``endpoint="chat"`` sends the prompt as one user message (a

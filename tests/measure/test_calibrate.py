@@ -134,7 +134,7 @@ def test_save_calibration_writes_beside_target_and_cleans_up(tmp_path, monkeypat
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(calibrate.os, "replace", boom)
+    monkeypatch.setattr("kit._io.os.replace", boom)  # the one atomic writer (kit._io)
     with pytest.raises(OSError, match="disk full"):
         calibrate.save_calibration({**cal, "mem_bw_gb_s": 2.0}, p)
     assert [x.name for x in p.parent.iterdir()] == ["c.json"]  # temp file removed, target untouched
