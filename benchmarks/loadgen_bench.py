@@ -1,21 +1,26 @@
-"""Load-generator benchmark: how many streamed chunks/s kit.serve's client sustains on one core, and what
-time-stamping and parsing cost per chunk. Not a test: it prints figures.
+"""Load-generator benchmark: how many streamed chunks the kit.serve client handles per client-CPU-second, and how
+late its time stamps are, against a local server. Not a test: it prints figures.
 
-The scripted SSE server (tests/sse_server.py ``--raw-fast``: a minimal asyncio HTTP server streaming one-token
-chunks back to back, one chunked-encoding frame per write) runs as a separate process pinned to another core;
-the client is pinned to one core. At these rates several events arrive per network read, as they do from a fast
-server under load. For each concurrency, ``--repeats`` runs; the table shows medians with n:
+The scripted SSE server (tests/sse_server.py ``--raw-fast``: a minimal asyncio HTTP server, one chunked-encoding
+frame per SSE event) runs as a separate process pinned to one core; every client run is its own process pinned to
+another core. Two regimes, each at several stream counts (``--concurrency``, default 1,16,64):
 
-- ``chunks/s``: token-bearing chunks received / wall time of the run (what the client sustained);
-- ``client CPU``: client process CPU time / wall time (1.0 = the client's core was saturated, so chunks/s is
-  the client's limit; lower means the server was the bottleneck);
-- ``chunks/CPU-s``: chunks / client CPU seconds: the client's capacity on one core, whoever was the bottleneck;
-- ``loop lag p99``: the event-loop lag probe of the run (the client self-check, kit.serve.selfcheck).
+- ``flood``: the server writes one-token chunks back to back; several events arrive per network read, as from a
+  fast server under load. The client's capacity is ``chunks/CPU-s``.
+- ``paced``: every stream gets one chunk every ``--gap-ms`` (default 5 ms: 64 streams = 12.8k chunks/s); what
+  matters is how late the client's event loop wakes (``lag p50/p99``, the self-check probe of
+  kit.serve.selfcheck): a late loop time-stamps chunks late.
 
-Then micro-benchmarks per chunk: ``time.perf_counter()`` (the time stamp itself) and the client's full
-per-chunk work (SSE framing + JSON parse + classify + record).
+Runs are interleaved (each repeat goes through every regime and stream count once, in a rotated order), so a
+machine that gets busier mid-benchmark spreads over every cell instead of biasing one. With ``--compare DIR``
+(a directory holding another ``kit`` package, e.g. ``git archive HEAD kit | tar -x -C DIR``) each cell is also
+run with that tree, alternating which goes first, and the table shows both side by side with the ratio.
 
-Usage: ``python benchmarks/loadgen_bench.py [--concurrency 1,16,64] [--chunks 512] [--requests-per-conc 4]``
+Columns (medians over ``--repeats`` runs, n = runs): ``chunks/s`` (token-bearing chunks / wall time), ``CPU``
+(client CPU time / wall time; 1.0 = its core was saturated), ``chunks/CPU-s`` (chunks / client CPU seconds),
+``lag p50`` / ``lag p99`` (ms, event-loop lag during the run), ``fail`` (failed requests, summed).
+
+Usage: ``python benchmarks/loadgen_bench.py [--concurrency 1,16,64] [--repeats 3] [--compare /tmp/kit_before]``
 """
 
 from __future__ import annotations
@@ -30,12 +35,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from kit.serve.client import StreamCapture  # noqa: E402
-from kit.serve.load import LoadConfig, run_coro, run_load_async  # noqa: E402
-from kit.serve.sse import SSEParser  # noqa: E402
-from kit.serve.workload import RequestInput  # noqa: E402
 
 
 def start_server(core: int | None) -> tuple[subprocess.Popen, str]:
@@ -49,105 +48,119 @@ def start_server(core: int | None) -> tuple[subprocess.Popen, str]:
     return p, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
-def one_run(url: str, conc: int, n_req: int, chunks: int) -> dict:
+def worker(spec: dict) -> dict:
+    """One client run in this process (the kit imported from ``spec["root"]``): the figures as a dict."""
+    sys.path.insert(0, spec["root"])
+    from kit.serve.load import LoadConfig, run_coro, run_load_async
+    from kit.serve.workload import RequestInput
+
+    extra = {"gap_ms": spec["gap_ms"]} if spec["gap_ms"] else {}
     cfg = LoadConfig(
-        url=url,
+        url=spec["url"],
         model="fast",
-        num_requests=n_req,
-        max_concurrency=conc,
+        num_requests=spec["requests"],
+        max_concurrency=spec["conc"],
         warmup_requests=0,
         isl=1,
-        osl=chunks,
+        osl=spec["chunks"],
         timeout_s=120,
         stall_timeout_s=30,
+        extra_body=extra,
     )
-    wl = [RequestInput("x", 1, chunks)]
+    wl = [RequestInput("x", 1, spec["chunks"])]
+    run_coro(run_load_async(cfg.__class__(**{**cfg.__dict__, "num_requests": 2}), wl))  # warm-up (imports, pool)
     cpu0, t0 = time.process_time(), time.perf_counter()
     recs, info = run_coro(run_load_async(cfg, wl, tokenizer=None))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     n_chunks = sum(r.get("n_chunks") or 0 for r in recs)
-    failed = sum(not r.get("ok") for r in recs)
     return {
         "chunks_s": n_chunks / wall,
         "cpu_frac": cpu / wall,
         "chunks_per_cpu_s": n_chunks / cpu if cpu else float("nan"),
+        "lag_p50": info["x_loop_lag_ms_p50"],
         "lag_p99": info["x_loop_lag_ms_p99"],
-        "failed": failed,
-        "chunks": n_chunks,
+        "failed": sum(not r.get("ok") for r in recs),
     }
 
 
-def micro(n: int = 200_000) -> dict:
-    pc = time.perf_counter
-    t = pc()
-    for _ in range(n):
-        pc()
-    stamp_ns = (pc() - t) / n * 1e9
-    ev = {
-        "id": "cmpl-1",
-        "object": "text_completion",
-        "created": 0,
-        "model": "fast",
-        "choices": [{"index": 0, "text": "t", "finish_reason": None}],
-    }
-    raw = f"data: {json.dumps(ev, separators=(',', ':'))}\n\n".encode()
-    m = n // 4
-    cap, parser = StreamCapture(), SSEParser()
-    t = time.process_time()  # CPU time: other processes on a shared machine do not inflate it
-    for _ in range(m):
-        cap.add_events(parser.feed(raw), pc())
-    chunk_us = (time.process_time() - t) / m * 1e6
-    return {"stamp_ns": stamp_ns, "chunk_us": chunk_us}
+def run_in_process(spec: dict, core: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {core}), timeout=600
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"client run failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", default="1,16,64")
-    ap.add_argument("--chunks", type=int, default=512, help="chunks per request")
+    ap.add_argument("--chunks", type=int, default=512, help="chunks per request, flood regime")
+    ap.add_argument("--paced-chunks", type=int, default=200, help="chunks per request, paced regime")
+    ap.add_argument("--gap-ms", type=float, default=5.0, help="gap between a stream's chunks, paced regime")
     ap.add_argument("--requests-per-conc", type=int, default=4, help="requests per run = this x concurrency")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--compare", default=None, help="a directory holding another kit package (e.g. before)")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.worker:
+        print(json.dumps(worker(json.loads(a.worker))))
+        return 0
     cores = sorted(os.sched_getaffinity(0))
     client_core, server_core = (cores[0], cores[1]) if len(cores) > 1 else (cores[0], None)
-    os.sched_setaffinity(0, {client_core})
+    trees = {"now": str(ROOT)}
+    if a.compare:
+        if not (Path(a.compare) / "kit" / "serve" / "client.py").is_file():
+            raise SystemExit(f"--compare {a.compare!r}: no kit/serve/client.py there")
+        trees = {"before": str(Path(a.compare).resolve()), "now": str(ROOT)}
+    concs = [int(x) for x in a.concurrency.split(",")]
+    cells = [(reg, c) for reg in ("flood", "paced") for c in concs]
     proc, url = start_server(server_core)
     print(
-        f"client on core {client_core}, scripted server on core {server_core}; {a.chunks} chunks/request, "
-        f"{a.requests_per_conc} x concurrency requests/run, {a.repeats} runs each (medians)"
+        f"client runs on core {client_core}, scripted server on core {server_core}; flood {a.chunks} chunks/request, "
+        f"paced {a.paced_chunks} chunks/request every {a.gap_ms:g} ms; {a.requests_per_conc} x streams requests per "
+        f"run; {a.repeats} interleaved repeats; trees: {', '.join(f'{k}={v}' for k, v in trees.items())}",
+        flush=True,
     )
+    res: dict = {}
     try:
-        one_run(url, 4, 4, 64)  # warm-up
-        print(f"{'conc':>5} {'chunks/s':>10} {'client CPU':>10} {'chunks/CPU-s':>12} {'lag p99 ms':>10} {'n':>3}")
-        best = 0.0
-        for c in [int(x) for x in a.concurrency.split(",")]:
-            runs = [one_run(url, c, a.requests_per_conc * c, a.chunks) for _ in range(a.repeats)]
-            if any(r["failed"] for r in runs):
-                print(f"  c={c}: {sum(r['failed'] for r in runs)} failed requests")
-            med = {
-                k: statistics.median(r[k] for r in runs)
-                for k in ("chunks_s", "cpu_frac", "chunks_per_cpu_s", "lag_p99")
-            }
-            best = max(best, med["chunks_s"])
-            print(
-                f"{c:>5} {med['chunks_s']:>10.0f} {med['cpu_frac']:>10.2f} {med['chunks_per_cpu_s']:>12.0f} "
-                f"{med['lag_p99']:>10.2f} {len(runs):>3}"
-            )
+        for rep in range(a.repeats):
+            order = cells[rep % len(cells) :] + cells[: rep % len(cells)]
+            for reg, c in order:
+                names = list(trees) if rep % 2 == 0 else list(trees)[::-1]
+                for name in names:
+                    spec = {
+                        "root": trees[name],
+                        "url": url,
+                        "conc": c,
+                        "requests": a.requests_per_conc * c,
+                        "chunks": a.chunks if reg == "flood" else a.paced_chunks,
+                        "gap_ms": 0.0 if reg == "flood" else a.gap_ms,
+                    }
+                    res.setdefault((reg, c, name), []).append(run_in_process(spec, client_core))
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(10)
-    ms = [micro() for _ in range(5)]
-    stamp = statistics.median(m["stamp_ns"] for m in ms)
-    chunk = statistics.median(m["chunk_us"] for m in ms)
-    print(f"highest sustained: {best:.0f} chunks/s on one client core")
-    print(f"time stamp (time.perf_counter) per chunk: {stamp:.0f} ns (median of 5 x 200k calls)")
+    keys = ("chunks_s", "cpu_frac", "chunks_per_cpu_s", "lag_p50", "lag_p99")
     print(
-        f"client work per chunk (SSE framing + JSON + classify + record, no network): {chunk:.2f} us CPU "
-        f"(median of 5 x 50k) -> at most {1e6 / chunk:.0f} chunks/s of parsing on one core"
+        f"{'regime':>6} {'streams':>7} {'tree':>6} {'chunks/s':>9} {'CPU':>5} {'chunks/CPU-s':>12} "
+        f"{'lag p50':>8} {'lag p99':>8} {'fail':>4} {'n':>2}"
     )
-    print(
-        "client CPU < ~0.9 means the scripted server, not the client, limited chunks/s; the client's capacity "
-        "is then chunks/CPU-s"
-    )
+    for reg, c in cells:
+        med = {}
+        for name in trees:
+            runs = res[(reg, c, name)]
+            med[name] = {k: statistics.median(r[k] for r in runs) for k in keys}
+            m = med[name]
+            print(
+                f"{reg:>6} {c:>7} {name:>6} {m['chunks_s']:>9.0f} {m['cpu_frac']:>5.2f} {m['chunks_per_cpu_s']:>12.0f} "
+                f"{m['lag_p50']:>8.2f} {m['lag_p99']:>8.2f} {sum(r['failed'] for r in runs):>4} {len(runs):>2}"
+            )
+        if len(trees) == 2:
+            ratio = med["now"]["chunks_per_cpu_s"] / med["before"]["chunks_per_cpu_s"]
+            print(f"{'':>6} {'':>7} {'ratio':>6} {'':>9} {'':>5} {ratio:>11.2f}x")
+    print("lag in ms; chunks/CPU-s is the client's capacity on one core whoever was the bottleneck")
     return 0
 
 

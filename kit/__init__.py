@@ -1,9 +1,10 @@
 """kit: an exploration kit for LLM inference performance.
 
-Modules (one concern each): hardware (devices), catalog (accelerators, prices), models (presets), engine (one
-in-process point), sweep (grids, persistence), results (schema, storage), metrics (formulas), plots, cost,
-specs (model architectures, weight/KV bytes), planner (memory fit, roofline), serving/loadgen/launch (endpoints),
-sampling/resolver/checks/fp8/doctor (kernel and dtype sanity), ui (widgets), cli.
+Subpackages by concern (``docs/architecture.md``): :mod:`kit.measure` (the one grid runner, the in-process engine
+and sweep, calibration, torchrun ranks), :mod:`kit.serve` (OpenAI-compatible endpoints under load, launch recipes),
+:mod:`kit.plan` (architecture specs, memory fit, roofline, cost), :mod:`kit.check` (reference sampling ops, kernel
+resolver, check harness, fp8, doctor), :mod:`kit.view` (figures, analysis, panel, dashboard, notebooks). Top level:
+cli, errors, metrics, results, store, dtypes, hardware, catalog, models, _io.
 """
 
 __version__ = "0.1.0"

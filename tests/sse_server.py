@@ -254,7 +254,8 @@ class SilentServer:
 async def _raw_fast(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Minimal HTTP/1.1 keep-alive server for the ``fast`` scenario only (the load-generator benchmark): one
     chunked-encoding frame per SSE event, each handed to the socket by its own write (no aiohttp overhead, so
-    the client, not this server, is the bottleneck)."""
+    the client, not this server, is the bottleneck). A body field ``gap_ms`` paces the chunks (one every
+    ``gap_ms``, on a fixed schedule); without it they are written back to back (flood)."""
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -264,6 +265,7 @@ async def _raw_fast(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
                     length = int(line.split(b":")[1])
             body = json.loads(await reader.readexactly(length)) if length else {}
             n = int(body.get("max_tokens", 16))
+            gap_s = float(body.get("gap_ms", 0.0)) / 1000.0  # paced: one chunk every gap_ms (benchmark)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 
             def frame(obj) -> bytes:
@@ -271,9 +273,15 @@ async def _raw_fast(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
                 return b"%x\r\n%s\r\n" % (len(data), data)
 
             tok = frame(_chunk("cmpl-1", "t", chat=False))
+            t_next = time.perf_counter()
             for k in range(n):
+                if gap_s > 0:
+                    t_next += gap_s
+                    delay = t_next - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
                 writer.write(tok)
-                if k % 64 == 63:
+                if gap_s > 0 or k % 64 == 63:
                     await writer.drain()
             writer.write(
                 frame(

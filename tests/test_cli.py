@@ -363,3 +363,17 @@ def test_a_flagged_row_is_never_counted_ok(tmp_path, capsys):
 
     df = load_results(tmp_path / "o")
     assert list(verdict(df)) == ["ok", "flagged"] and list(ok_mask(df)) == [True, False]
+
+
+def test_sweep_option_defaults_are_the_sweep_config_defaults():
+    """One source of defaults: every `kit sweep` option that is a SweepConfig field defaults to that field."""
+    import dataclasses
+
+    from kit.measure.sweep import SweepConfig
+
+    parser = cli.build_parser("sweep")
+    sub = next(a for a in parser._actions if a.dest == "command").choices["sweep"]
+    defaults = {a.dest: a.default for a in sub._actions}
+    for f in dataclasses.fields(SweepConfig):
+        if f.metadata.get("cli", True):
+            assert defaults[f.name] == getattr(SweepConfig(), f.name), f.name
