@@ -77,7 +77,7 @@ SCHEMA: dict = {
         },
         "device": {
             "type": "object",
-            "required": ["platform", "device", "name", "count", "memory_gb", "gfx_arch"],
+            "required": ["platform", "device", "name", "count", "memory_gb", "gfx_arch", "identity", "visibility"],
             "properties": {
                 "platform": {"enum": ["cpu", "cuda", "rocm"]},
                 "device": {"type": "string"},
@@ -85,6 +85,9 @@ SCHEMA: dict = {
                 "count": {"type": "integer", "minimum": 1},
                 "memory_gb": {"type": "number"},
                 "gfx_arch": _NULLSTR,
+                "catalog_name": _NULLSTR,
+                "identity": {"type": "string", "description": "how the part was named, or why it could not be"},
+                "visibility": {"type": "string", "description": "which devices this process may see, and why"},
             },
         },
         "devices": {
@@ -278,7 +281,8 @@ def run_doctor(config: DoctorConfig | None = None, **overrides) -> dict:
         comp = probes.compile_not_checked(cfg.compile_backend)
     for p in found:  # keep the schema's fields only (problems are in the top-level list)
         p.pop("problems", None)
-    dev = {k: info.as_dict()[k] for k in ("platform", "device", "name", "count", "gfx_arch")}
+    keys = ("platform", "device", "name", "count", "gfx_arch", "catalog_name", "identity", "visibility")
+    dev = {k: info.as_dict()[k] for k in keys}
     dev["memory_gb"] = round(info.memory_gb, 2)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -310,6 +314,8 @@ def format_report(r: dict) -> str:
         f"python {r['platform']['python']}, {r['elapsed_s']:.1f} s",
         f"device         {d['platform']}: {d['name']} ×{d['count']}, {d['memory_gb']:.1f} GB"
         + (f", {d['gfx_arch']}" if d["gfx_arch"] else ""),
+        f"identity       {d['identity']}",
+        f"visibility     {d['visibility']}",
     ]
     for g in r["devices"]:
         lines.append(

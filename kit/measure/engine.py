@@ -5,8 +5,9 @@ A *point* is (model, dtype, batch B = concurrency, context C = KV-cache length, 
 1. Allocate a ``transformers.StaticCache`` for ``C + max(warmup_steps, S)`` tokens (preallocated once; a
    DynamicCache re-concatenates every step and was measured up to 4x slower at B=32, L=4096 on CPU).
 2. Reach context C, either by a real prefill of B x C random token ids (``kv_fill="prefill"``, timed: this is
-   the static batch's TTFT) or by writing random values into the cache (``kv_fill="synthetic"``, untimed, so
-   decode at 32k+ tokens can be measured without a 32k prefill).
+   the static batch's TTFT; in chunks of ``prefill_chunk`` tokens when set, see :func:`prefill`) or by writing
+   random values into the cache (``kv_fill="synthetic"``, untimed, so decode at 32k+ tokens can be measured
+   without a 32k prefill).
 3. For each of ``repeats`` interleaved blocks: [prefill again if kv_fill="prefill"], rewind the cache to C, run
    ``warmup_steps`` untimed decode steps, rewind to C, then time S decode steps. A decode step is one forward of
    B x 1 tokens against the cache plus the greedy pick of the next token (argmax); each step is timed with
@@ -43,6 +44,8 @@ class PointConfig:
     warmup_steps: int = 3
     repeats: int = 3
     kv_fill: str = "prefill"
+    #: tokens per prefill chunk (None: the whole context in one forward); see :func:`prefill`
+    prefill_chunk: int | None = None
 
     def validate(self, max_positions: int | None = None) -> PointConfig:
         """Raise ValueError naming a bad value and what is allowed."""
@@ -54,6 +57,9 @@ class PointConfig:
             raise UserError(f"warmup_steps={self.warmup_steps!r} must be an integer >= 0")
         if self.kv_fill not in KV_FILLS:
             raise UserError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
+        c = self.prefill_chunk
+        if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 1):
+            raise UserError(f"prefill_chunk={c!r} must be an integer >= 1 (tokens per chunk) or None (one forward)")
         if max_positions:
             need = self.cache_len
             if need > max_positions:
@@ -142,6 +148,29 @@ def measured_kv_bytes_per_token(model, batch: int = 2, tokens: int = 8, max_cach
     return cache_bytes_per_token(cache, batch)
 
 
+def prefill(fwd: Forward, ids: torch.Tensor, positions: torch.Tensor, cache, chunk: int | None = None):
+    """Prefill ``ids`` (B x C token ids) into an empty static ``cache`` at ``positions`` (B x >= C); returns the
+    logits of the last position (B x 1 x vocab).
+
+    ``chunk=None``: one forward of B x C tokens. transformers' sdpa path then skips the mask (``is_causal`` with
+    an empty cache) but every activation is B x C x hidden (MLP: B x C x intermediate), and a kernel without a
+    fused causal path falls back to a C x C score matrix per head.
+
+    ``chunk=N``: ``ceil(C / N)`` forwards of B x N tokens, each attending to the whole static buffer. Memory per
+    step is linear in the context: the boolean mask transformers builds for a non-empty static cache is
+    N x cache_len bytes (1 x 1 x N x cache_len, broadcast over the batch by a view), the attention scores at most
+    B x heads x N x cache_len elements (only where sdpa falls back to its math kernel), the keys/values
+    B x heads x cache_len x head_dim per layer when sdpa repeats grouped kv heads; nothing is C x C. Each chunk
+    attends over the whole preallocated buffer (masked), so a chunked prefill does up to ~2x the attention work
+    of an unchunked causal one at long contexts.
+    """
+    C = ids.shape[1]
+    step = C if chunk is None else min(chunk, C)
+    for s in range(0, C, step):
+        logits = fwd(ids[:, s : s + step], positions[:, s : min(s + step, C)], cache)
+    return logits
+
+
 def synthetic_fill(model, cache, batch: int, context_len: int, device, positions, fwd: Forward, seed: int = 0):
     """Initialise ``cache`` with one real token, then fill positions [0, context_len) with random N(0, 1) keys
     and values, and set the fill level to ``context_len``. Untimed."""
@@ -192,7 +221,7 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
                 set_cache_length(cache, 0)
                 sync(dev)
                 t0 = time.perf_counter()
-                logits = fwd(prompt, positions[:, :C], cache)
+                logits = prefill(fwd, prompt, positions, cache, point.prefill_chunk)
                 tok = logits[:, -1].argmax(-1, keepdim=True)
                 sync(dev)
                 prefill_ms.append((time.perf_counter() - t0) * 1000.0)
@@ -224,6 +253,7 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
         "decode_steps": S,
         "kv_fill": point.kv_fill,
         "repeats": point.repeats,
+        "x_prefill_chunk": point.prefill_chunk if point.kv_fill == "prefill" else None,
         "prefill_ms": pre.p50 if prefill_ms else None,
         "prefill_ms_min": pre.min if prefill_ms else None,
         "ttft_ms": pre.p50 if prefill_ms else None,

@@ -85,6 +85,10 @@ class SweepConfig:
     kv_fill: str = config_field(
         "prefill", help="prefill (real, timed TTFT) | synthetic (random KV, for long contexts)", choices=KV_FILLS
     )
+    prefill_chunk: int | None = config_field(
+        None,
+        help="kv_fill=prefill: tokens per prefill chunk (memory linear in the context; default: one forward)",
+    )
     seed: int = config_field(0, help="seed for weights and token ids")
     accelerator: str | None = config_field(
         None, help="catalog accelerator for cost columns (default: the detected device)"
@@ -103,7 +107,12 @@ class SweepConfig:
     def points(self) -> list[tuple[str, PointConfig]]:
         """The grid as (dtype, PointConfig), ordered dtype → KV length → concurrency."""
         return [
-            (dt, PointConfig(int(b), int(c), self.decode_steps, self.warmup_steps, self.repeats, self.kv_fill))
+            (
+                dt,
+                PointConfig(
+                    int(b), int(c), self.decode_steps, self.warmup_steps, self.repeats, self.kv_fill, self.prefill_chunk
+                ),
+            )
             for dt in self.dtypes
             for c in self.kv_lens
             for b in self.concurrencies
@@ -153,9 +162,8 @@ def point_id(config: SweepConfig, dtype: str, platform: str, p: PointConfig) -> 
     """Stable key of an in-process point: everything that changes what is measured (model, dtype, platform, the
     point's settings, the seed of weights and ids, the requested torch threads). Resume skips ids already
     recorded, so a re-run with other ``--threads`` or ``--seed`` measures again instead of showing old numbers."""
-    key = json.dumps(
-        [config.model, dtypes.name_of(dtype), platform, asdict(p), config.seed, config.threads], sort_keys=True
-    )
+    point = {k: v for k, v in asdict(p).items() if v is not None}  # a new optional field keeps old ids
+    key = json.dumps([config.model, dtypes.name_of(dtype), platform, point, config.seed, config.threads], sort_keys=True)
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 

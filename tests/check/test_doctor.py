@@ -251,3 +251,13 @@ def test_probe_fp8_and_compile_sections_here():
         "error": None,
     }
     assert set(P.package_versions()) == set(P.PACKAGES)
+
+
+def test_report_names_the_part_and_which_devices_are_visible(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    report = D.run_doctor(device="cpu", compile_check=False, timing=False)
+    validate(report)
+    dev = report["device"]
+    assert dev["identity"] == "the host CPU" and "CUDA_VISIBLE_DEVICES" in dev["visibility"]
+    text = D.format_report(report)
+    assert "identity       the host CPU" in text and "visibility     CUDA_VISIBLE_DEVICES" in text

@@ -74,3 +74,80 @@ def test_mla_moe_preset_runs():
     m = build_model("tiny-deepseek")
     r = engine.run_point(m, engine.PointConfig(2, 32, decode_steps=3, repeats=1, kv_fill="prefill"))
     assert r["status"] == "ok" and r["tpot_n"] == 3 and r["kv_cache_gb"] > 0
+
+
+def test_chunked_prefill_logits_equal_one_forward(tiny_model):
+    """Issue 13 item 4: a prefill in chunks of N tokens gives the logits of one forward over the whole context,
+    and the cache then decodes the same next token."""
+    torch.manual_seed(1)
+    B, C = 2, 50
+    ids = torch.randint(0, tiny_model.config.vocab_size, (B, C + 1))
+    pos = torch.arange(C + 4).unsqueeze(0).expand(B, -1)
+    fwd = engine.Forward(tiny_model)
+    out = {}
+    with torch.inference_mode():
+        for chunk in (None, 16, 7):
+            cache = engine.new_cache(tiny_model, C + 4)
+            last = engine.prefill(fwd, ids[:, :C], pos, cache, chunk)[:, -1]
+            step = fwd(ids[:, C:], pos[:, C : C + 1], cache)[:, -1]
+            out[chunk] = (last, step)
+    for chunk in (16, 7):
+        assert torch.allclose(out[chunk][0], out[None][0], atol=1e-4)
+        assert torch.allclose(out[chunk][1], out[None][1], atol=1e-4)
+
+
+def test_chunked_prefill_never_builds_a_context_by_context_tensor(tiny_model, monkeypatch):
+    """Every attention call of a chunked prefill sees at most chunk queries, and its mask is chunk x cache_len."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append((q.shape[-2], k.shape[-2], None if attn_mask is None else tuple(attn_mask.shape[-2:])))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    p = engine.PointConfig(1, 1000, decode_steps=2, warmup_steps=0, repeats=1, prefill_chunk=128)
+    r = engine.run_point(tiny_model, p)
+    prefill_calls = [s for s in seen if s[0] > 1]
+    assert len(prefill_calls) == 8 * tiny_model.config.num_hidden_layers  # ceil(1000 / 128) chunks per layer
+    assert max(q for q, _, _ in prefill_calls) == 128
+    assert all(m is None or m[0] * m[1] <= 128 * p.cache_len for _, _, m in seen)
+    assert r["x_prefill_chunk"] == 128 and r["prefill_tok_s"] > 0 and r["status"] == "ok"
+    with pytest.raises(ValueError, match="prefill_chunk=0"):
+        engine.PointConfig(1, 8, prefill_chunk=0).validate()
+
+
+PEAK_SCRIPT = """
+import sys, psutil, torch
+from kit.models import build_model
+from kit.measure import engine
+torch.set_num_threads(1)
+m = build_model("tiny-llama")
+C = int(sys.argv[1])
+cache, fwd = engine.new_cache(m, C + 8), engine.Forward(m)
+pos = torch.arange(C + 8).unsqueeze(0)
+ids = torch.randint(0, 1000, (1, C))
+with torch.inference_mode():
+    fwd(ids[:, :1], pos[:, :1], cache)  # allocates the whole static buffer before the baseline
+    engine.set_cache_length(cache, 0)
+    open("/proc/self/clear_refs", "w").write("5")  # resets this process's RSS high-water mark (Linux)
+    base = psutil.Process().memory_info().rss
+    engine.prefill(fwd, ids, pos, cache, 256)
+hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM")).split()[1]
+print(int(hwm) * 1024 - base)
+"""
+
+
+@pytest.mark.slow
+def test_long_chunked_prefill_peak_memory_is_linear_in_the_context():
+    """Peak RSS above the allocated cache, for a chunked prefill at 2k and 8k tokens: grows ~linearly (4x the
+    context: < 6x the memory) and stays far below one 8k x 8k float32 score matrix (268 MB)."""
+    import subprocess
+    import sys
+
+    peak = {}
+    for C in (2048, 8192):
+        out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(C)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        peak[C] = int(out.stdout.split()[-1])
+    assert peak[8192] < 6 * max(peak[2048], 4e6) and peak[8192] < 120e6, peak
