@@ -37,7 +37,18 @@ ACCEL_REQUIRED = {
     "gpus_per_node": int,
     "fp8_format": str,
 }
-ACCEL_OPTIONAL_NUM = ("hbm_gb_nominal", "fp8_tflops", "fp4_tflops", "tdp_w", "scaleup_gb_s", "scaleup_domain_gpus")
+ACCEL_OPTIONAL_NUM = (
+    "hbm_gb_nominal",
+    "fp8_tflops",
+    "fp4_tflops",
+    "tdp_w",
+    "scaleup_gb_s",
+    "scaleup_domain_gpus",
+    "scaleup_alpha_us",
+    "scaleup_busbw_gb_s",
+    "scaleout_alpha_us",
+    "scaleout_busbw_gb_s",
+)
 FP8_FORMATS = ("e4m3fn", "e4m3fnuz")
 #: peak-TFLOPS figure (:func:`kit.dtypes.peak_key`) → its column in accelerators.csv
 PEAK_COLUMNS = {

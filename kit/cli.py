@@ -24,11 +24,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kit.measure.bench", "benchmark the kit: harness overhead and speed vs model.generate()"),
     "plan": ("kit.plan.cli", "will it fit, how fast, at what cost (analytic; no GPU needed)"),
     "calibrate": ("kit.measure.calibrate", "measure local memory bandwidth, matmul TFLOPS and step overhead"),
+    "kv-stress": ("kit.measure.stress_cli", "largest context that decodes at a batch: memory guard, probes, plots"),
+    "comm": ("kit.measure.comm", "collective latency and bus bandwidth over message sizes on N ranks (torchrun)"),
     "serve-bench": (
         "kit.serve.cli",
         "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, goodput)",
     ),
     "dashboard": ("kit.view.dashboard", "serve the sweep control panel as a web page (Voila, 127.0.0.1)"),
+    "history": ("kit.track.cli", "performance per commit: add runs, compare two commits (CI gate), HTML report"),
     "doctor": (
         "kit.check.doctor",
         "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel libraries and their sampling ops",

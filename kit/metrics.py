@@ -16,7 +16,8 @@ Served, per request (t0 = request sent, after the concurrency-slot wait ``client
     ttft_ms  = first token-bearing chunk − t0;   e2el_ms = last token-bearing chunk − t0
     tpot_ms  = (e2el_ms − ttft_ms) / (output_tokens − 1), only when output_tokens > 1 (else missing)
     chunk_gaps_ms = gaps between consecutive token-bearing chunks
-    itl_ms   = each chunk gap split evenly over the tokens that chunk carried (token-normalised)
+    itl_ms   = each chunk gap split evenly over the tokens that chunk carried (token-normalised); the first
+               chunk's k − 1 extra tokens are 0-ms entries, so a request's mean ITL = its TPOT
 
 Served, aggregates: request_throughput = completed / duration_s; output_tok_s = Σ out / duration_s;
 total_tok_s = (Σ in + Σ out) / duration_s; goodput_rps = #requests meeting every SLO (inclusive) / duration_s
@@ -28,7 +29,7 @@ Cost: usd_per_mtok = usd_per_gpu_hr × n_gpus / (tok_s × 3600) × 1e6; tok_per_
 (usd_per_gpu_hr × n_gpus); tok_s_per_gpu = tok_s / n_gpus.
 
 Collectives (nccl-tests): algbw = S / t; busbw = algbw × 2(n−1)/n (all-reduce), × (n−1)/n (all-gather,
-reduce-scatter), × 1 (broadcast, reduce).
+reduce-scatter, all-to-all), × 1 (broadcast, reduce, send/recv).
 """
 
 from __future__ import annotations
@@ -116,19 +117,25 @@ class RequestTimings:
     tpot_ms: float | None
     output_tokens: int
     chunk_gaps_ms: list[float]
-    itl_ms: list[float]
+    itl_ms: list[float] | None  # None: tokens per chunk unknown (case E7)
 
 
 def request_timings(
-    chunk_times_s: Sequence[float], chunk_tokens: Sequence[int], output_tokens: int, t0_s: float = 0.0
+    chunk_times_s: Sequence[float], chunk_tokens: Sequence[int] | None, output_tokens: int, t0_s: float = 0.0
 ) -> RequestTimings:
     """Per-request TTFT, E2EL, TPOT, chunk gaps and token-normalised ITL from token-bearing chunks.
+
+    The per-token rule (METRICS.md "Served", cases E1, E5, E7): each chunk gap is split evenly over the tokens
+    the later chunk carried, and the first chunk's k − 1 extra tokens enter ``itl_ms`` as 0-ms entries (its wait
+    is the TTFT, not a gap), so ``len(itl_ms) = output_tokens − 1`` and ``mean(itl_ms) = tpot_ms`` whenever the
+    chunk counts add up to ``output_tokens``.
 
     Args:
         chunk_times_s: arrival time (s) of each *token-bearing* chunk, in order (role-only, empty and usage-only
             chunks must already be excluded).
         chunk_tokens: tokens each chunk carried (from usage deltas or the tokenizer); a chunk with 0 tokens
             (e.g. whitespace that tokenises to nothing) adds no ITL entry and its gap is folded into the next.
+            None: unknown, then ``itl_ms`` is None (the chunk gaps are still computed, every chunk a gap).
         output_tokens: completion tokens of the request (usage.completion_tokens or a tokenizer count).
         t0_s: the time the request was sent (after any client queue wait).
 
@@ -137,25 +144,32 @@ def request_timings(
         output_tokens > 1 (never a division by zero).
 
     Raises:
-        ValueError: chunk_times_s and chunk_tokens differ in length.
+        UserError: chunk_times_s and chunk_tokens differ in length.
     """
-    if len(chunk_times_s) != len(chunk_tokens):
+    if chunk_tokens is not None and len(chunk_times_s) != len(chunk_tokens):
         raise UserError(f"chunk_times_s has {len(chunk_times_s)} entries but chunk_tokens has {len(chunk_tokens)}")
-    pairs = [(t, int(k)) for t, k in zip(chunk_times_s, chunk_tokens)]
-    if not pairs:
-        return RequestTimings(None, None, None, int(output_tokens), [], [])
-    ttft = (pairs[0][0] - t0_s) * 1000.0
-    e2el = (pairs[-1][0] - t0_s) * 1000.0
+    if not len(chunk_times_s):
+        return RequestTimings(None, None, None, int(output_tokens), [], None if chunk_tokens is None else [])
+    t_first, t_last = chunk_times_s[0], chunk_times_s[-1]
+    ttft = (t_first - t0_s) * 1000.0
+    e2el = (t_last - t0_s) * 1000.0
     tpot = tpot_ms(ttft, e2el, output_tokens)
+    if chunk_tokens is None:
+        gaps = [(b - a) * 1000.0 for a, b in zip(chunk_times_s, chunk_times_s[1:])]
+        return RequestTimings(ttft, e2el, tpot, int(output_tokens), gaps, None)
     gaps: list[float] = []
-    itl: list[float] = []
-    prev = pairs[0][0]
-    for t, k in pairs[1:]:
+    itl: list[float] = [0.0] * max(0, int(chunk_tokens[0]) - 1)
+    prev = t_first
+    for t, k in zip(chunk_times_s[1:], chunk_tokens[1:]):
+        k = int(k)
         if k <= 0:
             continue  # carries no token: no ITL entry; its time is part of the next token's gap
         gap = (t - prev) * 1000.0
         gaps.append(gap)
-        itl.extend([gap / k] * k)
+        if k == 1:
+            itl.append(gap)
+        else:
+            itl.extend([gap / k] * k)
         prev = t
     return RequestTimings(ttft, e2el, tpot, int(output_tokens), gaps, itl)
 
@@ -226,14 +240,19 @@ _BUSBW_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
 }
 
 
 def busbw_factor(op: str, n_ranks: int) -> float:
-    """busbw / algbw of a collective over ``n_ranks`` (all-reduce 2(n−1)/n, all-gather and reduce-scatter (n−1)/n,
-    broadcast and reduce 1), the nccl-tests convention (nccl-tests doc/PERFORMANCE.md).
+    """busbw / algbw of a collective over ``n_ranks`` (all-reduce 2(n−1)/n, all-gather, reduce-scatter and
+    all-to-all (n−1)/n, broadcast, reduce and send/recv 1), the nccl-tests convention (nccl-tests
+    doc/PERFORMANCE.md; all-to-all as its alltoall_perf). The size S the factor applies to is the whole buffer: the
+    gathered output of all-gather, the input of reduce-scatter, one rank's whole send buffer (n chunks) of
+    all-to-all, the reduced buffer of all-reduce.
 
     Raises:
         ValueError: unknown ``op`` or ``n_ranks`` < 1.
@@ -246,7 +265,8 @@ def busbw_factor(op: str, n_ranks: int) -> float:
 
 
 def bus_bandwidth_gb_s(op: str, size_bytes: float, seconds: float, n_ranks: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s for a collective, nccl-tests convention.
+    """(algbw, busbw) in GB/s for a collective, nccl-tests convention: algbw = S / t with S the whole buffer
+    (see :func:`busbw_factor`), busbw = algbw × the op's factor.
 
     Raises:
         ValueError: unknown op (lists the allowed ones) or n_ranks < 1.

@@ -109,15 +109,48 @@ def check_custom_code(path: str | os.PathLike, trust_remote_code: bool = False) 
         )
 
 
-def get_config(model: str, trust_remote_code: bool = False):
+def override_positions(cfg, max_position_embeddings: int | None, checkpoint: bool, extend_checkpoint: bool = False):
+    """Set ``cfg.max_position_embeddings`` (the longest sequence the kit lets a point use) to the requested value.
+
+    For a random-weight preset this is a free override: RoPE computes its angles from the position ids, so positions
+    past the preset's limit run, and speed and memory do not depend on the limit. A real checkpoint was trained up
+    to its limit, so a larger value is refused unless ``extend_checkpoint`` (logits past it are extrapolation).
+
+    Raises:
+        UserError: the value is not an integer >= 1, or it extends a real checkpoint without ``extend_checkpoint``.
+    """
+    if max_position_embeddings is None:
+        return cfg
+    v = max_position_embeddings
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise UserError(f"max_position_embeddings={v!r} must be an integer >= 1")
+    have = max_positions(cfg)
+    if checkpoint and v > have and not extend_checkpoint:
+        raise UserError(
+            f"max_position_embeddings={v} is past this checkpoint's trained limit of {have} positions; "
+            "pass extend_checkpoint_positions=True (--extend-positions) to run it anyway (logits past the "
+            "limit are extrapolation)"
+        )
+    cfg.max_position_embeddings = v
+    return cfg
+
+
+def get_config(
+    model: str,
+    trust_remote_code: bool = False,
+    max_position_embeddings: int | None = None,
+    extend_checkpoint_positions: bool = False,
+):
     """The ``transformers`` config of a preset name or a local checkpoint directory.
 
     Args:
         trust_remote_code: allow a checkpoint's own Python code (see :func:`check_custom_code`).
+        max_position_embeddings: override the position limit (:func:`override_positions`): free for a preset,
+            refused past a real checkpoint's limit unless ``extend_checkpoint_positions``.
 
     Raises:
         UserError: unknown preset and not a checkpoint directory (lists the presets); a checkpoint that needs
-            custom code without ``trust_remote_code``; a config.json transformers cannot read.
+            custom code without ``trust_remote_code``; a config.json transformers cannot read; a refused override.
     """
     from transformers import AutoConfig
 
@@ -125,13 +158,14 @@ def get_config(model: str, trust_remote_code: bool = False):
         p = PRESETS[model]
         cfg = AutoConfig.for_model(p.model_type, **copy.deepcopy(p.fields))
         cfg.name_or_path = p.name
-        return cfg
+        return override_positions(cfg, max_position_embeddings, False)
     if is_checkpoint_dir(model):
         check_custom_code(model, trust_remote_code)
         try:
-            return AutoConfig.from_pretrained(str(model), local_files_only=True, trust_remote_code=trust_remote_code)
+            cfg = AutoConfig.from_pretrained(str(model), local_files_only=True, trust_remote_code=trust_remote_code)
         except (ValueError, KeyError, OSError) as e:
             raise UserError(f"cannot read the config of checkpoint {str(model)!r}: {str(e).splitlines()[0]}") from e
+        return override_positions(cfg, max_position_embeddings, True, extend_checkpoint_positions)
     if Path(model).exists():
         raise UserError(
             f"model={model!r} is a path but holds no config.json; a checkpoint directory needs "
@@ -174,6 +208,8 @@ def build_model(
     device: str = "cpu",
     seed: int = 0,
     trust_remote_code: bool = False,
+    max_position_embeddings: int | None = None,
+    extend_checkpoint_positions: bool = False,
 ) -> torch.nn.Module:
     """Build a preset with random weights (or load a local checkpoint) on ``device`` in ``dtype``, eval mode.
 
@@ -183,19 +219,24 @@ def build_model(
         device: torch device string ("cpu", "cuda", "cuda:1"); ROCm uses "cuda".
         seed: seed for the random weights.
         trust_remote_code: allow a checkpoint's own Python code (see :func:`check_custom_code`).
+        max_position_embeddings: override the position limit (:func:`override_positions`; e.g. a KV-cache
+            stress past a preset's 16,384); past a real checkpoint's limit only with ``extend_checkpoint_positions``.
 
     Returns:
         a ``transformers`` causal-LM module with ``.config``; attention runs with the "sdpa" implementation.
 
     Raises:
-        ValueError: unknown preset/dtype.
+        ValueError: unknown preset/dtype; a refused position override.
     """
     from transformers import AutoModelForCausalLM
 
     dt = dtypes.to_torch(dtype)
     if is_checkpoint_dir(model):
-        return load_checkpoint(model, dt, device, trust_remote_code)
-    cfg = get_config(model)
+        if max_position_embeddings is None:
+            return load_checkpoint(model, dt, device, trust_remote_code)
+        cfg = get_config(model, trust_remote_code, max_position_embeddings, extend_checkpoint_positions)
+        return load_checkpoint(model, dt, device, trust_remote_code, config=cfg)
+    cfg = get_config(model, max_position_embeddings=max_position_embeddings)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     with torch.device(device):
@@ -204,9 +245,14 @@ def build_model(
 
 
 def load_checkpoint(
-    path: str | os.PathLike, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", trust_remote_code: bool = False
+    path: str | os.PathLike,
+    dtype: str | torch.dtype = "bfloat16",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    config=None,
 ):
     """Load a causal LM from a local directory (config.json + safetensors); never touches the network.
+    ``config``: a config to use instead of the directory's (e.g. with a position override from :func:`get_config`).
 
     Raises:
         UserError: the directory has no config.json or no weights, or needs custom code without
@@ -227,6 +273,7 @@ def load_checkpoint(
         local_files_only=True,
         attn_implementation="sdpa",
         trust_remote_code=trust_remote_code,
+        **({"config": config} if config is not None else {}),
     )
     return m.eval()
 

@@ -24,10 +24,12 @@ from kit._io import atomic_write_bytes, atomic_write_with
 from kit.errors import InputNotFoundError, UserError
 
 SCHEMA_VERSION = 1
-#: ``killed``: the process died while measuring the point (see :mod:`kit.store`)
-STATUSES = ("ok", "oom", "error", "killed", "skipped")
-#: what produced a row: the in-process engine, a served endpoint (OpenAI-compatible API) or the planner
-BACKENDS = ("engine", "openai", "planner")
+#: ``killed``: the process died while measuring the point (see :mod:`kit.store`); ``refused``: predicted not to fit
+#: in the free memory, so never allocated (``kit kv-stress``'s memory guard, :mod:`kit.measure.memguard`)
+STATUSES = ("ok", "oom", "error", "killed", "skipped", "refused")
+#: what produced a row: the in-process engine, a served endpoint (OpenAI-compatible API), the planner or a
+#: collective probe (``kit comm``)
+BACKENDS = ("engine", "openai", "planner", "comm")
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("run_id", "string", "id of the run (sweep) this row belongs to"),
     Column("point_id", "string", "stable key of the point's configuration; a resumed sweep skips finished ones"),
     Column("backend", "string", "engine (in-process torch) | openai (served endpoint) | planner (analytic)"),
-    Column("status", "string", "ok | oom | error | killed | skipped"),
+    Column("status", "string", "ok | oom | error | killed | skipped | refused"),
     Column("error", "string", "error text when status is not ok"),
     Column("timestamp", "string", "UTC ISO-8601 time the point finished"),
     # what ran
@@ -103,6 +105,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("eff_flops", "float64", "planner: fraction of peak FLOPS assumed"),
     Column("tp", "Int64", "tensor-parallel size"),
     Column("assumptions", "string", "planner: the assumptions behind a prediction, as text"),
+    # energy (kit.measure.power)
+    Column("avg_power_w", "float64", "mean device power over the point = energy_j / sampled duration, W (all devices)"),
+    Column("peak_power_w", "float64", "highest summed device power at one sampling instant, W"),
+    Column("energy_j", "float64", "device energy over the point, J (counter difference or power integral)"),
+    Column("j_per_output_token", "float64", "energy_j / sum(output tokens), J"),
+    Column("j_per_token", "float64", "energy_j / sum(input + output tokens), J"),
+    Column("pct_tdp", "float64", "100 x avg_power_w / (catalog TDP x devices), %"),
     # cost
     Column("usd_per_gpu_hr", "float64", "$ per GPU-hour used for the cost columns"),
     Column("price_basis", "string", "basis of usd_per_gpu_hr (tco, assumed-rental, on-demand, user)"),
@@ -121,6 +130,7 @@ _DTYPES = {c.name: c.dtype for c in COLUMNS}
 PROBLEM_FLAGS: dict[str, tuple[object, str]] = {
     "x_logits_finite": (False, "non-finite logits (dtype overflow?): speed figures are not trustworthy"),
     "x_valid": (False, "failed the validity checks of its backend"),
+    "x_recompiles_timed": (True, "torch.compile recompiled inside the timed decode steps: they time a compile"),
 }
 
 

@@ -46,6 +46,21 @@ SMALL: dict[str, dict] = {
     },
     "tutorials/02-explore-with-the-panel.ipynb": {**TINY_GRID, "repeats": 1, "device": "cpu"},
     "how-to/sweep-kv-cache-length.ipynb": {"kv_lens": [16, 64, 256], "decode_steps": 4, "repeats": 1, "device": "cpu"},
+    "how-to/run-a-tensor-parallel-sweep.ipynb": {
+        "kv_lens": [16],
+        "concurrencies": [1, 2],
+        "decode_steps": 2,
+        "repeats": 1,
+    },
+    "how-to/stress-the-kv-cache.ipynb": {
+        "start": 64,
+        "max_context": 256,
+        "decode_steps": 2,
+        "repeats": 1,
+        "check_context": 128,
+        "far_probes": 2,
+        "device": "cpu",
+    },
     "how-to/find-the-concurrency-knee.ipynb": {
         "kv_lens": [16],
         "concurrencies": [1, 2, 4],
@@ -53,6 +68,7 @@ SMALL: dict[str, dict] = {
         "repeats": 1,
         "device": "cpu",
     },
+    "how-to/track-performance-per-commit.ipynb": {**TINY_GRID, "repeats": 2, "runs": 2, "delay_ms": 20.0},
     "how-to/compare-dtypes.ipynb": {
         "kv_lens": [16],
         "concurrencies": [1, 2],
@@ -76,6 +92,40 @@ SMALL: dict[str, dict] = {
         "device": "cpu",
     },
     "explanation/performance-per-dollar.ipynb": {"concurrencies": [1, 8, 64]},
+    # 2 gloo ranks through torchrun; the planner-only explanation beside it
+    "how-to/probe-the-interconnect.ipynb": {"max_bytes": 256, "iters": 3, "warmup": 1},
+    "explanation/why-two-nodes-decode-slower.ipynb": {},
+    # served workloads against the simulated server (kit.serve.simserver): the SLO search's known answer is 17
+    "how-to/how-many-users-within-an-slo.ipynb": {
+        "num_requests": 8,
+        "isl": 16,
+        "osl": 8,
+        "slo_tpot_ms": 20.5,
+        "max_concurrency": 64,
+    },
+    "how-to/shared-prefix-and-multi-turn.ipynb": {
+        "concurrencies": [2],
+        "prefix_fractions": [0.0, 0.5],
+        "group_size": 4,
+        "num_requests": 8,
+        "isl": 64,
+        "osl": 4,
+        "turns": 2,
+        "think_time_s": 0.05,
+        "trace_requests": 6,
+    },
+    "reference/metric-conventions.ipynb": {"num_requests": 4, "concurrency": 2, "isl": 16, "osl": 17},
+    # a fake pynvml (tests/fake_backends) and a scripted vLLM-style /metrics server with injected preemptions
+    "how-to/energy-per-token-and-trust-checks.ipynb": {
+        "power_source": "nvml",
+        "power_library": "fake_pynvml",
+        "library_path": str(Path(__file__).parent / "fake_backends"),
+        "scripted_server": str(Path(__file__).parent / "metrics_server.py"),
+        "concurrency": 2,
+        "context_len": 16,
+        "decode_steps": 8,
+        "num_requests": 4,
+    },
 }
 
 EXEC_DIR = Path(os.environ.get("KIT_NB_EXEC_DIR") or tempfile.mkdtemp(prefix="kit-notebooks-"))

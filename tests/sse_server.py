@@ -17,7 +17,18 @@ chosen by the request's ``model`` field:
 ``truncate``    two chunks, then the connection is cut mid-stream (no chunked-encoding terminator)
 ``slow``        like ``normal`` with 50 ms between chunks
 ``html502``     HTTP 502 with a multi-line HTML error page (as a reverse proxy sends), no stream
+``e5``          per-chunk usage: "abc" (3 tokens) at 0.5 s, then one token at 0.6, 0.7, 0.8, 0.9 (case E5)
+``e6``          "A" at 0.1, then an ``event: error`` frame (``{"message": "engine overloaded", "code": 503}``),
+                ``[DONE]`` (case E6); ``e6text``: the error frame's data is plain text; ``e6nodata``: no data;
+                ``e6type``: a data line ``{"type": "error", "message": ..}``; ``e6obj``: ``{"error": {..}}``;
+                ``e6finish``: a chunk with ``finish_reason: "error"``
+``e7``          TTFT 0.2 s, then 10 chunks of 4 tokens every 40 ms (last at 0.56), final usage 40, no per-chunk
+                usage (case E7)
+``endless``     one ``data:`` line that never ends (64 KiB writes, up to 256 MiB)
 ==============  ==========================================================================================
+
+Under the path prefix ``/redirect`` (``GET /redirect/v1/models``, ``POST /redirect/v1/completions``) every
+request is answered with a redirect (302 and 307) to the same path without the prefix.
 
 Run in-process with :func:`start_in_thread`, or as a separate process: ``python tests/sse_server.py --port N``
 (prints ``READY <port>`` when listening).
@@ -111,12 +122,33 @@ def script(name: str, chat: bool, max_tokens: int, gap_ms: float) -> list[tuple[
         return ev  # like transformers serve: no [DONE]
     if name == "stall":
         return [(0.02, _chunk(i, "A", chat=chat)), (120.0, _chunk(i, "B", chat=chat, finish="length"))]
+    if name == "e5":
+        ev = [(0.50, _chunk(i, "abc", chat=chat, usage=u(3)))]
+        ev += [(0.5 + 0.1 * k, _chunk(i, "d", chat=chat, usage=u(3 + k))) for k in range(1, 5)]
+        return ev + [(0.9, _chunk(i, chat=chat, empty_choices=True, usage=u(7))), (0.9, "[DONE]")]
+    if name.startswith("e6"):
+        err = {"message": "engine overloaded", "code": 503}
+        frame = {
+            "e6": b"event: error\ndata: " + json.dumps(err).encode() + b"\n\n",
+            "e6text": b"event: error\ndata: engine overloaded (plain text)\n\n",
+            "e6nodata": b"event: error\n\n",
+            "e6type": {"type": "error", "message": "engine overloaded"},
+            "e6obj": {"error": err},
+            "e6finish": _chunk(i, "", chat=chat, finish="error"),
+        }[name]
+        return [(0.1, _chunk(i, "A", chat=chat)), (0.15, frame), (0.2, "[DONE]")]
+    if name == "e7":
+        ev = [(0.2 + 0.04 * k, _chunk(i, "abcd", chat=chat)) for k in range(10)]
+        return ev + [(0.56, _chunk(i, chat=chat, empty_choices=True, usage=u(40))), (0.56, "[DONE]")]
     if name == "truncate":
         return [(0.02, _chunk(i, "A", chat=chat)), (0.04, _chunk(i, "B", chat=chat)), (0.05, "<cut>")]
     raise KeyError(name)
 
 
-SCENARIOS = ("e1", "e1u", "e2a", "e2b", "e2c", "normal", "fast", "flaky", "stall", "truncate", "slow", "html502")
+SCENARIOS = (
+    *("e1", "e1u", "e2a", "e2b", "e2c", "e5", "e7", "normal", "fast", "flaky", "stall", "truncate", "slow"),
+    *("html502", "endless", "e6", "e6text", "e6nodata", "e6type", "e6obj", "e6finish"),
+)
 HTML_502 = (
     "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
     "</center>\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n" + "<!-- padding -->\r\n" * 6
@@ -149,6 +181,8 @@ def make_app(gap_ms: float = GAP_MS) -> web.Application:
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
         if name == "html502":
             return web.Response(text=HTML_502, status=502, content_type="text/html")
+        if name == "endless":
+            return await endless(req)
         events = script(name, chat, int(body.get("max_tokens", 16)), float(req.query.get("gap_ms", gap_ms)))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         resp.enable_chunked_encoding()
@@ -161,13 +195,34 @@ def make_app(gap_ms: float = GAP_MS) -> web.Application:
             if payload == "<cut>":
                 req.transport.abort() if req.transport else None
                 return resp
+            if isinstance(payload, bytes):  # a raw SSE frame (typed events)
+                await resp.write(payload)
+                continue
             data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
             await resp.write(f"data: {data}\n\n".encode())
         await resp.write_eof()
         return resp
 
+    async def endless(req: web.Request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        await resp.write(b"data: ")
+        block = b"x" * 65536
+        try:
+            for _ in range(4096):
+                await resp.write(block)
+        except (ConnectionError, RuntimeError):
+            pass
+        return resp
+
+    async def redirect(req: web.Request):
+        target = req.path.removeprefix("/redirect")
+        raise (web.HTTPFound if req.method == "GET" else web.HTTPTemporaryRedirect)(location=target)
+
     app = web.Application()
     app[REQUESTS] = received
+    app.router.add_get("/redirect/v1/models", redirect)
+    app.router.add_post("/redirect/v1/completions", redirect)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", generate)

@@ -220,10 +220,10 @@ BUGGY = """
 import sys
 import kit.measure.cli as c
 
-def broken_helper(df, config):
+def broken_helper(*args, **kwargs):
     return {}["a deliberate bug"]  # a KeyError inside a sweep helper: a bug, not a user error
 
-c.current_rows = broken_helper
+c.summary_table = broken_helper
 from kit.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -377,3 +377,16 @@ def test_sweep_option_defaults_are_the_sweep_config_defaults():
     for f in dataclasses.fields(SweepConfig):
         if f.metadata.get("cli", True):
             assert defaults[f.name] == getattr(SweepConfig(), f.name), f.name
+
+
+def test_a_second_model_in_the_same_out_keeps_the_first_models_plots(tmp_path):
+    out = tmp_path / "o"
+    assert cli.main(["sweep", "--kv", "16", "--concurrency", "1,2", "--decode-steps", "2", "--warmup-steps", "0",
+                     "--repeats", "1", "--out", str(out)]) == 0  # fmt: skip
+    first = (out / "throughput_vs_concurrency.png").read_bytes()
+    assert cli.main(["sweep", "--model", "tiny-deepseek", "--kv", "16", "--concurrency", "1,2", "--decode-steps", "2",
+                     "--warmup-steps", "0", "--repeats", "1", "--out", str(out)]) == 0  # fmt: skip
+    assert (out / "throughput_vs_concurrency.png").read_bytes() == first
+    assert (out / "tiny-deepseek_throughput_vs_concurrency.png").stat().st_size > 5000
+    runs = load_results(out).attrs["runs"]
+    assert [r["model"] for r in runs] == ["tiny-llama", "tiny-deepseek"]  # both runs' metadata kept

@@ -7,8 +7,15 @@
     decode tok/s = B / (median gap between consecutive generated tokens), taken with a timestamping
     StoppingCriteria (prefill excluded). Goal: kit >= 1.3x.
 
-Both alternate the two sides for ``rounds`` rounds (interleaved, so machine noise hits both alike) and report
-medians and minima with n.
+(c) eager vs compiled (``--which compile``): the same point's median decode step eagerly and through
+    :class:`kit.measure.compiled.CompiledDecode` (torch.compile; CUDA/HIP graphs on GPUs), with the compiled
+    step's achieved GB/s (weights + cache bytes per step) to set beside ``kit calibrate``'s bandwidth.
+(d) TP=1 vs TP=N (``--which tp``): the same point in one process and on N torchrun ranks
+    (:mod:`kit.measure.tp`).
+
+Each alternates the two sides for ``rounds`` rounds (interleaved, so machine noise hits both alike) and reports
+medians and minima with n (rounds). ``--which all`` runs (a), (b) and (c); (d) starts ranks and runs only when
+asked.
 """
 
 from __future__ import annotations
@@ -24,6 +31,62 @@ from kit import hardware, metrics
 from kit.errors import UserError
 from kit.measure.engine import PointConfig, bare_decode_loop_ms, run_point
 from kit.measure.sweep import get_model
+
+
+def _pair(a: list[float], b: list[float], names: tuple[str, str]) -> dict:
+    """Medians and minima of two sides' per-round step times (ms), n and ratio = median a / median b."""
+    ma, mb = float(np.median(a)), float(np.median(b))
+    (x, y) = names
+    out = {f"{x}_step_ms_p50": ma, f"{x}_step_ms_min": float(min(a)), f"{y}_step_ms_p50": mb}
+    return {**out, f"{y}_step_ms_min": float(min(b)), "n": len(a), "ratio": ma / mb}
+
+
+def compiled_vs_eager(model, batch: int, context_len: int, steps: int, rounds: int, device: str) -> dict:
+    """Interleaved rounds of eager and compiled decode on one point (synthetic KV, ``steps`` timed steps each).
+
+    Returns: dict with eager/compiled step ms (medians over rounds of each round's p50, and minima), n (rounds),
+    ratio (eager / compiled: > 1 means compiled is faster), engine_mode, compile_s_p50 (each round compiles once,
+    outside its timed steps), compiled_achieved_gb_s_p50 and recompiles_timed (summed; 0 expected).
+    """
+    p = PointConfig(batch, context_len, steps, warmup_steps=3, repeats=1, kv_fill="synthetic")
+    eager, comp, rows = [], [], []
+    for _ in range(rounds):
+        eager.append(run_point(model, p, device)["tpot_ms_p50"])
+        rows.append(run_point(model, p, device, compile=True))
+        comp.append(rows[-1]["tpot_ms_p50"])
+    return {
+        **_pair(eager, comp, ("eager", "compiled")),
+        "engine_mode": rows[-1]["x_engine_mode"],
+        "compile_s_p50": float(np.median([r["x_compile_s"] for r in rows])),
+        "compiled_achieved_gb_s_p50": float(np.median([r["achieved_gb_s"] for r in rows])),
+        "recompiles_timed": int(sum(r["x_recompiles_timed"] for r in rows)),
+    }
+
+
+def tp_vs_single(model_name: str, dtype: str, batch: int, context_len: int, steps: int, rounds: int, tp: int,
+                 device: str) -> dict:  # fmt: skip
+    """Interleaved rounds of one point in this process (TP=1) and on ``tp`` torchrun ranks (the same weights:
+    :func:`kit.measure.tp.tp_checkpoint`, seed 0).
+
+    Returns: dict with tp1/tpN step ms (medians over rounds of each round's p50, and minima), n (rounds), tp and
+    ratio (TP=1 / TP=N: > 1 means the sharded model decodes faster).
+
+    Raises:
+        RankError: a rank failed.
+    """
+    import tempfile
+
+    from kit.measure.tp import run_tp_point, tp_checkpoint
+
+    ckpt = tp_checkpoint(model_name, dtype, seed=0)
+    model = get_model(model_name, dtype, device)
+    p = PointConfig(batch, context_len, steps, warmup_steps=3, repeats=1, kv_fill="synthetic")
+    one, many = [], []
+    with tempfile.TemporaryDirectory(prefix="kit-bench-tp-") as work:
+        for i in range(rounds):
+            one.append(run_point(model, p, device)["tpot_ms_p50"])
+            many.append(run_tp_point(ckpt, dtype, p, tp, f"{work}/{i}")["tpot_ms_p50"])
+    return {**_pair(one, many, ("tp1", f"tp{tp}")), "tp": tp}
 
 
 def harness_overhead(model, batch: int, context_len: int, steps: int, rounds: int, device: str) -> dict:
@@ -120,13 +183,19 @@ def add_cli(sub) -> None:
     p.add_argument("--context", type=int, default=1024, help="KV-cache length C (tokens)")
     p.add_argument("--steps", type=int, default=32, help="decode steps per round")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per side")
-    p.add_argument("--which", choices=("overhead", "generate", "all"), default="all", help="which benchmark")
+    p.add_argument("--tp", type=int, default=2, help="ranks of --which tp")
+    p.add_argument(
+        "--which",
+        choices=("overhead", "generate", "compile", "tp", "all"),
+        default="all",
+        help="which benchmark (all: overhead, generate, compile; tp starts ranks and runs only when named)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cli)
 
 
 def _cli(args) -> int:
-    for name in ("batch", "context", "steps", "rounds"):
+    for name in ("batch", "context", "steps", "rounds", "tp"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name}={getattr(args, name)} must be >= 1")
     info = hardware.detect(args.device)
@@ -143,6 +212,11 @@ def _cli(args) -> int:
         out["overhead"] = harness_overhead(model, args.batch, args.context, args.steps, args.rounds, info.device)
     if args.which in ("generate", "all"):
         out["vs_generate"] = versus_generate(model, args.batch, args.context, args.steps, args.rounds, info.device)
+    if args.which in ("compile", "all"):
+        out["compile"] = compiled_vs_eager(model, args.batch, args.context, args.steps, args.rounds, info.device)
+    if args.which == "tp":
+        out["tp"] = tp_vs_single(args.model, args.dtype, args.batch, args.context, args.steps, args.rounds, args.tp,
+                                 info.device)  # fmt: skip
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -163,5 +237,22 @@ def _cli(args) -> int:
             f"(b) vs model.generate(): kit {v['kit_decode_tok_s_p50']:.0f} tok/s vs generate "
             f"{v['generate_decode_tok_s_p50']:.0f} tok/s (medians, n={v['n']}): speedup {v['speedup']:.2f}x "
             f"(goal >= 1.3x)"
+        )
+    if "compile" in out:
+        c = out["compile"]
+        print(
+            f"(c) eager vs compiled ({c['engine_mode']}): eager step p50 {c['eager_step_ms_p50']:.3f} ms (min "
+            f"{c['eager_step_ms_min']:.3f}) vs compiled {c['compiled_step_ms_p50']:.3f} ms (min "
+            f"{c['compiled_step_ms_min']:.3f}), n={c['n']}: ratio {c['ratio']:.2f}x; compile "
+            f"{c['compile_s_p50']:.1f} s per point, compiled {c['compiled_achieved_gb_s_p50']:.1f} GB/s "
+            "(compare kit calibrate's bandwidth), "
+            f"{c['recompiles_timed']} recompilations in timed steps"
+        )
+    if "tp" in out:
+        t, n = out["tp"], out["tp"]["tp"]
+        print(
+            f"(d) TP=1 vs TP={n}: step p50 {t['tp1_step_ms_p50']:.3f} ms (min {t['tp1_step_ms_min']:.3f}) vs "
+            f"{t[f'tp{n}_step_ms_p50']:.3f} ms (min {t[f'tp{n}_step_ms_min']:.3f}), n={t['n']}: ratio "
+            f"{t['ratio']:.2f}x (TP=1 / TP={n}; > 1: sharding is faster)"
         )
     return 0

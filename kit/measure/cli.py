@@ -3,6 +3,10 @@
 Options derive from :class:`kit.measure.sweep.SweepConfig` (one source of defaults and help). Prints a summary
 table (or, with ``--json``, one JSON object), writes PNG plots, and exits 0 when at least one point is ok, 1 when
 none is (or, with ``--strict``, when any point is not ok), 2 for a user error, 130 when interrupted.
+
+``--runs N`` repeats the whole grid N times, interleaved (:class:`kit.track.repeat.RepeatedBackend`), storing
+every replicate as its own row, so ``kit history compare`` has independent samples; the summary then prints the
+median over the runs with a 95 % interval.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import pandas as pd
 
 from kit._io import check_out_dir
 from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args
-from kit.measure.sweep import SweepConfig, current_rows, noise_warning, run_sweep, summary_table
+from kit.measure.sweep import SweepConfig, noise_warning, summary_table
 from kit.results import ok_mask, verdict
+from kit.track.repeat import current_run_rows, median_replicates, replicate_summary, run_sweep_runs
 
 
 def add_cli(sub) -> None:
@@ -30,6 +35,14 @@ def add_cli(sub) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     add_config_args(p, SweepConfig)
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="repeat the whole grid N times, interleaved, one row per point and run (independent samples for "
+        "`kit history compare`; the summary shows medians with 95%% intervals)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip writing PNG plots")
     p.add_argument(
         "--json",
@@ -49,33 +62,40 @@ def _json_rows(df: pd.DataFrame) -> list[dict]:
 def _cli_sweep(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out, "--out", "results/my-sweep")
     cfg = config_from_args(SweepConfig, args)
+    runs = args.runs
     t0 = time.perf_counter()
     try:
-        df = run_sweep(cfg, out, resume=not args.no_resume, progress=not args.json, retry_killed=args.retry_killed)
+        df = run_sweep_runs(
+            cfg, out, runs, resume=not args.no_resume, progress=not args.json, retry_killed=args.retry_killed
+        )
     except KeyboardInterrupt:
         from kit.results import load_results
 
         try:
-            n = len(current_rows(load_results(out), cfg))
+            n = len(current_run_rows(load_results(out), cfg, runs))
         except FileNotFoundError:
             n = 0
         print(
-            f"\ninterrupted: {n} of {len(cfg.points())} points of this sweep are saved in {out}; "
+            f"\ninterrupted: {n} of {len(cfg.points()) * runs} points of this sweep are saved in {out}; "
             "re-run the same command to resume",
             file=sys.stderr,
         )
         return 130
     wall = time.perf_counter() - t0
-    cur = current_rows(df, cfg)
+    cur = current_run_rows(df, cfg, runs)
     others = df["point_id"].nunique() - cur["point_id"].nunique()
     ok = ok_mask(cur)
     n_ok = int(ok.sum())
     bad = cur[~ok].assign(verdict=verdict(cur[~ok]))
     plots = []
     if not args.no_plots:
+        from kit.view.files import prefix_for
         from kit.view.plots import save_standard_plots
 
-        plots = save_standard_plots(cur, out)
+        shown = median_replicates(cur) if runs > 1 else cur
+        # another model's sweep in the same --out keeps its plots: this one's get the model as a file-name prefix
+        other_models = set(df.loc[~df["point_id"].isin(cur["point_id"]), "model"].dropna()) - {cfg.model}
+        plots = save_standard_plots(shown, out, prefix=prefix_for(cfg.model) if other_models else "")
     rc = 1 if n_ok == 0 or (args.strict and len(bad)) else 0
     if args.json:
         print(
@@ -90,16 +110,23 @@ def _cli_sweep(args: argparse.Namespace) -> int:
                     "plots": [str(p) for p in plots],
                     "noise_warning": noise_warning(cur),
                     "exit_code": rc,
+                    "runs": runs,
+                    "summary": replicate_summary(cur).to_dict(orient="records") if runs > 1 else None,
                     "rows": _json_rows(cur),
                 }
             )
         )
         return rc
-    print(summary_table(cur))
+    if runs > 1:
+        print(f"median of {runs} runs per point (95% interval of the run-to-run spread):")
+        print(replicate_summary(cur).to_string(index=False))
+    else:
+        print(summary_table(cur))
     for path in plots:
         print(f"plot: {path}")
+    reps = f" ({runs} runs of {len(cur) // runs})" if runs > 1 else ""
     print(
-        f"\n{len(cur)} points ({n_ok} ok, {len(bad)} not ok) in {wall:.1f} s; "
+        f"\n{len(cur)} points{reps} ({n_ok} ok, {len(bad)} not ok) in {wall:.1f} s; "
         f"results: {out / 'results.parquet'} (+ results.json metadata, points.jsonl log)"
     )
     if others > 0:

@@ -21,7 +21,6 @@ with a mask (transformers' static-cache attention), so ``achieved_gb_s`` counts 
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from dataclasses import dataclass
 
@@ -183,22 +182,35 @@ def synthetic_fill(model, cache, batch: int, context_len: int, device, positions
     set_cache_length(cache, context_len)
 
 
-def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> dict:
+def run_point(
+    model, point: PointConfig, device: str = "cpu", seed: int = 0, compile: bool = False, compile_backend="inductor"
+) -> dict:
     """Measure one point and return a record in the :mod:`kit.results` schema (status "ok").
 
     Args:
         model: a transformers causal LM built by :func:`kit.models.build_model`.
         point: what to measure; validated against the model's max positions.
         device: the torch device the model lives on.
+        compile: decode steps through :class:`kit.measure.compiled.CompiledDecode` (torch.compile; CUDA/HIP graphs
+            on GPUs); prefill stays eager.
+        compile_backend: torch.compile backend ("inductor"; "eager" = dynamo tracing only, for quick checks).
 
     Returns:
         dict with prefill_ms(+_min), ttft_ms, tpot_ms_p50/p90/p99/min/mean, tpot_n, decode_tok_s,
         tok_s_per_stream, prefill_tok_s, achieved_gb_s, peak_mem_gb, kv_cache_gb, weights_gb and x_ extras
-        (x_step_ms: every timed step, ms).
+        (x_step_ms: every timed step, ms; x_engine_mode; compiled: x_compile_s, x_recompiles_timed).
 
     Raises:
         ValueError: bad point. torch.OutOfMemoryError: the device ran out of memory (the caller records it).
     """
+    return point_record(time_point(model, point, device, seed, compile, compile_backend))
+
+
+def time_point(model, point: PointConfig, device="cpu", seed=0, compile=False, compile_backend="inductor") -> dict:
+    """The raw measurement of :func:`run_point`: ``point``, ``step_ms`` / ``prefill_ms`` (every timed decode step
+    and prefill, ms), ``kv_bytes``, ``weights_bytes``, ``peak_gb`` + ``peak_method``, ``finite`` and ``extras``
+    (x_ columns). :func:`point_record` turns it into a row; a tensor-parallel worker first replaces the times by
+    the slowest rank's and the bytes by the sum over ranks."""
     cfg = model.config
     point.validate(max_positions(cfg))
     B, C, S = point.concurrency, point.context_len, point.decode_steps
@@ -212,10 +224,17 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
     prefill_ms: list[float] = []
     step_ms: list[float] = []
     sync = hardware.synchronize
+    step, extras = fwd, {"x_engine_mode": "eager"}
+    if compile:
+        from kit.measure.compiled import CompiledDecode, dynamo_compiles
+
+        step = CompiledDecode(fwd, B, dev, backend=compile_backend)
+        extras = {"x_engine_mode": step.engine_mode, "x_compile_mode": step.mode, "x_prefill_mode": "eager"}
+        recompiles = 0
     with torch.inference_mode():
         if point.kv_fill == "synthetic":
             synthetic_fill(model, cache, B, C, dev, positions, fwd, seed)
-        for _rep in range(point.repeats):
+        for rep in range(point.repeats):
             if point.kv_fill == "prefill":
                 prompt = torch.randint(0, vocab, (B, C), generator=g).to(dev)
                 set_cache_length(cache, 0)
@@ -227,22 +246,45 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
                 prefill_ms.append((time.perf_counter() - t0) * 1000.0)
             else:
                 tok = torch.randint(0, vocab, (B, 1), generator=g).to(dev)
+            if compile and rep == 0:  # the compile: outside every timed region
+                set_cache_length(cache, C)
+                t0 = time.perf_counter()
+                step(tok, positions[:, C : C + 1], cache)
+                sync(dev)
+                extras["x_compile_s"] = time.perf_counter() - t0
             for phase, n in (("warmup", point.warmup_steps), ("timed", S)):
                 set_cache_length(cache, C)
+                before = dynamo_compiles() if compile else 0
                 for i in range(n):
                     pos = positions[:, C + i : C + i + 1]
                     sync(dev)
                     t0 = time.perf_counter()
-                    logits = fwd(tok, pos, cache)
+                    logits = step(tok, pos, cache)
                     tok = logits[:, -1].argmax(-1, keepdim=True)
                     sync(dev)
                     if phase == "timed":
                         step_ms.append((time.perf_counter() - t0) * 1000.0)
+                if compile and phase == "timed":
+                    recompiles += dynamo_compiles() - before
+    if compile:
+        extras["x_recompiles_timed"] = recompiles
     peak_gb, peak_method = hardware.peak_memory_gb(dev)
-    kv_b = cache_bytes(cache)
-    w_b = param_bytes(model)
-    finite = bool(torch.isfinite(logits).all().item())
-    del cache, logits
+    raw = dict(point=point, step_ms=step_ms, prefill_ms=prefill_ms, kv_bytes=cache_bytes(cache))
+    raw.update(weights_bytes=param_bytes(model), peak_gb=peak_gb, peak_method=peak_method, extras=extras)
+    raw["finite"] = bool(torch.isfinite(logits).all().item())
+    return raw
+
+
+def point_record(raw: dict) -> dict:
+    """The results row of a raw measurement (:func:`time_point`): latency statistics with n (:mod:`kit.metrics`),
+    throughputs, bytes as GB. ``achieved_gb_s`` = (weights + whole cache buffer) bytes / TPOT p50.
+
+    Raises:
+        RuntimeError: no decode step was timed."""
+    point, step_ms, prefill_ms = raw["point"], raw["step_ms"], raw["prefill_ms"]
+    B, C = point.concurrency, point.context_len
+    if not step_ms:
+        raise RuntimeError("no decode step was timed")
     tpot = metrics.Latency.from_values(step_ms)
     pre = metrics.Latency.from_values(prefill_ms)
     rec = {
@@ -250,7 +292,7 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
         "status": "ok",
         "concurrency": B,
         "context_len": C,
-        "decode_steps": S,
+        "decode_steps": point.decode_steps,
         "kv_fill": point.kv_fill,
         "repeats": point.repeats,
         "x_prefill_chunk": point.prefill_chunk if point.kv_fill == "prefill" else None,
@@ -266,19 +308,18 @@ def run_point(model, point: PointConfig, device: str = "cpu", seed: int = 0) -> 
         "decode_tok_s": metrics.decode_tok_s(B, tpot.p50),
         "tok_s_per_stream": metrics.tok_s_per_stream(tpot.p50),
         "prefill_tok_s": metrics.prefill_tok_s(B, C, pre.p50) if prefill_ms else None,
-        "achieved_gb_s": metrics.achieved_gb_s(w_b + kv_b, tpot.p50 / 1000.0),
-        "peak_mem_gb": peak_gb,
-        "peak_mem_method": peak_method,
-        "kv_cache_gb": kv_b / 1e9,
-        "weights_gb": w_b / 1e9,
+        "achieved_gb_s": metrics.achieved_gb_s(raw["weights_bytes"] + raw["kv_bytes"], tpot.p50 / 1000.0),
+        "peak_mem_gb": raw["peak_gb"],
+        "peak_mem_method": raw["peak_method"],
+        "kv_cache_gb": raw["kv_bytes"] / 1e9,
+        "weights_gb": raw["weights_bytes"] / 1e9,
         "x_step_ms": list(step_ms),
         "x_prefill_ms": list(prefill_ms),
-        "x_logits_finite": finite,
+        "x_logits_finite": raw["finite"],
+        **raw["extras"],
     }
-    if not finite:
+    if not raw["finite"]:
         rec["error"] = "non-finite logits in the last decode step (dtype overflow?): speed figures are not trustworthy"
-    if any(math.isnan(v) for v in (tpot.p50,)):
-        raise RuntimeError("no decode step was timed")
     return rec
 
 

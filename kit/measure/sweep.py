@@ -89,6 +89,19 @@ class SweepConfig:
         None,
         help="kv_fill=prefill: tokens per prefill chunk (memory linear in the context; default: one forward)",
     )
+    compile: bool = config_field(
+        False,
+        help="decode steps through torch.compile over the static cache (CUDA/HIP graphs on GPUs, default mode "
+        "on CPU; prefill stays eager); x_compile_s is outside the timed steps",
+    )
+    tp: int = config_field(
+        1,
+        help="tensor-parallel ranks: > 1 shards the model with transformers' tp_plan='auto' over this many "
+        "torchrun ranks (gloo on CPU, nccl/RCCL on GPUs), one rank per GPU",
+    )
+    tp_timeout_s: float = config_field(
+        1800.0, help="tp > 1: limit per point (load + measure) before every rank is stopped, s"
+    )
     seed: int = config_field(0, help="seed for weights and token ids")
     accelerator: str | None = config_field(
         None, help="catalog accelerator for cost columns (default: the detected device)"
@@ -149,12 +162,20 @@ class SweepConfig:
                 self.accelerator = load_catalog().resolve(self.accelerator)
             except KeyError as e:
                 raise UserError(f"accelerator (--accelerator): {e.args[0]}") from None
+        if not isinstance(self.tp, int) or isinstance(self.tp, bool) or self.tp < 1:
+            raise UserError(f"tp={self.tp!r} (--tp) must be an integer >= 1 (ranks the model is sharded over)")
+        if self.tp > 1 and self.compile:
+            raise UserError("compile=True with tp > 1 is not supported: use --compile or --tp N, not both")
+        if not self.tp_timeout_s > 0:
+            raise UserError(f"tp_timeout_s={self.tp_timeout_s!r} (--tp-timeout-s) must be > 0 seconds")
         maxpos = models.max_positions(cfg)
         for _, p in self.points():
             p.validate(maxpos)
         info = hardware.detect(self.device)
         for dt in self.dtypes:
             hardware.check_dtype_supported(dtypes.to_torch(dt), info.device)
+        if self.tp > 1 and info.device != "cpu" and torch.cuda.device_count() < self.tp:
+            raise UserError(f"tp={self.tp} needs {self.tp} GPUs; this machine shows {torch.cuda.device_count()}")
         return self
 
 
@@ -163,7 +184,9 @@ def point_id(config: SweepConfig, dtype: str, platform: str, p: PointConfig) -> 
     point's settings, the seed of weights and ids, the requested torch threads). Resume skips ids already
     recorded, so a re-run with other ``--threads`` or ``--seed`` measures again instead of showing old numbers."""
     point = {k: v for k, v in asdict(p).items() if v is not None}  # a new optional field keeps old ids
-    key = json.dumps([config.model, dtypes.name_of(dtype), platform, point, config.seed, config.threads], sort_keys=True)
+    key = [config.model, dtypes.name_of(dtype), platform, point, config.seed, config.threads]
+    engine = {**({"compile": True} if config.compile else {}), **({"tp": config.tp} if config.tp != 1 else {})}
+    key = json.dumps(key + [engine] if engine else key, sort_keys=True)
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
@@ -186,14 +209,18 @@ class EngineBackend:
 
     Args:
         config: the sweep (validated here).
-        runner: ``runner(model, point, device, seed) -> record``; default :func:`kit.measure.engine.run_point`
-            (tests inject failures here).
+        runner: ``runner(model, point, device, seed[, compile=True]) -> record``; default
+            :func:`kit.measure.engine.run_point` (tests inject failures here). Not used when ``config.tp > 1``:
+            each point then runs on ``tp`` ranks (:func:`kit.measure.tp.run_tp_point`).
+        work_dir: ``tp > 1``: where each point's job file and rank logs go (``<work_dir>/tp/<point_id>/``;
+            default: a new temporary directory).
     """
 
     kind = "engine"
 
-    def __init__(self, config: SweepConfig, runner: Callable | None = None):
+    def __init__(self, config: SweepConfig, runner: Callable | None = None, work_dir: str | Path | None = None):
         self.config = config.validate()
+        self.work_dir = Path(work_dir) if work_dir is not None else None
         self.info = hardware.detect(config.device)
         self.runner = runner or run_point
         self.description = f"sweep {config.model}"
@@ -212,18 +239,16 @@ class EngineBackend:
                 "device": info.platform,
                 "device_name": info.name,
                 "accelerator": accel,
-                "n_gpus": 1,
+                "n_gpus": cfg.tp,
+                "tp": cfg.tp,
                 "concurrency": p.concurrency,
                 "context_len": p.context_len,
                 "decode_steps": p.decode_steps,
                 "kv_fill": p.kv_fill,
                 "repeats": p.repeats,
             }
-            out.append(
-                GridPoint(
-                    point_id(cfg, dt, info.platform, p), cols, f"{name} kv={p.context_len} B={p.concurrency}", (dt, p)
-                )
-            )
+            label = f"{name} kv={p.context_len} B={p.concurrency}" + (f" tp={cfg.tp}" if cfg.tp > 1 else "")
+            out.append(GridPoint(point_id(cfg, dt, info.platform, p), cols, label, (dt, p)))
         return out
 
     def metadata(self) -> dict:
@@ -251,11 +276,28 @@ class EngineBackend:
 
     def measure(self, point: GridPoint) -> dict:
         dt, p = point.config
-        dev = self.info.device
-        model = get_model(self.config.model, dt, dev, self.config.seed, self.config.trust_remote_code)
+        dev, cfg = self.info.device, self.config
+        if cfg.tp > 1:
+            return self._measure_tp(point, dt, p)
+        model = get_model(cfg.model, dt, dev, cfg.seed, cfg.trust_remote_code)
         if model is not self._baseline_model:  # a new dtype builds a new model: a new baseline
             self._baseline_gb, self._baseline_model = hardware.allocated_gb(dev), model
-        return {**self.runner(model, p, dev, self.config.seed), **self.thread_columns}
+        extra = {"compile": True} if cfg.compile else {}
+        return {**self.runner(model, p, dev, cfg.seed, **extra), **self.thread_columns}
+
+    def _measure_tp(self, point: GridPoint, dt: str, p: PointConfig) -> dict:
+        from kit.measure.tp import run_tp_point, tp_checkpoint
+
+        cfg = self.config
+        if self.work_dir is None:  # run_sweep passes out_dir; other callers get a temporary directory
+            import tempfile
+
+            self.work_dir = Path(tempfile.mkdtemp(prefix="kit-tp-"))
+        ckpt = tp_checkpoint(cfg.model, dt, cfg.seed)
+        work = self.work_dir / "tp" / point.point_id
+        rec = run_tp_point(ckpt, dt, p, cfg.tp, work, seed=cfg.seed, threads=cfg.threads,
+                           timeout_s=cfg.tp_timeout_s, trust_remote_code=cfg.trust_remote_code)  # fmt: skip
+        return {**rec, "x_tp_checkpoint": str(ckpt), "x_tp_logs": str(work / "logs")}
 
     def after_failure(self) -> dict:
         dev = self.info.device
@@ -286,7 +328,7 @@ def run_sweep(
         the finished points are saved.
     """
     check_out_dir(out_dir)
-    return run_grid(EngineBackend(config, runner), out_dir, **run_options)
+    return run_grid(EngineBackend(config, runner, work_dir=out_dir), out_dir, **run_options)
 
 
 def summary_table(df: pd.DataFrame) -> str:

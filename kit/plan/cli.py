@@ -52,7 +52,15 @@ class PlanConfig:
         None, help=f"fraction of peak TFLOPS (default {DEFAULT_EFF_FLOPS} for catalog accelerators, 1 when calibrated)"
     )
     overhead_ms: float | None = config_field(
-        None, help="fixed per-step overhead, ms (default: 0 for catalog GPUs, measured for local)"
+        None,
+        help="per-step overhead, ms (default: 0.01 ms/layer launch overhead for catalog GPUs, measured for local)",
+    )
+    spec_k: int | None = config_field(None, help="speculative decoding: draft tokens per verify step (default off)")
+    spec_accept: float | None = config_field(
+        None, help="speculative decoding: mean tokens emitted per verify step, in [1, k+1] (default 1.85)"
+    )
+    comm_calibration: str | None = config_field(
+        None, help="link α/busbw measured by `kit comm --save-links` (replaces the catalog's)"
     )
     mem_util: float = config_field(DEFAULT_MEM_UTIL, help="fraction of memory usable")
     basis: str | None = config_field(None, help="price basis (tco, assumed-rental, on-demand); default: all")
@@ -147,6 +155,7 @@ def _cli_plan(args) -> int:
     n = cfg.gpus if cfg.gpus is not None else (least or dev.gpus_per_node)
     fit = memory_fit(spec, dev.name, n, C, B, tp=cfg.tp, ep=cfg.ep, device_model=dev, **kw)
     pkw = dict(tp=cfg.tp, ep=cfg.ep, overhead_ms=cfg.overhead_ms, device_model=dev, **kw)
+    pkw.update(spec_k=cfg.spec_k, spec_accept=cfg.spec_accept, comm_calibration=cfg.comm_calibration)
     if cfg.is_grid:
         backend = PlannerBackend(spec, dev.name, cfg.concurrency, cfg.context, n, **pkw)
         if cfg.out is not None:

@@ -31,6 +31,11 @@ DEFAULT_EFF_FLOPS = 0.6
 #: measured on the kit's 2-core CI machine (Xeon, 2 threads, quiet). Replace with your own calibration.
 UNCALIBRATED_CPU_OVERHEAD_MS = (0.4, 0.35)
 UNCALIBRATED_CPU_ATTN_TFLOPS = 0.010
+#: per-layer launch/engine overhead of a catalog GPU decode step, ms: ~20 kernels per decoder layer (norms, QKV
+#: and output projections, RoPE + cache write, attention, router, top-k, expert GEMMs, activation, residual adds;
+#: an assumption) × 0.5 µs, the gap between back-to-back short kernels replayed from a CUDA graph (3.4 µs per
+#: kernel vs 2.9 µs of execution, NVIDIA Technical Blog "Getting Started with CUDA Graphs", A. Gray, 2019). UNSURE.
+DEFAULT_GPU_OVERHEAD_MS_PER_LAYER = 20 * 0.5e-3
 
 
 @dataclass
@@ -50,6 +55,13 @@ class DeviceModel:
     overhead_ms_per_layer: float = 0.0
     attn_tflops: float | None = None  # measured decode-attention throughput (calibration); None: matmul peak
     scaleup_gb_s: float | None = None
+    #: communication links (kit.plan.comm): per-call latency α (µs) and nccl-tests bus bandwidth (GB/s) within a
+    #: node (scale-up) and between nodes (scale-out); None: unknown (that link costs nothing in the model)
+    scaleup_alpha_us: float | None = None
+    scaleup_busbw_gb_s: float | None = None
+    scaleout_alpha_us: float | None = None
+    scaleout_busbw_gb_s: float | None = None
+    link_source: str = ""
     gpus_per_node: int = 8
     full_name: str = ""
     source: str = "catalog"
@@ -121,7 +133,8 @@ def from_calibration(cal: dict) -> DeviceModel:
 
 
 def from_catalog(accelerator: str, catalog=None) -> DeviceModel:
-    """A :class:`DeviceModel` from the catalog row of ``accelerator`` (datasheet peaks at the default efficiencies).
+    """A :class:`DeviceModel` from the catalog row of ``accelerator`` (datasheet peaks at the default efficiencies,
+    the per-layer GPU overhead :data:`DEFAULT_GPU_OVERHEAD_MS_PER_LAYER`, the catalog's link α and busbw).
     The catalog's CPU row holds figures measured on the kit's 2-core CI machine, not peaks: it is used as achievable
     (efficiency 1) with that machine's step overhead and decode-attention rate (``kit calibrate``, 2 threads), and
     flagged UNSURE.
@@ -144,6 +157,11 @@ def from_catalog(accelerator: str, catalog=None) -> DeviceModel:
     kind = "rocm" if vendor == "AMD" else "cpu" if row.name == "CPU" else "cuda"
     su = row.get("scaleup_gb_s")
     flags = row.get("flags")
+
+    def num(col):
+        v = row.get(col)
+        return float(v) if v is not None and pd.notna(v) else None
+
     dev = DeviceModel(
         name=str(row.name),
         device=kind,
@@ -154,6 +172,12 @@ def from_catalog(accelerator: str, catalog=None) -> DeviceModel:
         gpus_per_node=int(row["gpus_per_node"]),
         full_name=str(row.get("full_name", row.name)),
         source="catalog" + (f" [{flags}]" if isinstance(flags, str) and flags else ""),
+        overhead_ms_per_layer=0.0 if row.name == "CPU" else DEFAULT_GPU_OVERHEAD_MS_PER_LAYER,
+        scaleup_alpha_us=num("scaleup_alpha_us"),
+        scaleup_busbw_gb_s=num("scaleup_busbw_gb_s"),
+        scaleout_alpha_us=num("scaleout_alpha_us"),
+        scaleout_busbw_gb_s=num("scaleout_busbw_gb_s"),
+        link_source=str(row.get("link_source")) if isinstance(row.get("link_source"), str) else "",
     )
     if dev.name == "CPU":
         dev.eff_bw = dev.eff_flops = 1.0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
@@ -27,11 +27,13 @@ import pandas as pd
 from kit import dtypes, metrics
 from kit.errors import UserError
 from kit.measure.grid import GridPoint
+from kit.plan.comm import apply_comm_calibration, comm_terms, decode_messages
+from kit.plan.decode import assumptions_text, decode_step, dominant_term
 from kit.plan.device import DeviceModel, check_eff, get_device_model
 from kit.plan.fit import DEFAULT_MEM_UTIL, check_context, memory_fit, weight_dtypes_summary
 from kit.plan.sizes import check_pos_int, kv_bytes_per_token, state_bytes_per_seq
 from kit.plan.spec import get_spec
-from kit.plan.step import comm_ms, decode_terms, prefill_terms, roofline_times
+from kit.plan.step import prefill_terms, roofline_times
 
 
 def predict_point(
@@ -60,16 +62,24 @@ def predict_point(
     device_model: DeviceModel | None = None,
     catalog=None,
     calibration=None,
+    comm_calibration=None,
+    spec_k: int | None = None,
+    spec_accept: float | None = None,
+    draft_layers: int = 1,
     model_label: str | None = None,
 ) -> dict:
     """Predict one point — a batch prefill of ``concurrency`` × ``context_len`` tokens and one decode step at that
     context — as a record in the :mod:`kit.results` schema (``backend="planner"``).
 
-    Decode step (ms) = max(bytes / (BW × eff_bw), flops / (peak × eff_flops)) + t_comm + overhead, per rank, with
+    Decode step (ms) = max(bytes / (BW × eff_bw), flops / (peak × eff_flops)) + t_comm + overhead, per rank
+    (:func:`kit.plan.decode.decode_step`), with
     bytes = weights (routed experts × coverage E·(1−(1−1/E)^(B·k))/E, embedding rows only) + B × attended
     positions × KV bytes/token/rank (+ sliding-window caches, + linear-attention state read and written); flops =
-    2 × B × matmul params/rank + attention (grows with context); t_comm = two all-reduces per layer over the
-    scale-up link; overhead = device per-step overhead (fixed + per layer; measured by ``kit calibrate``).
+    2 × B × matmul params/rank + attention (grows with context); t_comm = Σ (α + S × factor / busbw) over the
+    step's TP all-reduces, EP dispatch/combine all-to-alls and pipeline hand-offs, each on its link class
+    (:mod:`kit.plan.comm`); overhead = device per-step overhead (fixed + per layer; measured by ``kit calibrate``,
+    :data:`kit.plan.device.DEFAULT_GPU_OVERHEAD_MS_PER_LAYER` for catalog GPUs). Each term is its own
+    ``x_t_*_ms`` column and is named in ``assumptions``.
     Prefill likewise with B × C tokens (causal attention ≈ C²/2 per sequence, logits for the last token only).
 
     Args:
@@ -79,6 +89,9 @@ def predict_point(
         attend_len: positions each decode step attends over (default ``context_len``; the kit's engine attends
             over its whole preallocated static cache, ``context_len + decode_steps``).
         eff_bw, eff_flops, overhead_ms: override the device's efficiencies / per-step overhead (ms).
+        comm_calibration: a ``kit comm`` link measurement (dict or JSON path) replacing the catalog's α / busbw.
+        spec_k, spec_accept, draft_layers: speculative decoding (draft tokens per verify step, mean tokens
+            emitted per verify step, decoder layers of the draft; :mod:`kit.plan.decode`). Off by default.
 
     Returns:
         dict: schema columns (prefill_ms, ttft_ms, tpot_ms_p50, decode_tok_s, tok_s_per_stream, prefill_tok_s,
@@ -96,6 +109,8 @@ def predict_point(
     B = check_pos_int("concurrency", concurrency)
     C = check_context(spec, context_len)
     dev = device_model or get_device_model(accelerator, catalog=catalog, calibration=calibration)
+    if comm_calibration is not None:
+        dev = apply_comm_calibration(replace(dev), comm_calibration)
     if dtype is not None:
         dtype = dtypes.canonical(dtype)
         weight_dtypes = weight_dtypes or f"default={dtype}"
@@ -117,14 +132,13 @@ def predict_point(
     if ovh < 0:
         raise UserError(f"overhead_ms={overhead_ms!r} must be >= 0")
     att = check_pos_int("attend_len", attend_len) if attend_len is not None else C
-    d = decode_terms(spec, B, att, tp, ep, dts, kv_dtype, state_dtype)
-    bytes_step = d["weight_bytes"] + d["kv_bytes"]
-    rl = roofline_times(
-        dev, d["weight_bytes"], d["linear_flops"], d["kv_bytes"], d["attn_flops"], compute_dtype, eb, ef
-    )
-    t_comm = comm_ms(spec, dev, B, tp, act_dtype)
-    step_ms = rl["t_linear"] + rl["t_attn"] + t_comm + ovh
-    bound = max((ovh, "overhead"), (rl["mem_part"], "memory"), (rl["compute_part"], "compute"))[1]
+    d = decode_step(spec, dev, B, att, (tp, ep, pp), dts, kv_dtype, state_dtype, act_dtype, compute_dtype, eb, ef,
+                    ovh, spec_k, spec_accept, draft_layers)  # fmt: skip
+    bytes_step, step_ms, emitted = d["bytes"], d["step_ms"], d["emitted"]
+    tpot = step_ms / emitted
+    bound = max(
+        (ovh, "overhead"), (d["t_comm_ms"], "communication"), (d["mem_part"], "memory"), (d["compute_part"], "compute")
+    )[1]
     rec: dict = {
         "backend": "planner",
         "status": "ok",
@@ -145,20 +159,26 @@ def predict_point(
         "kv_cache_gb": B
         * (C * kv_bytes_per_token(spec, kv_dtype) + state_bytes_per_seq(spec, C, kv_dtype, state_dtype))
         / 1e9,
-        "tpot_ms_p50": step_ms,
-        "decode_tok_s": metrics.decode_tok_s(B, step_ms),
-        "tok_s_per_stream": metrics.tok_s_per_stream(step_ms),
+        "tpot_ms_p50": tpot,
+        "decode_tok_s": metrics.decode_tok_s(B, tpot),
+        "tok_s_per_stream": metrics.tok_s_per_stream(tpot),
         "achieved_gb_s": metrics.achieved_gb_s(bytes_step * tp, step_ms / 1e3),
         "x_bound": bound,
-        "x_t_linear_ms": rl["t_linear"],
-        "x_t_attn_ms": rl["t_attn"],
-        "x_t_mem_ms": rl["t_mem"],
-        "x_t_compute_ms": rl["t_compute"],
-        "x_t_comm_ms": t_comm,
+        "x_dominant_term": dominant_term(d),
+        "x_step_ms": step_ms,
+        "x_t_linear_ms": d["t_linear"],
+        "x_t_attn_ms": d["t_attn"],
+        "x_t_mem_ms": d["t_mem"],
+        "x_t_compute_ms": d["t_compute"],
+        **{f"x_{k}": v for k, v in d.items() if k.startswith("t_") and k.endswith("_ms") and k != "t_compute_ms"},
+        "x_t_compute_part_ms": d["t_compute_ms"],
+        "x_spec_k": d["spec_k"],
+        "x_spec_accept": emitted,
         "x_overhead_ms": ovh,
         "x_bytes_per_step": bytes_step,
         "x_flops_per_step": d["flops"],
         "x_expert_coverage": d["expert_coverage"],
+        "x_link_source": dev.link_source,
         "x_attend_len": att,
         "x_kv_dtype": kv_dtype,
         "x_compute_dtype": compute_dtype,
@@ -185,7 +205,8 @@ def predict_point(
             ef,
             decode=False,
         )
-        prefill_ms = pr["t_linear"] + pr["t_attn"] + comm_ms(spec, dev, B * C, tp, act_dtype) + ovh
+        p_comm = comm_terms(decode_messages(spec, dev, B * C, tp, ep, pp, act_dtype))["t_comm_ms"]
+        prefill_ms = pr["t_linear"] + pr["t_attn"] + p_comm + ovh
         pm, pc, pflops = pr["mem_part"], pr["compute_part"], t["flops"]
         rec.update(
             {
@@ -196,14 +217,14 @@ def predict_point(
                 "x_prefill_flops": pflops,
             }
         )
-    rec["assumptions"] = (
-        f"roofline per op class (linear, attention): max(bytes/(BW×{eb:g}), flops/(rate×{ef:g})), "
-        f"summed, + comm + overhead "
-        f"{ovh:.3f} ms; {dev.name} {dev.mem_bw_gb_s:,.0f} GB/s, {dev.peak_tflops(compute_dtype):,.3g} "
-        f"TFLOPS {compute_dtype}"
-        + (f", attention {dev.attn_tflops * 1e3:,.1f} GFLOP/s" if dev.attn_tflops else "")
-        + f" ({dev.source.split(' [')[0]}); TP{tp} EP{ep} PP{pp}; KV {kv_dtype}; weights "
-        f"{weight_dtypes_summary(dts)}; attends {att} positions; uniform expert routing"
+    rec["assumptions"] = assumptions_text(
+        d,
+        dev,
+        eb,
+        ef,
+        compute_dtype,
+        f"TP{tp} EP{ep} PP{pp}; KV {kv_dtype}; weights {weight_dtypes_summary(dts)}"
+        f"; attends {att} positions; uniform expert routing",
     )
     if not fit.fits:
         rec.update(
@@ -346,7 +367,7 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
     """Planner rows for the grid of a measured sweep (one per distinct ok grid point: same model, dtype,
     concurrency and context_len), for overlays and error tables. The kit's engine attends over its whole static
     cache, so each step's attended length is taken as ``context_len + decode_steps`` (``x_cache_len`` when the row
-    has it).
+    has it). Rows with ``tp`` > 1 (a tensor-parallel sweep) are predicted with the same tp.
 
     Raises:
         UserError: ``measured`` has no ok rows with model, dtype, concurrency and context_len.
@@ -367,7 +388,7 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
     recs = []
     grid = [
         c
-        for c in ("model", "dtype", "concurrency", "context_len", "decode_steps", "n_gpus", "x_cache_len")
+        for c in ("model", "dtype", "concurrency", "context_len", "decode_steps", "n_gpus", "tp", "x_cache_len")
         if c in ok.columns
     ]
     ok = ok.drop_duplicates(subset=grid)  # one prediction per grid point, however often it was measured
@@ -379,17 +400,11 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
             att = C + max(int(r["decode_steps"]), 3)
         else:
             att = C
-        rec = predict_point(
-            r["model"],
-            accelerator,
-            int(r["n_gpus"]) if "n_gpus" in r and pd.notna(r.get("n_gpus")) else 1,
-            int(r["concurrency"]),
-            C,
-            dtype=str(r["dtype"]),
-            attend_len=att,
-            device_model=dev,
-            **kw,
-        )
+        tp = int(r["tp"]) if "tp" in r and pd.notna(r.get("tp")) else None  # a TP sweep predicts with its tp
+        n = int(r["n_gpus"]) if "n_gpus" in r and pd.notna(r.get("n_gpus")) else 1
+        lay = {"tp": tp} if tp and "tp" not in kw else {}
+        rec = predict_point(r["model"], accelerator, max(n, tp or 1), int(r["concurrency"]), C, dtype=str(r["dtype"]),
+                            attend_len=att, device_model=dev, **lay, **kw)  # fmt: skip
         rec["decode_steps"] = (
             int(r["decode_steps"]) if "decode_steps" in r and pd.notna(r.get("decode_steps")) else None
         )

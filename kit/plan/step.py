@@ -2,8 +2,8 @@
 
 Per op class (linear layers; attention): ``t = max(bytes / (BW × eff_bw), flops / (rate × eff_flops))``, the classes
 summed (:func:`roofline_times`); weights touched follow expert coverage (:func:`expert_coverage`: expected distinct
-experts hit by B·k uniform draws); tensor-parallel communication is two all-reduces per layer (:func:`comm_ms`,
-nccl-tests bus-bandwidth convention). Formulas: ``../shared/METRICS.md`` (Planner section). The rows built on these
+experts hit by B·k uniform draws); communication is :mod:`kit.plan.comm`, the named terms of a decode step
+:mod:`kit.plan.decode`. Formulas: ``../shared/METRICS.md`` (Planner section). The rows built on these
 are :func:`kit.plan.roofline.predict_point`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from kit import dtypes, metrics
+from kit import dtypes
 from kit.plan.device import DeviceModel
 from kit.plan.sizes import kv_bytes_per_token, shard_fraction, state_bytes_per_seq, weight_bytes
 from kit.plan.spec import ArchSpec
@@ -127,15 +127,6 @@ def roofline_times(
         "mem_part": mem,
         "compute_part": t_lin + t_att - mem,
     }
-
-
-def comm_ms(spec: ArchSpec, dev: DeviceModel, tokens: float, tp: int, act_dtype) -> float:
-    """Two all-reduces of tokens × hidden activations per layer over the scale-up link (nccl-tests bus-bandwidth
-    convention: time = bytes × 2(n−1)/n / busbw)."""
-    if tp <= 1 or not dev.scaleup_gb_s:
-        return 0.0
-    size = tokens * spec.hidden_size * dtypes.bytes_per_element(act_dtype)
-    return 2 * spec.num_layers * size * metrics.busbw_factor("all_reduce", tp) / (dev.scaleup_gb_s * 1e9) * 1e3
 
 
 def prefill_terms(

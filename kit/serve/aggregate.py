@@ -4,18 +4,20 @@ failures with their distinct errors, the client self-check and per-token account
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kit import metrics as M
-from kit.serve.client import (
-    short_error,
-)
+from kit.serve.redact import redact_url, scrub
+from kit.serve.texts import short_error
 
 if TYPE_CHECKING:  # the type only: kit.serve.load imports this module's callers
     from kit.serve.load import LoadConfig
+
+log = logging.getLogger("kit")
 
 #: longest text of one distinct error in a row's ``error`` (the detail file keeps the full text)
 ERROR_SUMMARY_CHARS = 200
@@ -26,9 +28,14 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
 
     Failed and warm-up requests are excluded from every latency statistic; failures are counted in ``failed``
     and the first distinct error texts kept in ``error``, each cut to one line
-    (:func:`kit.serve.client.short_error`: an HTML error page becomes its title; the records keep the full text).
+    (:func:`kit.serve.texts.short_error`: an HTML error page becomes its title; the records keep the full text).
     Formulas: :mod:`kit.metrics` (throughputs, goodput, SLOs, percentiles with n). Means of TTFT/TPOT/E2EL are per
-    request; ITL pools the tokens of all requests. Times in ms, throughputs in tok/s and requests/s.
+    request; ITL pools the tokens of all requests (the first chunk's extra tokens as 0-ms entries, METRICS.md).
+    Requests whose per-token ITL is unknown (several tokens per chunk, no per-chunk usage, no tokenizer; case E7)
+    add nothing to the ITL columns: ``x_itl_unknown`` counts them, ``x_itl_warning`` says what to pass, and a
+    warning is logged; the chunk gaps keep their own columns (``x_chunk_gap_ms_*``). A point stopped early
+    (``info["stopped_early"]``) says so in ``x_stopped_early`` and ``error``. Times in ms, throughputs in tok/s
+    and requests/s.
 
     Args:
         records: request records (:func:`kit.serve.client.request_record`, or failed ones), warm-up ones flagged.
@@ -42,6 +49,15 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
     tpot = [r["tpot_ms"] for r in ok if r.get("tpot_ms") is not None]
     e2el = [r["e2el_ms"] for r in ok if r.get("e2el_ms") is not None]
     itl = [x for r in ok for x in r.get("itl_ms") or []]
+    itl_unknown = sum(1 for r in ok if r.get("itl_unknown"))
+    itl_warning = None
+    if itl_unknown:
+        itl_warning = (
+            f"per-token ITL unknown for {itl_unknown} of {len(ok)} requests: their chunks carried several tokens "
+            "and neither per-chunk usage nor a tokenizer says how many (pass --tokenizer, or --continuous-usage "
+            "on vLLM); chunk gaps are in x_chunk_gap_ms_*"
+        )
+        log.warning("%s", itl_warning)
     gaps = [x for r in ok for x in r.get("chunk_gaps_ms") or []]
     queue = [r.get("client_queue_ms") for r in meas if r.get("client_queue_ms") is not None]
     users = [r["tok_s_per_user"] for r in ok if r.get("tok_s_per_user")]
@@ -65,12 +81,17 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
     p_user = M.percentiles(users, (10, 50, 90))
     p_gap = M.percentiles(gaps, (50, 99))
     p_queue = M.percentiles(queue)
-    errors = sorted({short_error(r.get("error"), ERROR_SUMMARY_CHARS) for r in bad})
+    errors = sorted({short_error(r.get("error"), ERROR_SUMMARY_CHARS) for r in bad if not r.get("not_sent")})
+    errors += sorted({short_error(r.get("error"), ERROR_SUMMARY_CHARS) for r in bad if r.get("not_sent")})
     rate = float(cfg.request_rate)
+    stopped = info.get("stopped_early")
+    error = (f"{len(bad)} of {len(meas)} requests failed: " + " | ".join(errors[:3])) if bad else None
+    if stopped and error and stopped not in error:
+        error = f"{stopped}; {error}"
     row = {
         "backend": "openai",
         "status": "ok" if ok else "error",
-        "error": (f"{len(bad)} of {len(meas)} requests failed: " + " | ".join(errors[:3])) if bad else None,
+        "error": scrub(error, cfg.secrets()),
         "model": info.get("model") or cfg.model,
         "device": "remote",
         "concurrency": cfg.max_concurrency,
@@ -105,7 +126,7 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
         "tok_s_basis": "output_tok_s",
         # extras
         "x_endpoint": cfg.endpoint,
-        "x_url": info.get("url"),
+        "x_url": redact_url(info["url"]) if info.get("url") else None,
         "x_seed": cfg.seed,
         "x_burstiness": cfg.burstiness,
         "x_warmup_requests": cfg.warmup_requests,
@@ -137,6 +158,9 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
         "x_slo_ttft_ms": cfg.slo_ttft_ms,
         "x_slo_tpot_ms": cfg.slo_tpot_ms,
         "x_slo_e2el_ms": cfg.slo_e2el_ms,
+        "x_itl_unknown": itl_unknown,
+        "x_itl_warning": itl_warning,
+        "x_stopped_early": stopped,
     }
     for k in (
         "x_client_cpu_frac",

@@ -4,17 +4,22 @@ completed, 2 for a user error."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
+import time
 from dataclasses import fields
 
 from kit._io import check_out_dir
 from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args, int_list_arg
 from kit.errors import UserError
-from kit.serve.client import DEFAULT_API_KEY_ENV, get_model_id, load_tokenizer, short_error
+from kit.serve.client import DEFAULT_API_KEY_ENV, get_model_id, load_tokenizer
+from kit.serve.limits import MAX_CONCURRENCY, check_number
 from kit.serve.load import LoadConfig, run_coro
+from kit.serve.redact import scrub
 from kit.serve.sweep import DEFAULT_CONCURRENCIES, run_served_sweep
+from kit.serve.texts import short_error
 from kit.serve.workload import WORKLOAD_PRESETS
 
 
@@ -38,10 +43,14 @@ def summary_line(row: dict) -> str:
         s += f"; {row['x_requests_without_text']} completed requests streamed no text (no TTFT)"
     if row.get("x_osl_mismatch"):
         s += f"; {row['x_osl_mismatch']} requests' output length != max_tokens"
+    if row.get("x_itl_warning"):
+        s += f"; WARNING {row['x_itl_warning']}"
     if row.get("x_client_warning"):
         s += f"; WARNING {row['x_client_warning']}"
     elif str(row.get("x_client_check") or "").startswith("not applied"):
         s += f"; client self-check {row['x_client_check']}"
+    if row.get("x_stopped_early") and row.get("x_stopped_early") not in str(row.get("error")):
+        s += f"; {row['x_stopped_early']}"
     if row.get("error"):
         s += f"; ERROR {short_error(row['error'], 300)}"
     return s
@@ -49,6 +58,17 @@ def summary_line(row: dict) -> str:
 
 #: argparse type of ``--concurrency``: a comma list of integers >= 1 (argparse names the option)
 concurrency_list = int_list_arg(minimum=1, example="1,4,16")
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=`` of ``--n-gpus``: an integer >= 1 (argparse names the option in the message)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be an integer >= 1")
+    return value
 
 
 def add_cli(subparsers) -> None:
@@ -84,7 +104,9 @@ def add_cli(subparsers) -> None:
         help="local tokenizer path/id for prompts and token counts ('' for none; default: try the model id)",
     )
     p.add_argument("--accelerator", default=None, help="catalog accelerator name for the rows (e.g. MI355X)")
-    p.add_argument("--n-gpus", type=int, default=None, help="GPUs behind the server (for tok/s/GPU)")
+    p.add_argument(
+        "--n-gpus", type=positive_int, default=None, help="GPUs behind the server (for tok/s/GPU), an integer >= 1"
+    )
     p.add_argument("--plot", action="store_true", help="also write OUT/serve-bench.png")
     p.add_argument(
         "--json",
@@ -98,18 +120,22 @@ def add_cli(subparsers) -> None:
 def _cli_serve_bench(args) -> int:
     """Exit 0 when at least one request of the sweep completed, else 1 (2: a user error, from kit.cli.main)."""
     out = check_out_dir(args.out, "--out", "results/serve-bench")  # before any network work
+    for c in args.concurrency:
+        check_number("--concurrency", c, lo=1, hi=MAX_CONCURRENCY, integer=True)
     cfg = config_from_args(LoadConfig, args, url=args.url, max_concurrency=args.concurrency[0])
     if args.workload:
         cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
     cfg.validate()
+    secrets = cfg.secrets()
 
     def note(text: str) -> None:  # on stderr: with --json, stdout holds the JSON object only
-        print(f"kit serve-bench: {text}", file=sys.stderr)
+        print(scrub(f"kit serve-bench: {text}", secrets), file=sys.stderr, flush=True)
 
     model_error = None
     if not cfg.model:  # listed once here (the tokenizer needs it too), not again by the sweep
+        note(f"listing models at {cfg.shown_url}/v1/models (up to {cfg.models_timeout_s:g} s)")
         try:
-            cfg.model = run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s))
+            cfg.model = run_coro(get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s))
         except UserError as e:
             model_error = str(e)
             note(f"{e}; no request is sent, every planned request is counted as failed")
@@ -118,14 +144,23 @@ def _cli_serve_bench(args) -> int:
         try:
             tok = load_tokenizer(cfg.model)
         except UserError as e:
-            note(f"no tokenizer ({short_error(e)}); prompts are token ids, token counts per chunk assumed 1")
+            note(f"{short_error(e, 400)}; prompts are token ids, and per-token ITL needs per-chunk usage")
+    last = {"line": "", "t": 0.0}
+
+    def on_status(state) -> None:  # throttled: a changed line, or every 10 s while nothing changes
+        line, now = state.line(), time.monotonic()
+        key = line.rsplit(",", 1)[0]
+        if key != last["line"] or now - last["t"] >= 10:
+            note(line)
+            last.update(line=key, t=now)
+
     extra = {k: v for k, v in (("accelerator", args.accelerator), ("n_gpus", args.n_gpus)) if v is not None}
     measured: set = set()
 
     def on_point(row: dict, frame) -> None:
         measured.add(row["point_id"])
         if not args.json:
-            print(summary_line(row), flush=True)
+            print(scrub(summary_line(row), secrets), flush=True)
 
     df = run_served_sweep(
         cfg,
@@ -138,6 +173,7 @@ def _cli_serve_bench(args) -> int:
         on_point=on_point,
         model_error=model_error,
         retry_killed=args.retry_killed,
+        on_status=on_status,
     )
     rc = 0 if (df["completed"].fillna(0) > 0).any() else 1
     plot = None
@@ -149,22 +185,25 @@ def _cli_serve_bench(args) -> int:
     resumed = [r for r in df.to_dict("records") if r["point_id"] not in measured]
     if args.json:
         print(
-            json.dumps(
-                {
-                    "out": str(out),
-                    "results": str(out / "results.parquet"),
-                    "points": len(df),
-                    "measured": len(measured),
-                    "resumed": len(resumed),
-                    "plot": str(plot) if plot else None,
-                    "exit_code": rc,
-                    "rows": json.loads(df.to_json(orient="records")),
-                }
+            scrub(
+                json.dumps(
+                    {
+                        "out": str(out),
+                        "results": str(out / "results.parquet"),
+                        "points": len(df),
+                        "measured": len(measured),
+                        "resumed": len(resumed),
+                        "plot": str(plot) if plot else None,
+                        "exit_code": rc,
+                        "rows": json.loads(df.to_json(orient="records")),
+                    }
+                ),
+                secrets,
             )
         )
         return rc
     for r in resumed:
-        print(f"(recorded earlier) {summary_line(r)}")
+        print(scrub(f"(recorded earlier) {summary_line(r)}", secrets))
     print(
         f"results: {out / 'results.parquet'} ({len(df)} rows: {len(measured)} measured now, {len(resumed)} "
         f"recorded earlier; per-request detail in {out}/requests-*.jsonl)"

@@ -1,8 +1,8 @@
-"""The streaming client of the served view: one request to an OpenAI-compatible server, SSE parsing, request records.
+"""The streaming client of the served view: one request to an OpenAI-compatible server and its record.
 
-Holds the tokenizer helpers, the incremental SSE parser and event classifier, the request body and headers,
-:func:`stream_request` (send one streaming request to ``/v1/completions`` or ``/v1/chat/completions`` and time
-every server-sent event), :func:`request_record` (one request's metrics, via :mod:`kit.metrics`) and
+Holds the tokenizer helpers, the request body and headers, :func:`stream_request` (send one streaming request to
+``/v1/completions`` or ``/v1/chat/completions`` and time every server-sent event; the SSE parser and the event
+classifier are :mod:`kit.serve.sse`), :func:`request_record` (one request's metrics, via :mod:`kit.metrics`) and
 :func:`get_model_id`. The load generator that drives many such requests (:class:`kit.serve.load.LoadConfig`) is
 :mod:`kit.serve.load`; the served sweep and ``kit serve-bench`` are :mod:`kit.serve.sweep`. Definitions of every
 metric: ``METRICS.md``, "Served".
@@ -17,12 +17,16 @@ Measuring choices (and the mistakes they avoid):
 - ``output_tokens`` = ``usage.completion_tokens`` (asked for with ``stream_options.include_usage``); without
   it, the tokenizer count of the text (``output_tokens_estimated = True``).
 - ITL is token-normalised: a chunk carrying k tokens (speculative decoding, MTP, detokeniser batching) adds k
-  entries of gap/k. Tokens per chunk come from continuous usage stats, token ids, the tokenizer, or (last
-  resort) one per chunk; the source is recorded per request.
-- Failures (HTTP error, error event, timeout, stall, broken stream, refused connection) are captured, never
-  raised: every request has a total and a per-read timeout.
+  entries of gap/k, and the first chunk's k - 1 extra tokens enter as 0-ms entries, so a request's mean ITL is
+  its TPOT. Tokens per chunk come from continuous usage stats, token ids or the tokenizer; without them the
+  per-token ITL is unknown when the chunks carried more tokens than there are chunks (never the chunk gaps
+  under the ITL name). The source is recorded per request.
+- Failures (HTTP error, redirect, error event in any shape, timeout, stall, oversized event, broken stream,
+  refused connection) are captured, never raised: every request has a total, a first-byte and a per-read
+  timeout.
 
-The API key is read from an environment variable (``OPENAI_API_KEY`` by default) and never written anywhere.
+The API key is read from an environment variable (``OPENAI_API_KEY`` by default) and never written anywhere; URLs
+in records and messages are redacted (:mod:`kit.serve.redact`).
 """
 
 from __future__ import annotations
@@ -31,13 +35,16 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from kit import metrics as M
 from kit.errors import UserError
-from kit.serve.sse import SSEParser, classify_event
+from kit.serve.redact import endpoint_url, redact_url, scrub, secrets_of
+from kit.serve.sse import MAX_EVENT_BYTES, EventTooLarge, SSEParser, StreamCapture
+from kit.serve.texts import describe_exception, short_error, timeout_text
 
 if TYPE_CHECKING:  # annotations only: kit.serve.load imports this module
     from kit.serve.workload import RequestInput
@@ -50,17 +57,25 @@ DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 
 # ---------------------------------------------------------------- tokenizer helpers
 def load_tokenizer(name_or_path: str):
-    """A Hugging Face tokenizer from a local directory or the local cache (never downloads).
+    """A Hugging Face tokenizer from a local directory or the local cache (never downloads; never runs a
+    checkpoint's own code: ``trust_remote_code=False``).
 
     Raises:
-        UserError: nothing loadable at ``name_or_path`` offline (the message names it).
+        UserError: nothing loadable at ``name_or_path`` on this machine (one line naming it and what to pass).
     """
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - any failure means "no tokenizer here"
-        raise UserError(f"cannot load a tokenizer from {name_or_path!r} offline: {e}") from e
+        if Path(name_or_path).is_dir():
+            raise UserError(
+                f"cannot load a tokenizer from the directory {name_or_path!r} ({short_error(describe_exception(e))})"
+            ) from e
+        raise UserError(
+            f"no tokenizer {name_or_path!r} on this machine: not a local directory and not in the Hugging Face "
+            "cache (the kit never downloads); pass --tokenizer PATH to a local copy, or --tokenizer '' for none"
+        ) from e
 
 
 def token_counter(tokenizer) -> Callable[[list[str]], list[int]] | None:
@@ -80,58 +95,6 @@ def token_counter(tokenizer) -> Callable[[list[str]], list[int]] | None:
     if callable(tokenizer):
         return lambda texts: [int(tokenizer(t)) for t in texts]
     raise UserError(f"tokenizer={tokenizer!r}: give a Hugging Face tokenizer, a callable str -> int, or None")
-
-
-# ---------------------------------------------------------------- SSE parsing
-@dataclass
-class StreamCapture:
-    """What one streamed request produced (times are ``time.perf_counter()`` seconds)."""
-
-    t_send: float = 0.0
-    t_end: float = 0.0
-    http_status: int | None = None
-    error: str | None = None
-    chunk_times: list = field(default_factory=list)  # token-bearing chunks only
-    chunk_texts: list = field(default_factory=list)
-    chunk_usage: list = field(default_factory=list)  # cumulative completion_tokens in that chunk, or None
-    chunk_token_ids: list = field(default_factory=list)  # number of token ids in that chunk, or None
-    usage: dict | None = None
-    finish_reason: str | None = None
-    done: bool = False
-    n_events: int = 0
-
-    def add_events(self, payloads: Sequence[str], now: float) -> None:
-        """Record complete SSE ``data`` payloads that arrived at ``now`` (s). ``[DONE]`` is not parsed as
-        JSON; only token-bearing chunks get a time stamp; the first error (error event, bad JSON) is kept."""
-        for data in payloads:
-            self.n_events += 1
-            if data.strip() == "[DONE]":
-                self.done = True
-                continue
-            try:
-                obj = json.loads(data)
-            except json.JSONDecodeError:
-                self.error = self.error or f"malformed event (not JSON): {data[:200]!r}"
-                continue
-            text, n_ids, usage, finish, err = classify_event(obj)
-            if err:
-                self.error = self.error or err
-                continue
-            if usage is not None:
-                self.usage = usage
-            if finish:
-                self.finish_reason = finish
-            if text or n_ids:
-                self.chunk_times.append(now)
-                self.chunk_texts.append(text)
-                ct = usage.get("completion_tokens") if usage else None
-                self.chunk_usage.append(int(ct) if isinstance(ct, (int, float)) else None)
-                self.chunk_token_ids.append(n_ids)
-
-    def finish(self) -> None:
-        """Called at a clean end of stream: a stream with no [DONE], finish reason or usage was cut short."""
-        if self.error is None and not (self.done or self.finish_reason or self.usage):
-            self.error = "stream ended without [DONE], finish_reason or usage (truncated?)"
 
 
 # ---------------------------------------------------------------- one request
@@ -170,117 +133,112 @@ def request_body(
     return body
 
 
-def auth_headers(api_key_env: str | None = DEFAULT_API_KEY_ENV) -> dict:
+def auth_headers(api_key_env: str | None = DEFAULT_API_KEY_ENV, url: str | None = None) -> dict:
     """``{"Authorization": "Bearer <key>"}`` when the environment variable ``api_key_env`` holds a key, else ``{}``.
-    The key is read at call time and never written anywhere."""
+    The key is read at call time and never written anywhere. A ``url`` with credentials (``http://user:pw@host``)
+    gets none: its credentials go as HTTP basic auth (one ``Authorization`` header only; the URL is explicit)."""
+    if url is not None and "@" in urlsplit(str(url)).netloc:
+        return {}
     key = os.environ.get(api_key_env) if api_key_env else None
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def request_headers(api_key_env: str | None = DEFAULT_API_KEY_ENV) -> dict:
+def request_headers(api_key_env: str | None = DEFAULT_API_KEY_ENV, url: str | None = None) -> dict:
     """HTTP headers of a streaming request: JSON in, server-sent events out, plus :func:`auth_headers`."""
-    return {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(api_key_env)}
-
-
-def describe_exception(e: BaseException) -> str:
-    """``"TypeName: message"``, never with an empty message (then the repr of its args, or "no details")."""
-    msg = str(e).strip()
-    if not msg:
-        msg = ", ".join(repr(a) for a in getattr(e, "args", ()) if a not in (None, "")) or "no details"
-    return f"{type(e).__name__}: {msg}"
-
-
-def _timeout_text(
-    e: BaseException,
-    url: str,
-    elapsed_s: float,
-    timeout_s: float,
-    stall_timeout_s: float,
-    connect_s: float | None,
-    http_status: int | None,
-) -> str:
-    """What timed out, after how many seconds, and where (one request of :func:`stream_request`)."""
-    import aiohttp
-
-    if isinstance(e, aiohttp.ConnectionTimeoutError) or (
-        isinstance(e, aiohttp.ServerTimeoutError) and "connection timeout" in str(e).lower()
-    ):
-        return f"timeout: could not connect to {url} within {connect_s or timeout_s:g} s"
-    if elapsed_s >= timeout_s * 0.99:
-        state = "" if http_status is not None else " (no response received)"
-        return f"timeout: request to {url} exceeded {timeout_s:g} s (total timeout){state}"
-    if http_status is None:
-        return (
-            f"timeout: no response from {url} within {stall_timeout_s:g} s (stall timeout; the server "
-            "accepted the connection but sent nothing)"
-        )
-    return f"timeout: stream from {url} stalled (no data for {stall_timeout_s:g} s)"
-
-
-def short_error(text: Any, limit: int = 200) -> str:
-    """One line of at most ``limit`` characters from an error text, for summaries (the detail file keeps the
-    full text): an HTML page is reduced to its ``<title>`` (else its text without tags), whitespace and line
-    breaks are collapsed, and a longer text is cut with "…"."""
-    import html
-    import re
-
-    s = str(text)
-    if re.search(r"<\s*(!doctype|html|head|body|title|h1|p|div|pre|center)\b", s, re.I):
-        title = re.search(r"<title[^>]*>(.*?)</title\s*>", s, re.I | re.S)
-        if title:  # keep what precedes the page (e.g. "HTTP 502: ") and the page's title
-            s = s[: s.find("<")] + title.group(1)
-        else:
-            s = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>", " ", s)
-            s = re.sub(r"<[^>]*>", " ", s)
-        s = html.unescape(s)
-    s = " ".join(s.split())
-    return s if len(s) <= limit else s[: max(1, limit - 1)].rstrip() + "…"
+    return {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(api_key_env, url)}
 
 
 async def stream_request(
-    session, url: str, body: dict, headers: dict, timeout_s: float, stall_timeout_s: float
+    session,
+    url: str,
+    body: dict,
+    headers: dict,
+    timeout_s: float,
+    stall_timeout_s: float,
+    *,
+    first_byte_timeout_s: float | None = None,
+    max_event_bytes: int = MAX_EVENT_BYTES,
+    secrets: tuple[str, ...] = (),
 ) -> StreamCapture:
     """Send one streaming request and capture every event's arrival time. Never raises for server faults.
 
+    Redirects are not followed (the numbers must describe the server the user named): a 3xx is a failed request
+    naming where it pointed. The response headers must arrive within ``first_byte_timeout_s`` (default
+    ``stall_timeout_s``), every later read within ``stall_timeout_s``, the whole request within ``timeout_s``
+    (all s). An SSE event over ``max_event_bytes`` fails the request. Error texts carry the redacted URL
+    (:func:`kit.serve.redact.redact_url`) and have ``secrets`` masked.
+
     Returns:
-        :class:`StreamCapture`; ``error`` is set for an HTTP status other than 200, an error event, a timeout
-        (total ``timeout_s`` or a silence longer than ``stall_timeout_s``), a broken or truncated stream, or a
-        failed connection.
+        :class:`kit.serve.sse.StreamCapture`; ``error`` is set for an HTTP status other than 200, a redirect,
+        an error event (any shape, :func:`kit.serve.sse.classify_event`), a timeout, an oversized event, a broken
+        or truncated stream, or a failed connection.
     """
     import aiohttp
 
     cap = StreamCapture()
-    parser = SSEParser()
-    tmo = aiohttp.ClientTimeout(total=timeout_s, sock_read=stall_timeout_s, sock_connect=min(30.0, timeout_s))
-
+    parser = SSEParser(max_event_bytes)
+    first_byte = stall_timeout_s if first_byte_timeout_s is None else first_byte_timeout_s
+    connect_s = min(30.0, timeout_s, first_byte)
+    tmo = aiohttp.ClientTimeout(total=timeout_s, sock_read=stall_timeout_s, sock_connect=connect_s)
+    shown = redact_url(url)
+    phase = "headers"
     cap.t_send = time.perf_counter()
     try:
-        async with session.post(url, json=body, headers=headers, timeout=tmo) as resp:
+        ctx = session.post(url, json=body, headers=headers, timeout=tmo, allow_redirects=False)
+        resp = await asyncio.wait_for(ctx, first_byte)
+        phase = "body"
+        async with resp:
             cap.http_status = resp.status
-            if resp.status != 200:
-                text = (await resp.text(errors="replace"))[:500]
+            if 300 <= resp.status < 400:
+                where = redact_url(resp.headers.get("Location", "(no Location)"))
+                cap.error = (
+                    f"HTTP {resp.status} redirect to {where} not followed (the kit sends requests only to the "
+                    "URL it was given; pass the final URL)"
+                )
+            elif resp.status != 200:
+                text = (await resp.content.read(2000)).decode("utf-8", "replace")[:500]
                 cap.error = f"HTTP {resp.status}: {text}"
             else:
                 async for raw in resp.content.iter_any():
-                    now = time.perf_counter()
-                    cap.add_events(parser.feed(raw), now)
+                    cap.add_events(parser.feed(raw), time.perf_counter())
                 cap.add_events(parser.close(), time.perf_counter())
                 cap.finish()
     except asyncio.TimeoutError as e:  # also aiohttp's connect / socket-read timeouts (subclasses)
         el = time.perf_counter() - cap.t_send
-        cap.error = _timeout_text(e, url, el, timeout_s, stall_timeout_s, tmo.sock_connect, cap.http_status)
+        if isinstance(e, aiohttp.ConnectionTimeoutError) or "connection timeout" in str(e).lower():
+            phase = "connect"
+        limit = {"connect": connect_s, "headers": first_byte}.get(phase, stall_timeout_s)
+        cap.error = timeout_text(phase, shown, el, timeout_s, limit)
+    except EventTooLarge as e:
+        cap.error = f"{e}; the request is counted as failed ({shown})"
     except aiohttp.ClientPayloadError as e:
-        cap.error = f"broken stream: {str(e).strip() or describe_exception(e)} ({url})"
+        cap.error = f"broken stream: {str(e).strip() or describe_exception(e)} ({shown})"
     except aiohttp.ServerDisconnectedError as e:
-        cap.error = f"server disconnected: {str(e).strip() or describe_exception(e)} ({url})"
+        cap.error = f"server disconnected: {str(e).strip() or describe_exception(e)} ({shown})"
     except aiohttp.ClientConnectorError as e:
-        cap.error = f"connection failed: {str(e).strip() or describe_exception(e)}"
-    except aiohttp.ClientError as e:
-        cap.error = f"{describe_exception(e)} ({url})"
-    except OSError as e:
-        cap.error = f"{describe_exception(e)} ({url})"
+        cap.error = f"connection failed: {str(e).strip() or describe_exception(e)} ({shown})"
+    except (aiohttp.ClientError, OSError, ValueError) as e:
+        cap.error = f"{describe_exception(e)} ({shown})"
     cap.t_end = time.perf_counter()
+    cap.error = scrub(cap.error, secrets)
     return cap
+
+
+def _tokens_per_chunk(cap: StreamCapture, count_tokens) -> tuple[list[int] | None, str]:
+    """Tokens each token-bearing chunk carried and where that came from (see :func:`request_record`)."""
+    n = len(cap.chunk_times)
+    if n and len(cap.chunk_usage) == n:
+        prev, per_chunk = 0, []
+        for i in range(n):
+            u = cap.chunk_usage[i]
+            per_chunk.append(max(0, u - prev))
+            prev = max(prev, u)
+        return per_chunk, "usage"
+    if n and len(cap.chunk_token_ids) == n:
+        return [int(cap.chunk_token_ids[i]) for i in range(n)], "token_ids"
+    if n and count_tokens is not None:
+        return count_tokens(cap.chunk_texts), "tokenizer"
+    return None, "unknown"
 
 
 def request_record(
@@ -295,41 +253,36 @@ def request_record(
     """Per-request metrics (the detail-file row) from a :class:`StreamCapture`, via :func:`kit.metrics.request_timings`.
 
     Tokens per chunk: continuous usage deltas when every token-bearing chunk carries usage, else token-id
-    counts, else ``count_tokens`` (tokenizer, ``add_special_tokens=False``), else 1 per chunk
-    (``tokens_per_chunk_source`` says which). ``output_tokens``: ``usage.completion_tokens``, else the
-    tokenizer count of the whole text, else the chunk count (then ``output_tokens_estimated`` is True).
-    Times in the record are ms; ``sent_s`` / ``end_s`` are seconds since the run started.
+    counts, else ``count_tokens`` (tokenizer, ``add_special_tokens=False``); ``tokens_per_chunk_source`` says
+    which. Without any of them the tokens per chunk are unknown: when ``output_tokens`` is no more than the
+    chunk count each chunk is taken as one token (``"assumed_1"``), otherwise the per-token ITL is unknown
+    (``itl_ms`` None, ``itl_unknown`` True; the chunk gaps keep their own name; METRICS.md, case E7).
+    ``output_tokens``: ``usage.completion_tokens``, else the tokenizer count of the whole text, else the chunk
+    count (then ``output_tokens_estimated`` is True). Times in the record are ms; ``sent_s`` / ``end_s`` are
+    seconds since the run started.
     """
     n = len(cap.chunk_times)
     usage_ct = cap.usage.get("completion_tokens") if cap.usage else None
-    if n and all(u is not None for u in cap.chunk_usage):
-        prev, per_chunk = 0, []
-        for u in cap.chunk_usage:
-            per_chunk.append(max(0, u - prev))
-            prev = max(prev, u)
-        source = "usage"
-    elif n and all(x is not None for x in cap.chunk_token_ids):
-        per_chunk, source = [int(x) for x in cap.chunk_token_ids], "token_ids"
-    elif n and count_tokens is not None:
-        per_chunk, source = count_tokens(cap.chunk_texts), "tokenizer"
-    else:
-        per_chunk, source = [1] * n, "assumed_1"
+    per_chunk, source = _tokens_per_chunk(cap, count_tokens)
     if isinstance(usage_ct, (int, float)):
         out_tok, est = int(usage_ct), False
     elif count_tokens is not None:
         out_tok, est = (count_tokens(["".join(cap.chunk_texts)])[0] if n else 0), True
     else:
-        out_tok, est = sum(per_chunk), True
+        out_tok, est = (sum(per_chunk) if per_chunk is not None else n), True
+    if per_chunk is None and out_tok <= n:
+        per_chunk, source = [1] * n, "assumed_1"
     ok = cap.error is None
     tm = M.request_timings(cap.chunk_times, per_chunk, out_tok, t0_s=cap.t_send)
     pt = cap.usage.get("prompt_tokens") if cap.usage else None
+    t_send = cap.t_send
     return {
         "request_id": request_id,
         "warmup": warmup,
         "ok": ok,
         "error": cap.error,
         "http_status": cap.http_status,
-        "sent_s": cap.t_send - t0_run,
+        "sent_s": t_send - t0_run,
         "end_s": cap.t_end - t0_run,
         "client_queue_ms": client_queue_ms,
         "ttft_ms": tm.ttft_ms,
@@ -338,7 +291,8 @@ def request_record(
         "tok_s_per_user": M.tok_s_per_stream(tm.tpot_ms) if tm.tpot_ms else None,
         "chunk_gaps_ms": tm.chunk_gaps_ms,
         "itl_ms": tm.itl_ms,
-        "chunk_times_ms": [(t - cap.t_send) * 1000.0 for t in cap.chunk_times],
+        "itl_unknown": tm.itl_ms is None,
+        "chunk_times_ms": [(t - t_send) * 1000.0 for t in cap.chunk_times],
         "output_tokens": out_tok,
         "output_tokens_estimated": est,
         "tokens_per_chunk_source": source,
@@ -354,41 +308,50 @@ def request_record(
 
 async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, timeout_s: float = 10.0) -> str:
     """The first model id listed by ``GET /v1/models``, waiting at most ``timeout_s`` seconds in all (the load
-    generator passes its ``LoadConfig.timeout_s``, i.e. ``--timeout-s``).
+    generator passes ``LoadConfig.models_timeout_s``, i.e. ``--models-timeout-s``). Redirects are not followed.
 
     Raises:
-        UserError: the server cannot be reached, does not answer within ``timeout_s``, answers with an HTTP
-            error or something that is not a model list, or lists no model (the message says which, after how
-            long, and the URL).
+        UserError: the server cannot be reached, does not answer within ``timeout_s``, redirects, answers with an
+            HTTP error or something that is not a model list, or lists no model (the message says which, after
+            how long, and the URL, redacted; no secret of the URL or the API key is in it).
     """
     import aiohttp
 
-    url = base_url.rstrip("/") + "/v1/models"
-    headers = auth_headers(api_key_env)
+    url = endpoint_url(base_url, "/v1/models")
+    shown, secrets = redact_url(url), secrets_of(base_url, api_key_env)
     hint = "pass the model id explicitly (--model)"
     t0 = time.perf_counter()
+
+    def fail(why: str, e: BaseException | None = None) -> UserError:
+        return UserError(scrub(f"cannot list models at {shown} ({why}); {hint}", secrets))
+
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
-            async with s.get(url, headers=headers) as r:
+            async with s.get(url, headers=auth_headers(api_key_env, url), allow_redirects=False) as r:
+                if 300 <= r.status < 400:
+                    where = redact_url(r.headers.get("Location", "(no Location)"))
+                    raise fail(f"HTTP {r.status} redirect to {where} not followed")
                 if r.status != 200:
-                    text = await r.text(errors="replace")
-                    raise UserError(f"cannot list models at {url} (HTTP {r.status}: {short_error(text, 160)}); {hint}")
-                data = await r.json(content_type=None)
+                    text = (await r.content.read(2000)).decode("utf-8", "replace")
+                    raise fail(f"HTTP {r.status}: {short_error(text, 160)}")
+                data = json.loads(await r.content.read(MAX_EVENT_BYTES))
     except UserError:
         raise
     except ValueError as e:  # a body that is not JSON
-        raise UserError(f"cannot list models at {url} (not a JSON model list: {describe_exception(e)}); {hint}") from e
-    except asyncio.TimeoutError as e:
+        raise fail(f"not a JSON model list: {describe_exception(e)}") from None
+    except asyncio.TimeoutError:
         el = time.perf_counter() - t0
-        what = "could not connect" if isinstance(e, aiohttp.ConnectionTimeoutError) else "no complete answer"
         raise UserError(
-            f"cannot list models at {url}: timed out after {el:.1f} s ({what} within the "
-            f"{timeout_s:g} s timeout); {hint}"
-        ) from e
+            scrub(
+                f"cannot list models at {shown}: timed out after {el:.1f} s (no complete answer within the "
+                f"{timeout_s:g} s --models-timeout-s); {hint}",
+                secrets,
+            )
+        ) from None
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"cannot list models at {url} ({describe_exception(e)}); {hint}") from e
+        raise fail(describe_exception(e)) from None
     items = (data or {}).get("data", []) if isinstance(data, dict) else []
     models = [m.get("id") for m in items if isinstance(m, dict) and m.get("id")]
     if not models:
-        raise UserError(f"{url} lists no model; {hint}")
+        raise UserError(f"{shown} lists no model; {hint}")
     return models[0]

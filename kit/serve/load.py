@@ -25,9 +25,7 @@ Measuring choices (and the mistakes they avoid):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +36,6 @@ from kit.errors import UserError
 from kit.serve.client import (
     DEFAULT_API_KEY_ENV,
     ENDPOINTS,
-    StreamCapture,
     get_model_id,
     request_body,
     request_headers,
@@ -46,19 +43,12 @@ from kit.serve.client import (
     stream_request,
     token_counter,
 )
+from kit.serve.limits import check_load_config, json_object_arg
+from kit.serve.progress import STATUS_INTERVAL_S, PointProgress
+from kit.serve.redact import endpoint_url, redact_url, scrub, secrets_of
 from kit.serve.selfcheck import LoopProbe, selfcheck_skipped
-from kit.serve.workload import RequestInput, arrival_gaps_s, build_workload
-
-
-def json_object_arg(text: str) -> dict:
-    """argparse ``type=`` of ``--extra-body``: a JSON object (argparse names the option in the message)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a JSON object")
-    return value
+from kit.serve.sse import MAX_EVENT_BYTES, StreamCapture
+from kit.serve.workload import RequestInput, arrival_gaps_s
 
 
 # ---------------------------------------------------------------- configuration
@@ -106,8 +96,15 @@ class LoadConfig:
         help="ask the server to ignore EOS (vLLM, SGLang); an output length "
         "other than max_tokens is flagged either way",
     )
-    timeout_s: float = config_field(600.0, help="total time one request (and the /v1/models look-up) may take, s")
-    stall_timeout_s: float = config_field(60.0, help="longest silence within a stream")
+    timeout_s: float = config_field(600.0, help="total time one request may take, s")
+    stall_timeout_s: float = config_field(60.0, help="longest silence within a stream, s")
+    first_byte_timeout_s: float = config_field(
+        60.0, help="longest wait for a response to start (its headers) after a request is sent, s"
+    )
+    models_timeout_s: float = config_field(30.0, help="longest wait for the /v1/models listing, s")
+    max_event_bytes: int = config_field(
+        MAX_EVENT_BYTES, help="largest SSE event (or unfinished line) accepted, bytes; a bigger one fails the request"
+    )
     api_key_env: str = config_field(DEFAULT_API_KEY_ENV, help="environment variable with the API key")
     slo_ttft_ms: float | None = config_field(None, help="goodput SLO on TTFT (ms, inclusive; default: none)")
     slo_tpot_ms: float | None = config_field(None, help="goodput SLO on TPOT (ms, inclusive; default: none)")
@@ -123,46 +120,32 @@ class LoadConfig:
     )
 
     def validate(self) -> LoadConfig:
-        """Check the values; returns self.
+        """Check every value (ranges in :mod:`kit.serve.limits`); returns self.
 
         Raises:
             UserError: naming the bad field, its value and what is allowed.
         """
-        if self.endpoint not in ENDPOINTS:
-            raise UserError(f"endpoint={self.endpoint!r}; allowed: {sorted(ENDPOINTS)}")
-        if not str(self.url).startswith(("http://", "https://")):
-            raise UserError(f"url={self.url!r} must start with http:// or https://")
-        if self.max_concurrency is not None and int(self.max_concurrency) < 1:
-            raise UserError(f"max_concurrency={self.max_concurrency}; must be >= 1 or None (unbounded)")
-        if not (self.request_rate > 0):
-            raise UserError(f"request_rate={self.request_rate}; must be > 0 (inf = all at once)")
-        if not (self.burstiness > 0):
-            raise UserError(f"burstiness={self.burstiness}; must be > 0 (1 = Poisson)")
-        if self.num_requests is None and self.duration_s is None:
-            raise UserError("give num_requests or duration_s (or both)")
-        if self.num_requests is not None and int(self.num_requests) < 1:
-            raise UserError(f"num_requests={self.num_requests}; must be >= 1")
-        if self.duration_s is not None and not (self.duration_s > 0):
-            raise UserError(f"duration_s={self.duration_s}; must be > 0")
-        for name in ("isl", "osl"):
-            if int(getattr(self, name)) < 1:
-                raise UserError(f"{name}={getattr(self, name)}; must be >= 1 token")
-        for name in ("isl_range", "osl_range"):
-            if not 0.0 <= float(getattr(self, name)) < 1.0:
-                raise UserError(f"{name}={getattr(self, name)}; must be in [0, 1)")
-        if self.warmup_requests < 0:
-            raise UserError(f"warmup_requests={self.warmup_requests}; must be >= 0")
-        if not (self.timeout_s > 0 and self.stall_timeout_s > 0):
-            raise UserError(f"timeout_s={self.timeout_s}, stall_timeout_s={self.stall_timeout_s}; both must be > 0")
-        if not isinstance(self.extra_body, dict):
-            raise UserError(f"extra_body={self.extra_body!r} must be a dict (a JSON object)")
+        check_load_config(self, ENDPOINTS)
         return self
 
     @property
     def base_url(self) -> str:
-        """``url`` without a trailing ``/`` or ``/v1``."""
+        """``url`` without a trailing ``/`` or ``/v1`` (string form; :meth:`api_url` joins paths properly)."""
         u = str(self.url).rstrip("/")
         return u[:-3] if u.endswith("/v1") else u
+
+    def api_url(self, path: str | None = None) -> str:
+        """The URL of an API path (default: this config's streaming endpoint), query string kept."""
+        return endpoint_url(self.url, path or ENDPOINTS[self.endpoint])
+
+    @property
+    def shown_url(self) -> str:
+        """The base URL as the kit writes and prints it (:func:`kit.serve.redact.redact_url`)."""
+        return redact_url(self.base_url)
+
+    def secrets(self) -> list[str]:
+        """The secret strings of this config (URL credentials, token query values, the API key)."""
+        return secrets_of(self.url, self.api_key_env)
 
     def request_body(self, model: str, req: RequestInput) -> dict:
         """The JSON body of ``req`` under this config (:func:`kit.serve.client.request_body`)."""
@@ -178,33 +161,32 @@ class LoadConfig:
 
     def request_headers(self) -> dict:
         """The HTTP headers of every request (:func:`kit.serve.client.request_headers`; the key from
-        ``api_key_env``)."""
-        return request_headers(self.api_key_env)
-
-
-# ---------------------------------------------------------------- workload of a point
-def default_workload(cfg: LoadConfig, tokenizer=None) -> list[RequestInput]:
-    """The requests a load point sends when none are given: warm-up + measured (256 when unbounded), at most 1024
-    distinct prompts (reused round-robin); token-id prompts on ``/v1/completions`` without a tokenizer."""
-    n = (cfg.num_requests or 256) + cfg.warmup_requests
-    return build_workload(
-        min(n, 1024),
-        cfg.isl,
-        cfg.osl,
-        tokenizer,
-        cfg.seed,
-        cfg.isl_range,
-        cfg.osl_range,
-        as_token_ids=tokenizer is None and cfg.endpoint == "completions",
-    )
+        ``api_key_env``, unless the URL carries credentials)."""
+        return request_headers(self.api_key_env, self.url)
 
 
 # ---------------------------------------------------------------- load generation
+def _failed(i: int, warm: bool, req: RequestInput, error: str, sent_s: float, end_s: float, **extra) -> dict:
+    """The record of a request that produced no capture (a client error, or not sent)."""
+    return {
+        "request_id": i,
+        "warmup": warm,
+        "ok": False,
+        "error": error,
+        "sent_s": sent_s,
+        "end_s": end_s,
+        "max_tokens": req.max_tokens,
+        **extra,
+    }
+
+
 async def run_load_async(
     cfg: LoadConfig,
     workload: Sequence[RequestInput],
     tokenizer=None,
     on_progress: Callable[[int, bool], None] | None = None,
+    *,
+    on_status: Callable[[PointProgress], None] | None = None,
 ) -> tuple[list[dict], dict]:
     """Run one load point: warm-up requests, then the measured ones, under the concurrency cap and arrivals.
 
@@ -214,15 +196,19 @@ async def run_load_async(
             :func:`kit.serve.client.request_record`).
         on_progress: called on the event loop as each request finishes, with (finished so far, ok?); keep it
             quick (a progress bar, a test's trigger).
+        on_status: called every :data:`kit.serve.progress.STATUS_INTERVAL_S` and at the end with the point's
+            :class:`kit.serve.progress.PointProgress` (done, failed, in flight; also while nothing finishes).
 
     Token counting (the tokenizer) happens after the run, so it never delays another stream's time stamps.
-    Without ``cfg.model`` the model id is asked of ``/v1/models`` (waiting at most ``cfg.timeout_s``); when that
-    fails nothing is sent and every planned request is returned as failed with the listing's error (``run_info``
-    then has ``setup_error``).
+    Without ``cfg.model`` the model id is asked of ``/v1/models`` (waiting at most ``cfg.models_timeout_s``);
+    when that fails nothing is sent and every planned request is returned as failed with the listing's error
+    (``run_info`` then has ``setup_error``). When the first finished requests all time out the point stops early
+    (:mod:`kit.serve.progress`): the requests not yet sent are failed records (``not_sent``) and ``run_info``
+    has ``stopped_early``. Error texts and URLs carry no secret (:mod:`kit.serve.redact`).
 
     Returns:
         ``(records, run_info)``: every request's record (warm-up ones flagged) and the run facts
-        (``duration_s``, model id, self-check figures).
+        (``duration_s``, model id, redacted URL, self-check figures).
     """
     import aiohttp
 
@@ -230,127 +216,137 @@ async def run_load_async(
     if not workload:
         raise UserError("workload is empty")
     count = token_counter(tokenizer)
-    url = cfg.base_url + ENDPOINTS[cfg.endpoint]
+    url, secrets = cfg.api_url(), tuple(cfg.secrets())
     model = cfg.model
     if not model:
         try:
-            model = await get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)
+            model = await get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s)
         except UserError as e:
-            return not_sent(cfg, workload, str(e), url)
+            return not_sent(cfg, workload, str(e))
     headers = cfg.request_headers()
     sem = asyncio.Semaphore(int(cfg.max_concurrency)) if cfg.max_concurrency else None
     done: list[tuple] = []  # (request id, warm-up?, request, client queue ms, capture or error record)
+    n_max = int(cfg.num_requests) if cfg.num_requests is not None else None
+    state = PointProgress(None if n_max is None else n_max + cfg.warmup_requests, f"c={cfg.max_concurrency}")
     t_run = time.perf_counter()
-
-    def req_at(i: int) -> RequestInput:
-        return workload[i % len(workload)]
+    opts = {
+        "first_byte_timeout_s": cfg.first_byte_timeout_s,
+        "max_event_bytes": cfg.max_event_bytes,
+        "secrets": secrets,
+    }
 
     async def one(i: int, warm: bool) -> None:
-        req = req_at(i)
+        req = workload[i % len(workload)]
         t_q = time.perf_counter()
+        state.waiting += 1
+        sent = False
         try:
             if sem is not None:
                 await sem.acquire()
             try:
+                if state.stopped:  # stopped early while this one waited for a slot: not sent
+                    now = time.perf_counter() - t_run
+                    done.append((i, warm, req, 0.0, _failed(i, warm, req, state.stopped, now, now, not_sent=True)))
+                    state.finished(False, state.stopped, was_sent=False)
+                    return
                 q_ms = (time.perf_counter() - t_q) * 1000.0
-                cap = await stream_request(
-                    session, url, cfg.request_body(model, req), headers, cfg.timeout_s, cfg.stall_timeout_s
-                )
+                state.sent()
+                sent = True
+                body = cfg.request_body(model, req)
+                cap = await stream_request(session, url, body, headers, cfg.timeout_s, cfg.stall_timeout_s, **opts)
             finally:
                 if sem is not None:
                     sem.release()
             done.append((i, warm, req, q_ms, cap))
-            ok = cap.error is None
+            ok, err = cap.error is None, cap.error
         except Exception as e:  # noqa: BLE001 - a client bug must not abort the run either
-            done.append(
-                (
-                    i,
-                    warm,
-                    req,
-                    0.0,
-                    {
-                        "request_id": i,
-                        "warmup": warm,
-                        "ok": False,
-                        "error": f"client error {type(e).__name__}: {e}",
-                        "sent_s": t_q - t_run,
-                        "end_s": time.perf_counter() - t_run,
-                        "max_tokens": req.max_tokens,
-                    },
-                )
-            )
+            err = scrub(f"client error {type(e).__name__}: {e}", secrets)
+            done.append((i, warm, req, 0.0, _failed(i, warm, req, err, t_q - t_run, time.perf_counter() - t_run)))
             ok = False
+        state.finished(ok, err, was_sent=sent)
         if on_progress is not None:
             try:
                 on_progress(len(done), ok)
             except Exception:  # noqa: BLE001 - a progress hook must not break the measurement
                 pass
 
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(STATUS_INTERVAL_S)
+            on_status(state)
+
+    tick = asyncio.ensure_future(ticker()) if on_status is not None else None
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        if cfg.warmup_requests:
-            await asyncio.gather(*(one(i, True) for i in range(cfg.warmup_requests)))
-        n_max = int(cfg.num_requests) if cfg.num_requests is not None else 10**9
-        gaps = arrival_gaps_s(min(n_max, 100_000), cfg.request_rate, cfg.burstiness, cfg.seed)
-        probe = LoopProbe()
-        probe.start()
-        t_start = time.perf_counter()
-        tasks: list = []
-        pending: set = set()
-        # open-ended (duration-only) runs keep at most this many requests waiting or in flight, so an
-        # infinite rate cannot create unbounded tasks; counted runs create every arrival (queueing is measured)
-        cap_pending = 2 * int(cfg.max_concurrency) if cfg.max_concurrency else 1024
-        next_t = t_start
-        for k in range(n_max):
-            next_t += float(gaps[k % len(gaps)])
-            delay = next_t - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if cfg.num_requests is None:
-                while len(pending) >= cap_pending:
-                    _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if cfg.duration_s is not None and time.perf_counter() - t_start >= cfg.duration_s:
-                break
-            t = asyncio.ensure_future(one(cfg.warmup_requests + k, False))
-            tasks.append(t)
-            if cfg.num_requests is None:
-                pending.add(t)
-            if len(tasks) % 64 == 0:
-                await asyncio.sleep(0)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        n_streamed = sum(
-            1
-            for _, warm, _, _, cap in done
-            if not warm and isinstance(cap, StreamCapture) and cap.error is None and cap.chunk_times
-        )
-        selfcheck = await probe.stop(n_streamed)
+    try:
+        async with aiohttp.ClientSession(connector=connector) as session:
+            if cfg.warmup_requests:
+                await asyncio.gather(*(one(i, True) for i in range(cfg.warmup_requests)))
+            gaps = arrival_gaps_s(min(n_max or 10**9, 100_000), cfg.request_rate, cfg.burstiness, cfg.seed)
+            probe = LoopProbe()
+            probe.start()
+            t_start = time.perf_counter()
+            tasks: list = []
+            pending: set = set()
+            # open-ended (duration-only) runs keep at most this many requests waiting or in flight, so an
+            # infinite rate cannot create unbounded tasks; counted runs create every arrival (queueing is measured)
+            cap_pending = 2 * int(cfg.max_concurrency) if cfg.max_concurrency else 1024
+            next_t = t_start
+            k = 0
+            while (n_max is None or k < n_max) and not state.stopped:
+                gap = float(gaps[k % len(gaps)])
+                assert math.isfinite(gap) and gap >= 0.0, f"arrival gap {gap!r} (rate and burstiness are checked)"
+                next_t += gap
+                delay = next_t - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if n_max is None:
+                    while len(pending) >= cap_pending:
+                        _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if cfg.duration_s is not None and time.perf_counter() - t_start >= cfg.duration_s:
+                    break
+                t = asyncio.ensure_future(one(cfg.warmup_requests + k, False))
+                tasks.append(t)
+                if n_max is None:
+                    pending.add(t)
+                k += 1
+                if k % 64 == 0:
+                    await asyncio.sleep(0)
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            n_ok = sum(1 for _, w, _, _, c in done if not w and isinstance(c, StreamCapture) and c.error is None)
+            n_streamed = sum(
+                1
+                for _, w, _, _, c in done
+                if not w and isinstance(c, StreamCapture) and c.error is None and c.chunk_times
+            )
+            selfcheck = await probe.stop(n_streamed, n_ok)
+    finally:
+        if tick is not None:
+            tick.cancel()
+    if state.stopped and n_max is not None:  # the arrivals never created: recorded as not sent
+        for i in range(cfg.warmup_requests + k, cfg.warmup_requests + n_max):
+            req = workload[i % len(workload)]
+            end = time.perf_counter() - t_run
+            done.append((i, False, req, 0.0, _failed(i, False, req, state.stopped, end, end, not_sent=True)))
+            state.done, state.failed = state.done + 1, state.failed + 1
+    if on_status is not None:
+        on_status(state)
     records = []
     for i, warm, req, q_ms, cap in sorted(done, key=lambda x: x[0]):
         if isinstance(cap, StreamCapture):
             try:
                 rec = request_record(cap, req, count, t_run, q_ms, i, warm)
             except Exception as e:  # noqa: BLE001 - e.g. a tokenizer failure: keep the request, marked failed
-                rec = {
-                    "request_id": i,
-                    "warmup": warm,
-                    "ok": False,
-                    "max_tokens": req.max_tokens,
-                    "error": f"client error while counting tokens {type(e).__name__}: {e}",
-                    "sent_s": cap.t_send - t_run,
-                    "end_s": cap.t_end - t_run,
-                }
+                err = f"client error while counting tokens {type(e).__name__}: {e}"
+                rec = _failed(i, warm, req, err, cap.t_send - t_run, cap.t_end - t_run)
         else:
             rec = cap
         records.append(rec)
-    measured = [r for r in records if not r.get("warmup")]
-    if measured:
-        t_first = min(r["sent_s"] for r in measured)
-        t_last = max(r["end_s"] for r in measured)
-        duration = max(0.0, t_last - t_first)
-    else:
-        duration = 0.0
-    info = {"duration_s": duration, "model": model, "url": url, **selfcheck}
+    sent = [r for r in records if not r.get("warmup") and not r.get("not_sent")]
+    duration = max(0.0, max(r["end_s"] for r in sent) - min(r["sent_s"] for r in sent)) if sent else 0.0
+    info = {"duration_s": duration, "model": model, "url": redact_url(url), **selfcheck}
+    if state.stopped:
+        info["stopped_early"] = state.stopped
     return records, info
 
 
@@ -361,6 +357,7 @@ def not_sent(
     request (the warm-up ones flagged) is a failed record with ``error`` (a duration-only run plans one measured
     request); ``run_info`` has ``setup_error`` and a self-check "not applied"."""
     n = cfg.warmup_requests + (int(cfg.num_requests) if cfg.num_requests is not None else 1)
+    error = scrub(error, cfg.secrets())
     records = [
         {
             "request_id": i,
@@ -378,7 +375,7 @@ def not_sent(
     info = {
         "duration_s": 0.0,
         "model": cfg.model,
-        "url": url or cfg.base_url + ENDPOINTS[cfg.endpoint],
+        "url": redact_url(url or cfg.api_url()),
         "setup_error": error,
         "x_client_cpu_frac": None,
         "x_loop_lag_ms_p50": None,

@@ -12,6 +12,7 @@ nodes) and SGLang >= 0.4 (``--tp-size/--ep-size/--nnodes/--node-rank/--dist-init
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ ACCELERATORS: dict[str, str] = {
 DTYPES = ("auto", *dtypes.MODEL_DTYPES)
 
 
+#: speculative-decoding methods a LaunchSpec can ask for: EAGLE / EAGLE-3 draft heads, multi-token prediction
+SPEC_METHODS = ("eagle", "eagle3", "mtp")
+
+
 #: KV-cache block (page) size, tokens, the transformers recipe uses when it sizes the cache
 TRANSFORMERS_CB_BLOCK = 32
 
@@ -61,6 +66,17 @@ class LaunchSpec:
             request take many seconds).
         nnodes, node_rank, master_addr, master_port: multi-node: the same spec runs on every node with its
             ``node_rank``; ``master_addr`` is node 0's address.
+        speculative_method: ``eagle`` | ``eagle3`` | ``mtp`` (:data:`SPEC_METHODS`; None: no speculative
+            decoding). vLLM gets ``--speculative-config`` JSON (``method``, ``model``, ``num_speculative_tokens``;
+            vLLM docs "Speculative Decoding"); SGLang ``--speculative-algorithm EAGLE|EAGLE3|NEXTN`` (NEXTN = MTP)
+            with ``--speculative-draft-model-path``, ``--speculative-num-steps``, ``--speculative-eagle-topk``,
+            ``--speculative-num-draft-tokens`` (SGLang docs "Speculative Decoding"). The acceptance is read back
+            from the server's ``/metrics`` (:mod:`kit.serve.server_metrics`).
+        speculative_model: the draft model / EAGLE head (needed for eagle and eagle3; MTP uses the model's own
+            layers). speculative_num_tokens: draft tokens per step. speculative_num_steps, speculative_topk:
+            SGLang's draft depth and branching (vLLM ignores them).
+        enable_metrics: SGLang only exports ``/metrics`` with ``--enable-metrics`` (on by default here; vLLM
+            always exports them).
         env: extra/overriding environment variables; extra_args: appended verbatim.
     """
 
@@ -85,6 +101,12 @@ class LaunchSpec:
     served_model_name: str | None = None
     trust_remote_code: bool = False
     continuous_batching: bool = True
+    speculative_method: str | None = None
+    speculative_model: str | None = None
+    speculative_num_tokens: int | None = None
+    speculative_num_steps: int | None = None
+    speculative_topk: int | None = None
+    enable_metrics: bool = True
     env: dict = field(default_factory=dict)
     extra_args: list = field(default_factory=list)
 
@@ -116,7 +138,31 @@ class LaunchSpec:
             raise UserError(f"dtype={self.dtype!r}; allowed: {DTYPES}")
         if not 0 < int(self.port) < 65536:
             raise UserError(f"port={self.port}; must be in 1..65535")
+        if self.speculative_method is not None:
+            if self.speculative_method not in SPEC_METHODS:
+                raise UserError(f"speculative_method={self.speculative_method!r}; allowed: {SPEC_METHODS} or None")
+            if self.server == "transformers":
+                raise UserError(
+                    "speculative_method: the transformers recipe has no speculative decoding; use vllm or sglang"
+                )
+            if self.speculative_method != "mtp" and not self.speculative_model:
+                raise UserError(
+                    f"speculative_method={self.speculative_method!r} needs speculative_model (the draft head)"
+                )
+        for name in ("speculative_num_tokens", "speculative_num_steps", "speculative_topk"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise UserError(f"{name}={v!r}; must be an integer >= 1 or None")
         return self
+
+    @property
+    def speculative_config(self) -> str | None:
+        """vLLM's ``--speculative-config`` JSON for this spec, or None without speculative decoding."""
+        if self.speculative_method is None:
+            return None
+        cfg = {"method": self.speculative_method, "model": self.speculative_model}
+        cfg["num_speculative_tokens"] = self.speculative_num_tokens
+        return json.dumps({k: v for k, v in cfg.items() if v is not None}, separators=(",", ":"))
 
     @property
     def platform(self) -> str:
@@ -172,6 +218,7 @@ _SPEC_FLAGS = {
         ("max_batch_tokens", "--max-num-batched-tokens"),
         ("served_model_name", "--served-model-name"),
         ("trust_remote_code", "--trust-remote-code"),
+        ("speculative_config", "--speculative-config"),
     ),
     "sglang": (
         ("dp", "--dp-size"),
@@ -183,12 +230,21 @@ _SPEC_FLAGS = {
         ("max_batch_tokens", "--chunked-prefill-size"),
         ("served_model_name", "--served-model-name"),
         ("trust_remote_code", "--trust-remote-code"),
+        ("speculative_method", "--speculative-algorithm"),
+        ("speculative_model", "--speculative-draft-model-path"),
+        ("speculative_num_steps", "--speculative-num-steps"),
+        ("speculative_topk", "--speculative-eagle-topk"),
+        ("speculative_num_tokens", "--speculative-num-draft-tokens"),
+        ("enable_metrics", "--enable-metrics"),
     ),
 }
 
 
 #: values a server spells differently
-_FLAG_VALUES = {("sglang", "kv_cache_dtype"): {"fp8": "fp8_e4m3"}}
+_FLAG_VALUES = {
+    ("sglang", "kv_cache_dtype"): {"fp8": "fp8_e4m3"},
+    ("sglang", "speculative_method"): {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN"},
+}
 
 
 def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str], dict[str, str]]:

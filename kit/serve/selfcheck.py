@@ -44,9 +44,10 @@ class LoopProbe:
         self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self, n_streamed: int | None = None) -> dict:
-        """Stop the probe; the figures, and the verdict unless ``n_streamed`` (successful streamed requests)
-        or the probe's sample count is too small to judge (then ``x_client_check`` says so)."""
+    async def stop(self, n_streamed: int | None = None, n_ok: int | None = None) -> dict:
+        """Stop the probe; the figures, and the verdict unless ``n_streamed`` (successful measured requests that
+        streamed text) or the probe's sample count is too small to judge (then ``x_client_check`` says why:
+        no successful request at all, or ``n_ok`` successful ones that all came back empty)."""
         self._task.cancel()
         try:
             await self._task
@@ -63,12 +64,11 @@ class LoopProbe:
             "x_loop_lag_ms_max": lag_max,
         }
         if n_streamed is not None and n_streamed < SELFCHECK_MIN_STREAMS:
-            return {
-                **figures,
-                **selfcheck_skipped(
-                    "no successful streamed request (the client CPU and loop lag then reflect failures only)"
-                ),
-            }
+            if n_ok:
+                why = f"the {n_ok} successful requests streamed no text (empty completions), nothing to time"
+            else:
+                why = "no successful request (the client CPU and loop lag then reflect failures only)"
+            return {**figures, **selfcheck_skipped(why)}
         if lag["n"] < SELFCHECK_MIN_LAG_SAMPLES:
             return {**figures, **selfcheck_skipped(f"too few samples (a {wall * 1000:.0f} ms run)")}
         bound, why = False, []

@@ -1,24 +1,60 @@
-"""Server-sent events of an OpenAI-compatible stream: the incremental SSE parser (bytes of one network read in,
-events out) and the classification of each event (token-bearing chunk, usage-only, role-only, finish, error).
-The request that uses them is :func:`kit.serve.client.stream_request`."""
+"""Server-sent events of an OpenAI-compatible stream, on the client's hot path: the incremental SSE parser (bytes
+of one network read in, event payloads out), the classification of each event (token-bearing chunk, usage-only,
+role-only, finish, error) and :class:`StreamCapture`, what one streamed request produced. The request that uses
+them is :func:`kit.serve.client.stream_request`.
+
+The work is per network read, not per event (a read from a fast server holds hundreds of events): a read is
+split into events once, stamped once (every event of a read arrived when its last byte did), and its JSON is
+parsed in one pass. An event that repeats the byte layout of the stream's previous plain token chunk with only
+the text changed (the usual shape: one id, one model, one choice per stream) is taken without a JSON parse; this
+is exact, not a guess (see :meth:`StreamCapture.add_events`). An event larger than ``max_event_bytes`` ends the
+request as failed (:class:`EventTooLarge`), so an endless line cannot grow the client's memory.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+#: default cap on one SSE event (or an unfinished line) in bytes: 4 MiB; a bigger event fails the request
+MAX_EVENT_BYTES = 4 * 2**20
+#: finish reasons that mean the server gave up on the request (vLLM "abort"/"error", SGLang's abort)
+FAILED_FINISH = ("error", "abort")
+_DECODER = json.JSONDecoder()
+
+
+class EventTooLarge(Exception):
+    """An SSE event (or an unfinished line) grew past the parser's ``max_event_bytes``."""
+
+
+class ErrorEvent(str):
+    """The data of an SSE frame typed ``event: error`` (any data, possibly empty)."""
+
+
+def _error_text(obj: Any) -> str:
+    """The message of an error payload (``{"error": {"message": ..}}``, ``{"message": ..}``, a string ...)."""
+    err = obj.get("error", obj) if isinstance(obj, dict) else obj
+    if isinstance(err, dict):
+        err = err.get("message", err.get("detail", err))
+    return str(err)[:500]
 
 
 def classify_event(obj: Any) -> tuple[str, int | None, dict | None, str | None, str | None]:
     """One parsed SSE JSON payload → ``(text, n_token_ids, usage, finish_reason, error)``.
 
     ``text`` concatenates every choice's ``text`` (completions) or ``delta.content`` / reasoning content (chat);
-    an empty string means the event is not token-bearing. ``choices: []`` (usage-only) is fine.
+    an empty string means the event is not token-bearing. ``choices: []`` (usage-only) is fine. ``error`` is set
+    for every error shape the OpenAI and SSE conventions allow: ``{"error": ..}`` (vLLM, SGLang, OpenAI),
+    ``{"object": "error", ..}``, ``{"type": "error", ..}`` (typed events), a finish reason in
+    :data:`FAILED_FINISH` (a string, or SGLang's ``{"type": "abort", "message": ..}``), and a payload that is
+    not a JSON object.
     """
     if not isinstance(obj, dict):
         return "", None, None, None, f"unexpected event payload {str(obj)[:200]!r}"
-    if obj.get("error") is not None or obj.get("object") == "error":
-        err = obj.get("error", obj)
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        return "", None, None, None, f"error event: {str(msg)[:500]}"
+    if obj.get("error") is not None or obj.get("object") == "error" or obj.get("type") == "error":
+        return "", None, None, None, f"error event: {_error_text(obj)}"
     text, n_ids, finish = "", None, None
     for ch in obj.get("choices") or []:
         if not isinstance(ch, dict):
@@ -35,42 +71,188 @@ def classify_event(obj: Any) -> tuple[str, int | None, dict | None, str | None, 
         ids = ch.get("token_ids")
         if isinstance(ids, list) and ids:
             n_ids = (n_ids or 0) + len(ids)
-        finish = ch.get("finish_reason") or finish
+        fr = ch.get("finish_reason")
+        if isinstance(fr, dict):  # SGLang: {"type": "abort", "message": ...}
+            if fr.get("type") in FAILED_FINISH:
+                return "", None, None, None, f"finish_reason {fr.get('type')}: {_error_text(fr)}"
+            fr = fr.get("type")
+        if fr in FAILED_FINISH:
+            return "", None, None, None, f"finish_reason {fr!r}: the server ended the request as failed"
+        finish = fr or finish
     usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
     return text, n_ids, usage, finish, None
 
 
 class SSEParser:
-    """Incremental server-sent-events parser: feed bytes, get complete ``data`` payloads (strings).
+    """Incremental server-sent-events parser: feed the bytes of each network read, get complete events.
 
-    Handles ``\\n`` / ``\\r\\n`` line ends, multi-line ``data:`` fields, comments and other fields; an event is
-    complete at a blank line, or at end of stream (:meth:`close`).
+    Each event is its ``data`` (bytes; several ``data:`` lines joined by ``\\n``), or an :class:`ErrorEvent`
+    (str) for a frame typed ``event: error``. Handles ``\\n``, ``\\r\\n`` and ``\\r`` line ends (also split
+    across reads), comments and other fields; an event is complete at a blank line, or at end of stream
+    (:meth:`close`). A read is split once; an unfinished event is kept (at most ``max_event_bytes``).
+
+    Raises (from :meth:`feed`):
+        EventTooLarge: an event or an unfinished line longer than ``max_event_bytes``.
     """
 
-    def __init__(self):
-        self._buf = b""
-        self._data: list[str] = []
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES):
+        self._tail = b""
+        self.max_event_bytes = int(max_event_bytes)
 
-    def feed(self, raw: bytes) -> list[str]:
-        self._buf += raw
+    def feed(self, raw: bytes) -> list:
+        data = self._tail + raw if self._tail else raw
+        hold = b""
+        if b"\r" in data:  # normalise line ends; a final \r may be the first half of a \r\n
+            if data.endswith(b"\r"):
+                data, hold = data[:-1], b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        blocks = data.split(b"\n\n")
+        tail = blocks.pop()
+        cap = self.max_event_bytes
+        if len(tail) > cap or (len(data) > cap and max(map(len, blocks), default=0) > cap):
+            self._tail = b""
+            raise EventTooLarge(f"an SSE event or line exceeded {cap} bytes (max_event_bytes)")
+        self._tail = tail + hold
         out = []
-        while True:
-            i = self._buf.find(b"\n")
-            if i < 0:
-                break
-            line, self._buf = self._buf[:i], self._buf[i + 1 :]
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if not line:
-                if self._data:
-                    out.append("\n".join(self._data))
-                    self._data = []
-            elif line.startswith(b"data:"):
-                v = line[5:]
-                self._data.append((v[1:] if v.startswith(b" ") else v).decode("utf-8", "replace"))
+        for b in blocks:
+            if b[:6] == b"data: " and b"\n" not in b:
+                out.append(b[6:])
+            elif b:
+                self._block(b, out)
         return out
 
-    def close(self) -> list[str]:
-        out = self.feed(b"\n\n") if (self._buf or self._data) else []
-        self._buf = b""
+    @staticmethod
+    def _block(block: bytes, out: list) -> None:
+        """One event's lines (the general case: several fields, comments, ``event:`` types)."""
+        event, data = None, []
+        for line in block.split(b"\n"):
+            if not line or line[:1] == b":":
+                continue
+            name, _, value = line.partition(b":")
+            if value[:1] == b" ":
+                value = value[1:]
+            if name == b"data":
+                data.append(value)
+            elif name == b"event":
+                event = value
+        if event == b"error":
+            out.append(ErrorEvent(b"\n".join(data).decode("utf-8", "replace")))
+        elif data:
+            out.append(b"\n".join(data))
+
+    def close(self) -> list:
+        """The last event of a stream that ended without a blank line (if any)."""
+        tail, self._tail = self._tail, b""
+        if not tail.strip():
+            return []
+        out: list = []
+        self._block(tail.replace(b"\r\n", b"\n").replace(b"\r", b"\n").strip(b"\n"), out)
         return out
+
+
+@dataclass
+class StreamCapture:
+    """What one streamed request produced (times are ``time.perf_counter()`` seconds).
+
+    ``chunk_times`` / ``chunk_texts``: one entry per token-bearing chunk; ``chunk_usage`` / ``chunk_token_ids``:
+    ``{chunk index: cumulative completion_tokens | number of token ids}`` for the chunks that carried them.
+    """
+
+    t_send: float = 0.0
+    t_end: float = 0.0
+    http_status: int | None = None
+    error: str | None = None
+    chunk_times: list = field(default_factory=list)
+    chunk_texts: list = field(default_factory=list)
+    chunk_usage: dict = field(default_factory=dict)
+    chunk_token_ids: dict = field(default_factory=dict)
+    usage: dict | None = None
+    finish_reason: str | None = None
+    done: bool = False
+    n_events: int = 0
+    _pre: bytes = field(default=b"", repr=False)
+    _suf: bytes = field(default=b"", repr=False)
+
+    def add_events(self, payloads: Sequence, now: float) -> None:
+        """Record the complete events of one network read that arrived at ``now`` (s).
+
+        ``[DONE]`` is not parsed as JSON; only token-bearing chunks get a time stamp; the first error (an error
+        event in any shape, see :func:`classify_event`; bad JSON) is kept. Fast path: once a plain token chunk
+        (one text field, no usage, finish or error) has been parsed, its bytes before and after the text are the
+        stream's layout; a later payload made of that prefix, a text without ``"`` or ``\\``, and that suffix is
+        the same JSON with another text, so it is taken as such without parsing (exact).
+        """
+        self.n_events += len(payloads)
+        pre, suf = self._pre, self._suf
+        lp, ls = len(pre), len(suf)
+        times, texts = self.chunk_times, self.chunk_texts
+        for p in payloads:
+            if type(p) is not bytes:
+                if isinstance(p, ErrorEvent):
+                    self._error_event(p)
+                    continue
+                p = p.encode()
+            if lp and p.startswith(pre) and p.endswith(suf) and len(p) > lp + ls:
+                mid = p[lp : len(p) - ls]
+                if b'"' not in mid and b"\\" not in mid:
+                    times.append(now)
+                    texts.append(mid.decode("utf-8", "replace"))
+                    continue
+            self._parse(p, now)
+            if not lp and self._pre:  # the layout was just learnt: use it for the rest of this read
+                pre, suf = self._pre, self._suf
+                lp, ls = len(pre), len(suf)
+
+    def _parse(self, p: bytes, now: float) -> None:
+        s = p.decode("utf-8", "replace").strip()
+        if s == "[DONE]":
+            self.done = True
+            return
+        try:
+            obj, end = _DECODER.raw_decode(s)
+            if end != len(s):
+                raise ValueError("extra data")
+        except ValueError:
+            self.error = self.error or f"malformed event (not JSON): {s[:200]!r}"
+            return
+        text, n_ids, usage, finish, err = classify_event(obj)
+        if err:
+            self.error = self.error or err
+            return
+        if usage is not None:
+            self.usage = usage
+        if finish:
+            self.finish_reason = finish
+        if text or n_ids:
+            i = len(self.chunk_times)
+            self.chunk_times.append(now)
+            self.chunk_texts.append(text)
+            ct = usage.get("completion_tokens") if usage else None
+            if isinstance(ct, (int, float)):
+                self.chunk_usage[i] = int(ct)
+            if n_ids is not None:
+                self.chunk_token_ids[i] = n_ids
+            elif not (usage or finish) and "\\" not in text and '"' not in text:
+                self._learn(p, text)
+
+    def _learn(self, p: bytes, text: str) -> None:
+        """Take the layout of a plain token chunk (its bytes around the text) for the fast path."""
+        tb = text.encode()
+        for key in (b'"text":"', b'"content":"'):
+            mark = key + tb + b'"'
+            i = p.find(mark)
+            if i >= 0 and p.find(mark, i + 1) < 0 and p.count(key) == 1:
+                self._pre, self._suf = p[: i + len(key)], p[i + len(key) + len(tb) :]
+                return
+
+    def _error_event(self, data: str) -> None:
+        try:
+            msg = _error_text(json.loads(data)) if data.strip() else "(no data)"
+        except ValueError:
+            msg = data[:500]
+        self.error = self.error or f"error event: {msg}"
+
+    def finish(self) -> None:
+        """Called at a clean end of stream: a stream with no [DONE], finish reason or usage was cut short."""
+        if self.error is None and not (self.done or self.finish_reason or self.usage):
+            self.error = "stream ended without [DONE], finish_reason or usage (truncated?)"

@@ -35,24 +35,36 @@ from kit.measure.grid import GridPoint, run_grid, split_run_options
 from kit.results import run_metadata
 from kit.serve.aggregate import aggregate
 from kit.serve.client import get_model_id
-from kit.serve.load import LoadConfig, default_workload, not_sent, run_coro, run_load_async
-from kit.serve.workload import RequestInput
+from kit.serve.limits import check_number
+from kit.serve.load import LoadConfig, not_sent, run_coro, run_load_async
+from kit.serve.progress import PointProgress
+from kit.serve.redact import redact_url, scrub
+from kit.serve.workload import RequestInput, default_workload
 
 log = logging.getLogger("kit")
 
 #: ``kit serve-bench --concurrency`` when none is given
 DEFAULT_CONCURRENCIES = (1, 4, 16)
 #: LoadConfig fields that do not change what a point measures, so they are not part of its id
-_NOT_IN_POINT_ID = ("url", "timeout_s", "stall_timeout_s", "api_key_env")
+NOT_IN_POINT_ID = (
+    "timeout_s",
+    "stall_timeout_s",
+    "first_byte_timeout_s",
+    "models_timeout_s",
+    "max_event_bytes",
+    "api_key_env",
+)
 
 
 def served_point_id(cfg: LoadConfig) -> str:
     """Stable key of a served load point (resume skips ids already finished): a readable prefix (endpoint,
     concurrency, request rate, ISL/OSL) and a hash of every other setting that changes what is measured or how the
-    row is judged (model, ranges, request counts, warm-up, burstiness, seed, sampling, SLOs, extra body). The URL,
-    the timeouts and the API-key variable are not part of it: a restarted server on a new port resumes."""
+    row is judged: the server (its URL as the kit shows it: scheme, host, port, path; no credentials), the model,
+    ranges, request counts, warm-up, burstiness, seed, sampling, SLOs, extra body. The timeouts, the event-size
+    cap and the API-key variable are not part of it (:data:`NOT_IN_POINT_ID`)."""
     rate = "inf" if math.isinf(cfg.request_rate) else f"{cfg.request_rate:g}"
-    key = {k: v for k, v in asdict(cfg).items() if k not in _NOT_IN_POINT_ID}
+    key = {k: v for k, v in asdict(cfg).items() if k not in NOT_IN_POINT_ID}
+    key["url"] = redact_url(cfg.base_url)
     digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"openai-{cfg.endpoint}-c{cfg.max_concurrency or 'inf'}-r{rate}-isl{cfg.isl}-osl{cfg.osl}-{digest}"
 
@@ -66,41 +78,49 @@ def run_load_point(
     on_progress: Callable[[int, bool], None] | None = None,
     setup_error: str | None = None,
     point_id: str | None = None,
+    on_status: Callable[[PointProgress], None] | None = None,
 ) -> dict:
     """Run one served load point and return its row; with ``out_dir``, also write its per-request detail file.
 
     Args:
         out_dir: directory for ``requests-<point_id>.jsonl`` (one JSON line per request, written atomically when
-            the point's requests have finished); None writes nothing. Rows are stored by the grid runner
+            the point's requests have finished; never over another run's file: a point measured again gets
+            ``requests-<point_id>.2.jsonl`` ...); None writes nothing. Rows are stored by the grid runner
             (:func:`run_served_sweep`), not here.
         tokenizer: HF tokenizer (builds the prompts and counts tokens), a ``str -> int`` callable, or None.
-        workload: explicit requests; default :func:`kit.serve.load.default_workload` of ``cfg``.
+        workload: explicit requests; default :func:`kit.serve.workload.default_workload` of ``cfg``.
         extra: columns merged into the row (e.g. ``accelerator``, ``n_gpus``); with ``n_gpus``, ``tok_s_per_gpu``.
         on_progress: see :func:`kit.serve.load.run_load_async`.
         setup_error: an error that already rules the point out (e.g. the model list could not be read): nothing
             is sent, and every planned request is recorded as failed with this text.
         point_id: the row's ``point_id`` (default :func:`served_point_id` of ``cfg``).
+        on_status: see :func:`kit.serve.load.run_load_async` (progress: done, failed, in flight).
 
     Returns: the row (schema columns + ``x_`` extras). Never raises for server faults: a dead server (or one whose
     model list cannot be read) gives a row with ``status = "error"`` and every planned request in ``failed``.
 
     Raises:
-        UserError: an invalid ``cfg``; OutputPathError: ``out_dir`` is a file (both before any network work).
+        UserError: an invalid ``cfg`` or ``extra["n_gpus"]`` (not an integer >= 1); OutputPathError: ``out_dir`` is
+        a file (all before any network work).
     """
     cfg.validate()
+    if (extra or {}).get("n_gpus") is not None:
+        check_number("n_gpus", extra["n_gpus"], lo=1, hi=1_000_000, integer=True, meaning="GPUs behind the server")
     pid = point_id or served_point_id(cfg)
-    detail = check_out_dir(out_dir) / f"requests-{pid}.jsonl" if out_dir is not None else None
+    detail = detail_path(check_out_dir(out_dir), pid) if out_dir is not None else None
     if workload is None:
         workload = default_workload(cfg, tokenizer)
     if setup_error:
         records, info = not_sent(cfg, workload, setup_error)
     else:
         try:
-            records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_progress))
+            records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_progress, on_status=on_status))
         except UserError as e:  # a set-up failure (e.g. a tokenizer that cannot count): a finished, failed point
             records, info = not_sent(cfg, workload, str(e))
     if detail is not None:
-        atomic_write_text(detail, "".join(json.dumps(r, default=float) + "\n" for r in records))
+        secrets = cfg.secrets()
+        lines = (json.dumps({**r, "error": scrub(r.get("error"), secrets)}, default=float) + "\n" for r in records)
+        atomic_write_text(detail, "".join(lines))
     row = aggregate(records, cfg, info)
     row["point_id"] = pid
     row["x_detail_file"] = str(detail) if detail else None
@@ -109,6 +129,16 @@ def run_load_point(
     if row.get("n_gpus") and tps and not math.isnan(tps):
         row["tok_s_per_gpu"] = M.tok_s_per_gpu(tps, int(row["n_gpus"]))
     return row
+
+
+def detail_path(out_dir: Path, point_id: str) -> Path:
+    """``out_dir/requests-<point_id>.jsonl``, or the first free ``requests-<point_id>.<n>.jsonl`` (n = 2, 3 ...)
+    when an earlier run wrote that one: a detail file is never overwritten."""
+    path = out_dir / f"requests-{point_id}.jsonl"
+    n = 2
+    while path.exists():
+        path, n = out_dir / f"requests-{point_id}.{n}.jsonl", n + 1
+    return path
 
 
 class ServedBackend:
@@ -122,7 +152,7 @@ class ServedBackend:
         metadata: merged into the run's JSON sidecar.
         model_error: the model list already failed (nothing is sent; every point records its requests failed).
 
-    Without ``config.model`` the model id is listed once (``/v1/models``, waiting at most ``config.timeout_s``)
+    Without ``config.model`` the model id is listed once (``/v1/models``, waiting at most ``config.models_timeout_s``)
     when the points are first asked for; if that fails every point is recorded with all its requests failed.
 
     Raises:
@@ -145,6 +175,7 @@ class ServedBackend:
         metadata: dict | None = None,
         model_error: str | None = None,
         on_progress: Callable[[int, bool], None] | None = None,
+        on_status: Callable[[PointProgress], None] | None = None,
     ):
         concs = list(dict.fromkeys(int(c) for c in concurrencies))  # each once, in the order given
         if not concs or min(concs) < 1:
@@ -152,9 +183,9 @@ class ServedBackend:
         self.config = config.validate()
         self.concurrencies = concs
         self.out_dir = Path(out_dir)
-        self.tokenizer, self.workload, self.on_progress = tokenizer, workload, on_progress
+        self.tokenizer, self.workload, self.on_progress, self.on_status = tokenizer, workload, on_progress, on_status
         self.extra, self.extra_metadata, self.model_error = dict(extra or {}), dict(metadata or {}), model_error
-        self.description = f"serve-bench {config.base_url}"
+        self.description = f"serve-bench {config.shown_url}"
         self._points: list[GridPoint] | None = None
 
     def resolve_model(self) -> str | None:
@@ -163,7 +194,7 @@ class ServedBackend:
         if not self.config.model and not self.model_error:
             c = self.config
             try:
-                self.config = replace(c, model=run_coro(get_model_id(c.base_url, c.api_key_env, c.timeout_s)))
+                self.config = replace(c, model=run_coro(get_model_id(c.url, c.api_key_env, c.models_timeout_s)))
             except UserError as e:
                 self.model_error = str(e)
                 log.warning("%s; no request is sent, every planned request is counted as failed", e)
@@ -189,8 +220,12 @@ class ServedBackend:
         return self._points
 
     def metadata(self) -> dict:
-        """Run metadata with the config (without the API-key variable) and the concurrencies."""
+        """Run metadata with the config (URL redacted, no secret in the extra body, without the API-key variable)
+        and the concurrencies."""
+        secrets = self.config.secrets()
         cfg = {k: v for k, v in asdict(self.config).items() if k != "api_key_env"}
+        cfg["url"] = redact_url(self.config.url)
+        cfg["extra_body"] = json.loads(scrub(json.dumps(cfg["extra_body"], default=str), secrets))
         return run_metadata(backend=self.kind, config=cfg, concurrencies=self.concurrencies, **self.extra_metadata)
 
     @contextlib.contextmanager
@@ -211,6 +246,7 @@ class ServedBackend:
             self.on_progress,
             self.model_error,
             point.point_id,
+            self.on_status,
         )
 
     def after_failure(self) -> dict:
@@ -229,7 +265,7 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
         on_point: called after each measured point with (row, frame of every row so far).
         should_stop: polled before each point; True ends the sweep (finished points kept).
         retry_killed: measure again a point an earlier run died on (recorded ``killed``; skipped by default).
-        tokenizer, workload, extra, metadata, model_error, on_progress: see :class:`ServedBackend` (every
+        tokenizer, workload, extra, metadata, model_error, on_progress, on_status: see :class:`ServedBackend` (every
             other keyword: :func:`kit.measure.grid.run_grid`'s options above).
 
     Returns: this sweep's rows in the order of ``concurrencies`` (the latest row of each of its points, also

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kit.errors import UserError
+
+if TYPE_CHECKING:  # the type only: kit.serve.load imports this module
+    from kit.serve.load import LoadConfig
 
 #: ISL/OSL workload presets (tokens): the seed's 1024/400 and InferenceX-style 1k/1k, 1k/8k, 8k/1k.
 WORKLOAD_PRESETS: dict[str, tuple[int, int]] = {
@@ -94,15 +98,38 @@ def build_workload(
 
 def arrival_gaps_s(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
     """Gaps (s) before each of ``n`` requests: zeros for ``request_rate = inf``, else
-    Gamma(shape=b, scale=1/(rate·b)) with burstiness b (b = 1: Poisson). Convention of vLLM's
-    ``benchmarks/serve.py``; METRICS.md "Arrivals".
+    Gamma(shape=b, scale=1/(rate·b)) with burstiness b (b = 1: Poisson): mean 1/rate, variance 1/(rate²·b), so
+    ``burstiness = inf`` gives gaps of exactly 1/rate. Convention of vLLM's ``benchmarks/serve.py``; METRICS.md
+    "Arrivals". Every gap returned is finite and >= 0.
 
     Raises:
-        UserError: rate or burstiness not > 0.
+        UserError: rate or burstiness NaN or not > 0 (each named).
     """
-    if not (request_rate > 0) or not (burstiness > 0):
-        raise UserError(f"request_rate={request_rate}, burstiness={burstiness}; both must be > 0")
+    for name, v in (("request_rate", request_rate), ("burstiness", burstiness)):
+        if not (float(v) > 0):  # also NaN
+            raise UserError(f"{name}={v!r}; must be > 0 (inf allowed)")
     if math.isinf(request_rate):
         return np.zeros(n)
+    if math.isinf(burstiness):
+        return np.full(n, 1.0 / request_rate)
     rng = np.random.default_rng(seed + 7919)
-    return rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+    if not np.isfinite(gaps).all():  # e.g. a rate so small that 1/rate overflows
+        raise UserError(f"request_rate={request_rate!r}, burstiness={burstiness!r} give non-finite arrival gaps")
+    return gaps
+
+
+def default_workload(cfg: LoadConfig, tokenizer=None) -> list[RequestInput]:
+    """The requests a load point sends when none are given: warm-up + measured (256 when unbounded), at most 1024
+    distinct prompts (reused round-robin); token-id prompts on ``/v1/completions`` without a tokenizer."""
+    n = (cfg.num_requests or 256) + cfg.warmup_requests
+    return build_workload(
+        min(n, 1024),
+        cfg.isl,
+        cfg.osl,
+        tokenizer,
+        cfg.seed,
+        cfg.isl_range,
+        cfg.osl_range,
+        as_token_ids=tokenizer is None and cfg.endpoint == "completions",
+    )

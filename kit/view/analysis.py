@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kit.errors import UserError
+from kit.errors import OutputPathError, UserError
 from kit.results import ok_mask, row_problems, verdict
 
 #: x_ columns holding per-step lists; dropped from flat exports (CSV, Markdown)
@@ -24,13 +24,14 @@ def scaling_exponents(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concu
     """Per KV length, the scaling exponent between consecutive concurrencies:
     ``k = log(y2 / y1) / log(x2 / x1)`` (1 = throughput grows in proportion to concurrency, 0 = flat).
 
-    Returns: DataFrame context_len, from, to, y_from, y_to, exponent (ok rows only, sorted).
+    Returns: DataFrame context_len, from, to, y_from, y_to, exponent (ok rows only, :func:`kit.results.ok_mask`:
+    a flagged row is left out; sorted).
     Raises: ValueError when a needed column is missing.
     """
     for c in (y, x, "context_len", "status"):
         if c not in df.columns:
             raise UserError(f"column {c!r} missing; need {y}, {x}, context_len and status")
-    ok = df[(df["status"] == "ok") & df[y].notna()]
+    ok = df[ok_mask(df) & df[y].notna()]  # a flagged row (non-finite logits ...) is no speed
     rows = []
     for ctx, g in ok.groupby("context_len", sort=True):
         g = g.groupby(x, sort=True)[y].median()
@@ -65,7 +66,7 @@ def concurrency_knee(df: pd.DataFrame, y: str = "decode_tok_s", min_exponent: fl
     if not 0 < min_exponent <= 1:
         raise UserError(f"min_exponent={min_exponent!r} must be in (0, 1]")
     steps = scaling_exponents(df, y)
-    ok = df[(df["status"] == "ok") & df[y].notna()]
+    ok = df[ok_mask(df) & df[y].notna()]
     rows = []
     for ctx, g in ok.groupby("context_len", sort=True):
         s = steps[steps["context_len"] == ctx].reset_index(drop=True)
@@ -189,17 +190,24 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
       ``n_ok`` counts :func:`kit.results.ok_mask` rows, so a flagged row is not ok),
     - ``summary.md`` (a Markdown table, e.g. for ``$GITHUB_STEP_SUMMARY``).
 
-    Returns: name → path.
-    """
-    from kit.results import save_results
+    Every file is written atomically (no truncated file or ``.tmp`` is left behind).
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    Returns: name → path.
+    Raises: OutputPathError (one line naming the path) when ``out_dir`` is not a writable directory or a file
+    cannot be written.
+    """
+    from kit._io import check_out_dir
+    from kit.results import save_results
+    from kit.view.files import write_atomic, write_text_atomic
+
+    out = check_out_dir(out_dir, "CI export directory", "results/ci")
     meta = metadata if metadata is not None else df.attrs.get("metadata", {})
-    paths = {"parquet": save_results(df, out / "results.parquet", meta)}
+    try:
+        paths = {"parquet": save_results(df, out / "results.parquet", meta)}
+    except OSError as e:
+        raise OutputPathError(f"cannot write {out / 'results.parquet'}: {e.strerror or e}") from e
     flat = df.drop(columns=[c for c in LIST_COLUMNS if c in df.columns])
-    paths["csv"] = out / "results.csv"
-    flat.to_csv(paths["csv"], index=False)
+    paths["csv"] = write_atomic(out / "results.csv", lambda tmp: flat.to_csv(tmp, index=False))
     points = ci_summary(df)
     statuses = {s: int(n) for s, n in df["status"].value_counts().items()} if len(df) else {}
     n_ok = int(ok_mask(df).sum()) if len(df) else 0
@@ -210,8 +218,7 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
         "statuses": statuses,
         "points": points,
     }
-    paths["summary_json"] = out / "summary.json"
-    paths["summary_json"].write_text(json.dumps(summary, indent=2, default=str))
+    paths["summary_json"] = write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str))
     cols = ["dtype", "context_len", "concurrency", "verdict", "ttft_ms", "tpot_ms_p50", "tpot_n", "decode_tok_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for p in points:
@@ -220,8 +227,8 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
             v = p.get(c)
             cells.append("-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)))
         lines.append("| " + " | ".join(cells) + " |")
-    paths["summary_md"] = out / "summary.md"
-    paths["summary_md"].write_text(f"{summary['n_ok']}/{summary['n_points']} points ok\n\n" + "\n".join(lines) + "\n")
+    md = f"{summary['n_ok']}/{summary['n_points']} points ok\n\n" + "\n".join(lines) + "\n"
+    paths["summary_md"] = write_text_atomic(out / "summary.md", md)
     return paths
 
 

@@ -10,15 +10,15 @@ handler, assert on state)::
     panel            # displays the panel in a notebook
 
 Inputs: model preset, dtype(s), device, KV lengths and concurrencies (editable comma lists, checked as you type),
-decode steps, warm-up steps, repeats, KV fill mode, output directory. **Run** validates everything first (a bad
-value is shown in the panel's message area, nothing runs) and then sweeps point by point; after each finished point
-the progress bar, the plot (:func:`panel_plot`: a figure of :mod:`kit.view.plots`) and the results table are
-redrawn. **Stop** ends the sweep after the point that is running; every finished point is kept (they are appended
-to ``run_dir/points.jsonl`` as they finish). OOM and error points, and flagged points (status ok with a problem
-flag such as non-finite logits; the table shows them as ``flagged``), are listed in the message area. **Export**
-writes the results as Parquet or CSV. In a notebook the sweep runs in a background thread (``threaded=True``) so
-the Stop button stays responsive while the kernel is busy measuring. The compare view is
-:class:`kit.view.compare_view.CompareView`.
+decode steps, warm-up steps, repeats, KV fill mode, torch.compile (``SweepConfig.compile``), output directory.
+**Run** validates everything first (a bad value is shown in the panel's message area, nothing runs) and then sweeps
+point by point; after each finished point the progress bar, the plot (:func:`panel_plot`: a figure of
+:mod:`kit.view.plots`) and the results table are redrawn. **Stop** ends the sweep after the point that is running;
+every finished point is kept (they are appended to ``run_dir/points.jsonl`` as they finish). OOM and error points,
+and flagged points (status ok with a problem flag such as non-finite logits; the table shows them as ``flagged``),
+are listed in the message area. **Export** writes the results as Parquet or CSV. In a notebook the sweep runs in a
+background thread (``threaded=True``) so the Stop button stays responsive while the kernel is busy measuring. The
+compare view is :class:`kit.view.compare_view.CompareView`.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from kit import dtypes, hardware, models
+from kit import models
 from kit._io import check_out_dir
 from kit.cli import parse_int_list
 from kit.errors import KitError
-from kit.measure.engine import KV_FILLS
 from kit.measure.sweep import SweepConfig
+from kit.results import ok_mask
+from kit.view.panel_widgets import build_widgets
 from kit.view.render import (
-    PANEL_PLOTS,
     figure_png,
     panel_plot,
     point_problems,
@@ -52,8 +52,6 @@ from kit.view.render import (
 
 log = logging.getLogger("kit")
 
-#: the device menu: auto-detect, or one platform of :data:`kit.hardware.PLATFORMS`
-DEVICES = ("auto", *hardware.PLATFORMS)
 #: output directory when the box is left empty
 DEFAULT_OUT = "results/panel"
 
@@ -88,8 +86,6 @@ class ControlPanel:
         runner: Callable | None = None,
         **settings,
     ):
-        import ipywidgets as w
-
         self.initial = dataclasses.replace(config if config is not None else SweepConfig(), **settings)
         c = self.initial
         self.threaded = threaded
@@ -103,86 +99,7 @@ class ControlPanel:
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
 
-        lay = w.Layout(width="330px")
-        style = {"description_width": "120px"}
-        self.model = w.Combobox(
-            value=c.model,
-            options=list(models.PRESETS),
-            description="model",
-            placeholder="preset or checkpoint dir",
-            ensure_option=False,
-            layout=lay,
-            style=style,
-            tooltip="a preset name or a local checkpoint directory",
-        )
-        self.dtypes = w.SelectMultiple(
-            value=tuple(dtypes.canonical(d) for d in c.dtypes),
-            options=dtypes.MODEL_DTYPES,
-            description="dtypes",
-            rows=3,
-            layout=lay,
-            style=style,
-        )
-        self.device = w.Dropdown(value=c.device, options=DEVICES, description="device", layout=lay, style=style)
-        self.kv_lens = w.Text(
-            value=", ".join(map(str, c.kv_lens)),
-            description="KV lengths",
-            placeholder="e.g. 128, 512, 2048",
-            layout=lay,
-            style=style,
-        )
-        self.concurrencies = w.Text(
-            value=", ".join(map(str, c.concurrencies)),
-            description="concurrencies",
-            placeholder="e.g. 1, 4, 16",
-            layout=lay,
-            style=style,
-        )
-        self.decode_steps = w.BoundedIntText(
-            value=c.decode_steps, min=1, max=100000, description="decode steps", layout=lay, style=style
-        )
-        self.warmup_steps = w.BoundedIntText(
-            value=c.warmup_steps, min=0, max=100000, description="warm-up steps", layout=lay, style=style
-        )
-        self.repeats = w.BoundedIntText(
-            value=c.repeats, min=1, max=1000, description="repeats", layout=lay, style=style
-        )
-        self.kv_fill = w.Dropdown(
-            value=c.kv_fill, options=list(KV_FILLS), description="KV fill", layout=lay, style=style
-        )
-        self.out_dir = w.Text(value=str(out_dir), description="output dir", layout=lay, style=style)
-        self.input_check = w.HTML(value="")
-        self.run_button = w.Button(description="Run", button_style="success", icon="play")
-        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
-        self.progress = w.IntProgress(value=0, min=0, max=1, description="0/0", layout=w.Layout(width="420px"))
-        self.status = w.HTML(value="idle")
-        self.message = w.HTML(value="")
-        self.plot_kind = w.Dropdown(
-            value=list(PANEL_PLOTS)[0], options=list(PANEL_PLOTS), description="plot", layout=w.Layout(width="360px")
-        )
-        self.plot = w.Image(format="png", layout=w.Layout(max_width="640px", display="none"))
-        self.table = w.HTML(value=table_html(self.frame))
-        self.export_format = w.Dropdown(
-            value="parquet", options=["parquet", "csv"], description="export", layout=w.Layout(width="220px")
-        )
-        self.export_button = w.Button(description="Export", icon="download")
-        self.export_path = w.HTML(value="")
-        for widget, cls in (
-            (self.run_button, "kit-run"),
-            (self.stop_button, "kit-stop"),
-            (self.plot, "kit-plot"),
-            (self.table, "kit-table"),
-            (self.message, "kit-message"),
-            (self.status, "kit-status"),
-            (self.kv_lens, "kit-kv"),
-            (self.concurrencies, "kit-concurrency"),
-            (self.decode_steps, "kit-decode-steps"),
-            (self.repeats, "kit-repeats"),
-            (self.warmup_steps, "kit-warmup-steps"),
-            (self.progress, "kit-progress"),
-        ):
-            widget.add_class(cls)
-
+        build_widgets(self, c, out_dir)
         self.run_button.on_click(self.on_run)
         self.stop_button.on_click(self.on_stop)
         self.export_button.on_click(self.on_export)
@@ -190,41 +107,6 @@ class ControlPanel:
         for widget in (self.kv_lens, self.concurrencies, self.model, self.dtypes):
             widget.observe(lambda _c: self.check_inputs(), names="value")
 
-        inputs = w.VBox(
-            [
-                self.model,
-                self.dtypes,
-                self.device,
-                self.kv_lens,
-                self.concurrencies,
-                self.decode_steps,
-                self.warmup_steps,
-                self.repeats,
-                self.kv_fill,
-                self.out_dir,
-                self.input_check,
-            ],
-            layout=w.Layout(min_width="350px", margin="0 16px 0 0"),
-        )
-        controls = w.VBox(
-            [
-                w.HBox([self.run_button, self.stop_button]),
-                self.progress,
-                self.status,
-                self.message,
-                w.HBox([self.export_format, self.export_button]),
-                self.export_path,
-            ]
-        )
-        self.widget = w.VBox(
-            [
-                w.HTML("<h3>kit · sweep control panel</h3>"),
-                w.HBox([inputs, controls]),
-                self.plot_kind,
-                self.plot,
-                self.table,
-            ]
-        )
         self.check_inputs()
 
     # ----------------------------------------------------------------- display
@@ -285,6 +167,7 @@ class ControlPanel:
             warmup_steps=int(self.warmup_steps.value),
             repeats=int(self.repeats.value),
             kv_fill=self.kv_fill.value,
+            compile=bool(self.compile.value),
         )
         return cfg.validate()
 
@@ -366,6 +249,7 @@ class ControlPanel:
         (None when there is nothing to export or the write failed; the message area says why)."""
         from kit.results import save_results
         from kit.view.analysis import LIST_COLUMNS  # per-step lists do not fit a CSV cell
+        from kit.view.files import write_atomic
 
         if self.frame.empty:
             self._say("nothing to export yet: run a sweep first", error=True)
@@ -373,12 +257,11 @@ class ControlPanel:
         out = self.run_dir or Path(self.out_dir.value.strip() or DEFAULT_OUT)
         try:
             if self.export_format.value == "csv":
-                out.mkdir(parents=True, exist_ok=True)
-                path = out / "export.csv"
-                self.frame.drop(columns=list(LIST_COLUMNS), errors="ignore").to_csv(path, index=False)
+                flat = self.frame.drop(columns=list(LIST_COLUMNS), errors="ignore")
+                path = write_atomic(out / "export.csv", lambda tmp: flat.to_csv(tmp, index=False))
             else:
                 path = save_results(self.frame, out / "export.parquet", metadata=self.frame.attrs.get("metadata", {}))
-        except OSError as e:
+        except (OSError, KitError) as e:  # one line naming the path
             self._say(f"export failed: {e}", error=True)
             return None
         self.export_path.value = f"wrote <code>{html.escape(str(path))}</code>"
@@ -423,10 +306,12 @@ class ControlPanel:
             stopped = self._stop.is_set()
             self.state = "stopped" if stopped else "done"
             el = time.perf_counter() - self._t0
-            n_ok = int((df["status"] == "ok").sum()) if not df.empty else 0
+            good = ok_mask(df) if not df.empty else pd.Series([], dtype=bool)
+            n_flagged = int(((df["status"] == "ok") & ~good).sum()) if not df.empty else 0
             self.status.value = (
                 f"<b>{'stopped' if stopped else 'done'}</b>: {len(df)} points "
-                f"({n_ok} ok) in {el:.1f} s → <code>{html.escape(str(out))}</code>"
+                f"({int(good.sum())} ok{f', {n_flagged} flagged' if n_flagged else ''}) in {el:.1f} s → "
+                f"<code>{html.escape(str(out))}</code>"
             )
             self.progress.bar_style = "warning" if stopped else "success"
         except Exception as e:  # shown in the panel (a background thread has no one to raise to), never a dead button

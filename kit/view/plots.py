@@ -214,10 +214,19 @@ def _title(df: pd.DataFrame, what: str) -> str:
     return what + (f"\n{' · '.join(parts)}" if parts else "")
 
 
-def save_standard_plots(df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """Write the three standard plots per dtype into ``out_dir``; returns the PNG paths."""
+def save_standard_plots(df: pd.DataFrame, out_dir: str | Path, prefix: str = "") -> list[Path]:
+    """Write the three standard plots per dtype into ``out_dir``: ``{prefix}throughput_vs_concurrency[_DTYPE].png``,
+    ``{prefix}tpot_vs_context[_DTYPE].png``, ``{prefix}heatmap_decode_tok_s[_DTYPE].png`` (the dtype suffix only
+    when ``df`` holds several dtypes). ``prefix`` (e.g. ``"tiny-llama_"``) keeps the plots of several models or runs
+    in one directory apart. Each PNG is written atomically (:func:`kit.view.files.save_figure`). Returns the paths.
+
+    Raises: UserError for a prefix with a path separator or a space; OutputPathError (one line naming the path)
+    when a file cannot be written.
+    """
+    from kit.view.files import check_prefix, save_figure
+
+    check_prefix(prefix)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     paths = []
     dtypes = df["dtype"].dropna().unique()
     for dt in dtypes:
@@ -228,11 +237,7 @@ def save_standard_plots(df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
             ("tpot_vs_context", tpot_vs_context),
             ("heatmap_decode_tok_s", heatmap),
         ):
-            fig = fn(sub)
-            path = out / f"{name}{suffix}.png"
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            paths.append(path)
+            paths.append(save_figure(fn(sub), out / f"{prefix}{name}{suffix}.png", dpi=110))
     return paths
 
 
@@ -306,7 +311,8 @@ def plot_served(df, title: str | None = None):
 
     ``df``: rows of the shared schema (served rows use ``output_tok_s``; in-process ``engine`` rows use
     ``decode_tok_s``), grouped by ``backend`` (and ``model``). tok/s/GPU divides by ``n_gpus`` (1 when
-    missing); tok/s/user is ``tok_s_per_stream`` (1000 / median TPOT).
+    missing); tok/s/user is ``tok_s_per_stream`` (1000 / median TPOT). Only ok rows (:func:`kit.results.ok_mask`)
+    are drawn as speeds; the rows left out (oom, error, flagged) are counted in the figure's title.
 
     Returns: a matplotlib Figure.
     """
@@ -316,7 +322,9 @@ def plot_served(df, title: str | None = None):
     from kit import results as R
 
     df = R.coerce(df)
-    df = df[df["status"] == "ok"].copy()
+    good = ok_mask(df)
+    left_out = verdict(df[~good]).value_counts() if (~good).any() else pd.Series(dtype=int)
+    df = df[good].copy()  # a flagged row (kit.results.ok_mask) is no speed
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     df["_tok_s"] = _throughput_col(df)
     df["_per_gpu"] = M.tok_s_per_gpu(df["_tok_s"], df["n_gpus"].fillna(1).astype("float64"))
@@ -347,6 +355,9 @@ def plot_served(df, title: str | None = None):
     for a in (a1, a2):
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
+    if len(left_out):
+        note = "not drawn: " + ", ".join(f"{n} {v}" for v, n in left_out.items())
+        title = f"{title}\n{note}" if title else note
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -11,18 +11,21 @@ from sse_server import chars, script
 from kit.serve import client
 from kit.serve.aggregate import aggregate
 from kit.serve.load import LoadConfig, run_coro
-from kit.serve.sse import SSEParser, classify_event
+from kit.serve.sse import SSEParser, StreamCapture, classify_event
+from kit.serve.texts import describe_exception, short_error
 from kit.serve.workload import RequestInput
 
 
 def sse_bytes(payload) -> bytes:
+    if isinstance(payload, bytes):  # a raw frame (typed events)
+        return payload
     data = payload if isinstance(payload, str) else json.dumps(payload)
     return f"data: {data}\n\n".encode()
 
 
-def replay(name: str, chat: bool = True, split: bool = False) -> client.StreamCapture:
+def replay(name: str, chat: bool = True, split: bool = False) -> StreamCapture:
     """Feed a scripted scenario to the real parser and capture with its *exact* time stamps (t0 = 0)."""
-    cap, parser = client.StreamCapture(t_send=0.0), SSEParser()
+    cap, parser = StreamCapture(t_send=0.0), SSEParser()
     for t, payload in script(name, chat, 64, 5.0):
         raw = sse_bytes(payload)
         if split:  # the event arrives in two network reads; it completes (and is stamped) at the second
@@ -69,7 +72,7 @@ def test_e2_one_and_zero_output_tokens():
     assert c["itl_ms"] == pytest.approx([100.0])  # the whitespace chunk (0 tokens) adds no ITL entry
     # B (no usage, tokenizer says whitespace is 0 tokens) gives the same
     cap = replay("e2c", chat=False)
-    cap.chunk_usage = [None] * len(cap.chunk_usage)
+    cap.chunk_usage = {}
     assert client.request_record(cap, RequestInput("p", 4, 64), client.token_counter(chars))["itl_ms"] == pytest.approx(
         [100.0]
     )
@@ -84,8 +87,8 @@ def test_e2_one_and_zero_output_tokens():
 def test_sse_parser_crlf_multiline_comments_and_eof_without_blank_line():
     p = SSEParser()
     out = p.feed(b': keep-alive\r\n\r\ndata: {"a":\r\ndata: 1}\r\n\r\nevent: x\ndata: [DONE]')
-    assert out == ['{"a":\n1}']
-    assert p.close() == ["[DONE]"]
+    assert out == [b'{"a":\n1}']
+    assert p.close() == [b"[DONE]"]
 
 
 def test_classify_events():
@@ -98,7 +101,7 @@ def test_classify_events():
 
 
 def test_done_is_never_parsed_and_bad_json_is_an_error():
-    cap = client.StreamCapture()
+    cap = StreamCapture()
     cap.add_events(["[DONE]"], 1.0)
     assert cap.done and cap.error is None
     cap.add_events(["{not json"], 1.1)
@@ -106,23 +109,24 @@ def test_done_is_never_parsed_and_bad_json_is_an_error():
 
 
 def test_stream_without_done_finish_or_usage_is_truncated():
-    cap = client.StreamCapture()
+    cap = StreamCapture()
     cap.add_events([json.dumps({"choices": [{"text": "a"}]})], 0.1)
     cap.finish()
     assert "truncated" in cap.error
-    cap2 = client.StreamCapture()
+    cap2 = StreamCapture()
     cap2.add_events([json.dumps({"choices": [{"text": "a", "finish_reason": "length"}]})], 0.1)
     cap2.finish()
     assert cap2.error is None  # transformers serve: no [DONE], but a finish reason
 
 
 def test_output_tokens_estimated_without_usage():
-    cap = client.StreamCapture()
+    cap = StreamCapture()
     cap.add_events([json.dumps({"choices": [{"text": "ab", "finish_reason": None}]})], 0.1)
     cap.add_events([json.dumps({"choices": [{"text": "c", "finish_reason": "stop"}]})], 0.2)
     rec = client.request_record(cap, RequestInput("p", 1, 3), client.token_counter(chars))
     assert rec["output_tokens"] == 3 and rec["output_tokens_estimated"]
-    assert rec["tpot_ms"] == pytest.approx(50.0) and rec["itl_ms"] == pytest.approx([100.0])
+    # the first chunk carried 2 tokens: one 0-ms entry, so the mean ITL equals the TPOT (case E5)
+    assert rec["tpot_ms"] == pytest.approx(50.0) and rec["itl_ms"] == pytest.approx([0.0, 100.0])
 
 
 # ---------------------------------------------------------------- body, headers
@@ -157,11 +161,117 @@ def test_model_listing_timeout_is_descriptive_and_honours_timeout_s(silent_serve
         run_coro(client.get_model_id(url, timeout_s=0.5))
     assert time.perf_counter() - t < 3
     msg = str(ei.value)
-    assert f"{url}/v1/models" in msg and "timed out after 0.5 s" in msg and "TimeoutError: )" not in msg
-    assert client.describe_exception(asyncio.TimeoutError()) == "TimeoutError: no details"
+    assert f"{url}/v1/models" in msg and "timed out after 0." in msg and "within the 0.5 s" in msg
+    assert "TimeoutError: )" not in msg
+    assert describe_exception(asyncio.TimeoutError()) == "TimeoutError: no details"
 
 
 def test_short_error():
-    long = client.short_error("HTTP 500: " + "word " * 200, 80)
+    long = short_error("HTTP 500: " + "word " * 200, 80)
     assert len(long) == 80 and long.endswith("…")
-    assert client.short_error("HTTP 404: <p>Not &amp; found</p>\n<p>sorry</p>") == "HTTP 404: Not & found sorry"
+    assert short_error("HTTP 404: <p>Not &amp; found</p>\n<p>sorry</p>") == "HTTP 404: Not & found sorry"
+
+
+# ---------------------------------------------------------------- E5-E7: one per-token accounting
+def test_e5_first_chunk_with_several_tokens_enters_zero_ms_entries():
+    rec = client.request_record(replay("e5", chat=False), RequestInput("p", 4, 7), None)
+    assert rec["tokens_per_chunk_source"] == "usage" and rec["output_tokens"] == 7
+    assert rec["ttft_ms"] == pytest.approx(500.0) and rec["e2el_ms"] == pytest.approx(900.0)
+    assert rec["tpot_ms"] == pytest.approx(400.0 / 6)
+    assert rec["itl_ms"] == pytest.approx([0.0, 0.0, 100.0, 100.0, 100.0, 100.0])  # n = 6 = output_tokens - 1
+    assert sum(rec["itl_ms"]) / len(rec["itl_ms"]) == pytest.approx(rec["tpot_ms"])
+    assert rec["chunk_gaps_ms"] == pytest.approx([100.0] * 4)
+
+
+@pytest.mark.parametrize(
+    "times, tokens",
+    [
+        ([0.5, 0.6, 0.7, 0.8, 0.9], [3, 1, 1, 1, 1]),  # E5
+        ([0.2, 0.3, 0.5], [4, 4, 4]),  # several tokens in every chunk
+        ([0.1, 0.15, 0.4, 0.9], [2, 0, 3, 1]),  # a 0-token chunk folded into the next gap
+        ([1.0, 1.0, 1.3], [1, 5, 2]),  # two chunks in one read (0-ms gap)
+    ],
+)
+def test_mean_itl_equals_tpot_whenever_the_chunk_counts_add_up(times, tokens):
+    from kit import metrics as M
+
+    tm = M.request_timings(times, tokens, sum(tokens), t0_s=0.0)
+    assert len(tm.itl_ms) == sum(tokens) - 1
+    assert sum(tm.itl_ms) / len(tm.itl_ms) == pytest.approx(tm.tpot_ms)
+
+
+def test_e7_several_tokens_per_chunk_without_counts_leaves_itl_unknown(caplog):
+    cap = replay("e7", chat=False)
+    rec = client.request_record(cap, RequestInput("p", 4, 40), None)
+    assert rec["output_tokens"] == 40 and rec["ttft_ms"] == pytest.approx(200.0)
+    assert rec["e2el_ms"] == pytest.approx(560.0) and rec["tpot_ms"] == pytest.approx(360.0 / 39)
+    assert rec["chunk_gaps_ms"] == pytest.approx([40.0] * 9)
+    assert rec["itl_ms"] is None and rec["itl_unknown"]  # never the 40-ms chunk gaps under the ITL name
+    with caplog.at_level("WARNING", logger="kit"):
+        row = aggregate([rec], LoadConfig(url="http://x"), {"duration_s": 1.0})
+    assert row["itl_n"] == 0 and row["x_itl_unknown"] == 1 and row["x_chunk_gap_ms_p50"] == pytest.approx(40.0)
+    assert "per-token ITL unknown" in row["x_itl_warning"] and "per-token ITL unknown" in caplog.text
+    # with a tokenizer (or per-chunk usage) the per-token ITL follows E5's rule: 3 zeros + [10] x 36
+    tok = client.request_record(replay("e7", chat=False), RequestInput("p", 4, 40), client.token_counter(chars))
+    assert tok["itl_ms"] == pytest.approx([0.0] * 3 + [10.0] * 36)
+    # one token per chunk and no counts: the chunk gaps are the ITL (nothing is unknown)
+    one = client.request_record(replay("normal", chat=False), RequestInput("p", 4, 64), None)
+    assert one["tokens_per_chunk_source"] == "assumed_1" and one["itl_ms"] == pytest.approx(one["chunk_gaps_ms"])
+
+
+# ---------------------------------------------------------------- E6: errors in every shape
+@pytest.mark.parametrize("name", ["e6", "e6text", "e6nodata", "e6type", "e6obj", "e6finish"])
+def test_e6_an_error_in_any_protocol_shape_fails_the_request(name):
+    cap = replay(name, chat=False)
+    rec = client.request_record(cap, RequestInput("p", 4, 64), None)
+    assert not rec["ok"] and rec["error"]
+    if name in ("e6", "e6text", "e6type", "e6obj"):
+        assert "engine overloaded" in rec["error"]
+    row = aggregate([rec], LoadConfig(url="http://x"), {"duration_s": 1.0})
+    assert row["completed"] == 0 and row["failed"] == 1
+
+
+def test_sglang_abort_finish_reason_and_object_error_are_failures():
+    abort = {"choices": [{"text": "", "finish_reason": {"type": "abort", "message": "out of memory"}}]}
+    assert "out of memory" in classify_event(abort)[4]
+    assert "boom" in classify_event({"type": "error", "error": {"message": "boom"}})[4]
+    assert classify_event({"choices": [{"text": "a", "finish_reason": {"type": "length"}}]})[3] == "length"
+
+
+# ---------------------------------------------------------------- the hot path: per read, exact
+def _stream_bytes(payloads) -> bytes:
+    return b"".join(sse_bytes(p) for p in payloads)
+
+
+def test_reads_split_anywhere_give_the_same_capture_as_one_event_per_read():
+    texts = ["t", "é", 'say "hi"', "back\\slash", "ok", "", "\n", "t", "日本"]
+    events = [{"id": "x", "choices": [{"index": 0, "text": t, "finish_reason": None}]} for t in texts]
+    events += [{"id": "x", "choices": [{"index": 0, "text": "z", "finish_reason": "length"}], "usage": {"x": 1}}]
+    raw = _stream_bytes(events + ["[DONE]"]).replace(b"\n\n", b"\r\n\r\n", 3)
+    ref = StreamCapture()
+    parser = SSEParser()
+    for b in raw:  # one byte per read: every event alone, stamped with its index
+        ref.add_events(parser.feed(bytes([b])), 0.0)
+    for cut in (1, 7, 50, 333, len(raw)):
+        cap, parser = StreamCapture(), SSEParser()
+        for i in range(0, len(raw), cut):
+            cap.add_events(parser.feed(raw[i : i + cut]), 0.0)
+        cap.add_events(parser.close(), 0.0)
+        assert cap.chunk_texts == ref.chunk_texts == [t for t in texts if t] + ["z"]
+        assert (cap.done, cap.finish_reason, cap.usage, cap.error) == (True, "length", {"x": 1}, None)
+
+
+def test_an_oversized_event_or_endless_line_fails_with_bounded_memory():
+    from kit.serve.sse import MAX_EVENT_BYTES, EventTooLarge
+
+    assert MAX_EVENT_BYTES == 4 * 2**20  # the documented default
+    p, fed = SSEParser(max_event_bytes=65536), 0
+    with pytest.raises(EventTooLarge, match="65536 bytes"):
+        p.feed(b"data: ")
+        while fed < 10 * 2**20:  # an endless line: fails once the unfinished line passes the cap
+            p.feed(b"x" * 4096)
+            fed += 4096
+    assert fed <= 65536
+    with pytest.raises(EventTooLarge):  # one complete event bigger than the cap, in one read
+        SSEParser(max_event_bytes=1024).feed(b"data: " + b"y" * 5000 + b"\n\ndata: 1\n\n")
+    assert SSEParser(max_event_bytes=1024).feed(b"data: " + b"y" * 900 + b"\n\n") == [b"y" * 900]

@@ -12,7 +12,7 @@ from kit.serve import load
 from kit.serve.aggregate import aggregate
 from kit.serve.load import LoadConfig
 from kit.serve.selfcheck import LoopProbe
-from kit.serve.workload import WORKLOAD_PRESETS, RequestInput, arrival_gaps_s, build_workload
+from kit.serve.workload import WORKLOAD_PRESETS, RequestInput, arrival_gaps_s, build_workload, default_workload
 
 
 def late_ok(measured: float, scripted: float, late: float) -> bool:
@@ -103,7 +103,7 @@ def test_workload_presets_and_token_ids():
     assert len(words[0].prompt.split()) == 7 and words[0].input_tokens is None
     with pytest.raises(ValueError, match="isl_range"):
         build_workload(2, 7, 3, None, isl_range=1.5)
-    dw = load.default_workload(LoadConfig(url="http://x", num_requests=3, warmup_requests=1, isl=5, osl=2))
+    dw = default_workload(LoadConfig(url="http://x", num_requests=3, warmup_requests=1, isl=5, osl=2))
     assert len(dw) == 4 and all(isinstance(r.prompt, list) and len(r.prompt) == 5 for r in dw)
 
 

@@ -152,13 +152,14 @@ def test_model_listing_failure_counts_every_planned_request(tmp_path):
 
 def test_silent_server_timeouts_name_what_when_and_where(silent_server, tmp_path):
     url = silent_server.url
-    # no model given: the listing waits at most timeout_s, then every planned request fails with that text
+    # no model given: the listing waits at most models_timeout_s, then every planned request fails with that text
     t = time.perf_counter()
-    row = run_load_point(LoadConfig(url=url, num_requests=2, warmup_requests=0, timeout_s=0.5), tmp_path / "a")
-    assert time.perf_counter() - t < 3 and row["failed"] == 2 and "timed out after 0.5 s" in row["error"]
-    # requests: silence before any response (stall timeout) and the total timeout, each with what/when/where
+    cfg = LoadConfig(url=url, num_requests=2, warmup_requests=0, models_timeout_s=0.5)
+    row = run_load_point(cfg, tmp_path / "a")
+    assert time.perf_counter() - t < 3 and row["failed"] == 2 and "within the 0.5 s --models-timeout-s" in row["error"]
+    # requests: silence before any response (first-byte timeout) and the total timeout, each with what/when/where
     row = run_load_point(
-        LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=5, stall_timeout_s=0.4),
+        LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=5, first_byte_timeout_s=0.4),
         tmp_path / "b",
     )
     assert f"no response from {url}/v1/completions within 0.4 s" in row["error"]
@@ -186,7 +187,7 @@ def test_selfcheck_not_applied_without_successful_streams(tmp_path):
     )
     assert row["failed"] == 20
     assert row["x_client_bound"] is False and row["x_client_warning"] is None
-    assert row["x_client_check"].startswith("not applied: no successful streamed request")
+    assert row["x_client_check"].startswith("not applied: no successful request")
     line = summary_line(row)
     assert "self-check not applied" in line and "may be the bottleneck" not in line
 
@@ -272,11 +273,11 @@ def test_no_resume_measures_again_and_archives(scripted, tmp_path):
     assert len(list(tmp_path.glob("requests-*.jsonl"))) == 2
 
 
-def test_point_ids_name_the_setting_and_ignore_where_the_server_is():
+def test_point_ids_name_the_setting_and_ignore_the_timeouts():
     a = LoadConfig(url="http://a:1", model="m", max_concurrency=4, isl=8, osl=2)
     assert served_point_id(a).startswith("openai-completions-c4-rinf-isl8-osl2-")
     assert served_point_id(a) == served_point_id(
-        LoadConfig(url="http://b:2", model="m", max_concurrency=4, isl=8, osl=2, timeout_s=5)
+        LoadConfig(url="http://a:1/v1", model="m", max_concurrency=4, isl=8, osl=2, timeout_s=5, stall_timeout_s=1)
     )
     for other in (dict(num_requests=9), dict(model="n"), dict(seed=1), dict(slo_ttft_ms=5.0), dict(temperature=1.0)):
         assert served_point_id(LoadConfig(**{**a.__dict__, **other})) != served_point_id(a), other
@@ -452,7 +453,7 @@ def test_cli_help_shows_defaults_once(capsys):
         "comma-separated max concurrency values (default: 1,4,16)",
         "measured requests per concurrency point (default: 64)",
         "(default: 600.0)",
-        "longest silence within a stream (default: 60.0)",
+        "longest silence within a stream, s (default: 60.0)",
         "warm-up requests per point (excluded) (default: 2)",
         "(default: OPENAI_API_KEY)",
         "(default: results/serve-bench)",

@@ -83,7 +83,7 @@ def test_bad_settings_and_out_paths_are_refused_before_serving(tmp_path):
 def test_voila_command_and_server(tmp_path):
     nb = tmp_path / "dashboard.ipynb"
     cmd = dashboard.voila_command(nb, 9999)
-    assert cmd[1:3] == ["-m", "voila"] and cmd[3] == str(nb.resolve())
+    assert cmd[1:3] == ["-m", "kit.view.voila_app"] and cmd[3] == str(nb.resolve())
     assert {"--port=9999", "--Voila.ip=127.0.0.1", "--Voila.port_retries=0", "--no-browser"} <= set(cmd)
     assert "--no-browser" not in dashboard.voila_command(nb, 9999, open_browser=True)
     srv = dashboard.voila_server(nb, 9999, tmp_path / "voila.log")

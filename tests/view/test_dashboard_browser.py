@@ -50,12 +50,14 @@ def test_dashboard_in_headless_chromium(tmp_path):
         repeats=2,
         device="cpu",
     )
-    url = srv.url + "/"
+    url = srv.page_url  # http://127.0.0.1:PORT/?token=...
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
             try:
                 page = browser.new_page(viewport={"width": 1300, "height": 1250})
+                denied = page.goto(srv.url + "/", timeout=120_000)  # without the token: refused
+                assert denied.status == 403
                 page.goto(url, timeout=120_000)
                 page.wait_for_selector(".kit-run", timeout=120_000)  # Voilà ran the notebook; widgets are live
                 # enter a tiny 2 x 2 sweep
@@ -89,6 +91,9 @@ def test_dashboard_in_headless_chromium(tmp_path):
     finally:
         srv.stop()
     assert srv.proc.poll() is not None  # the launcher stopped Voilà's whole process group
+    for f in out.rglob("*"):  # the token reached no file: log, notebook, results
+        if f.is_file():
+            assert srv.token not in f.read_bytes().decode("utf-8", "replace"), f
     runs = list(out.glob("run-*"))
     assert len(runs) == 1
     df = load_results(runs[0])

@@ -1,0 +1,324 @@
+"""``kit comm``: collective probes on ``torch.distributed`` — latency and bus bandwidth of all_reduce,
+all_gather, reduce_scatter, all_to_all, broadcast and send/recv over message sizes (8 B … 1 GiB, doubling).
+
+Ranks start through :func:`kit.measure.ranks.run_ranks` (torchrun): ``nproc`` local ranks; several nodes run the
+same command with ``nnodes``, ``node_rank`` and node 0's ``rdzv_endpoint``. Backend: gloo on CPU, nccl on CUDA
+and ROCm (RCCL). Each rank runs :mod:`kit.measure.comm_worker`: per (collective, size) a warm-up, a barrier, then
+timed calls (device events on a GPU, ``perf_counter`` on CPU); p50 / p99 latency in µs with n, and algbw / busbw
+in GB/s in the nccl-tests convention. **Sizes are the whole buffer S** (nccl-tests): the reduced buffer of
+all_reduce, the gathered output of all_gather, the input of reduce_scatter, one rank's whole send buffer of
+all_to_all, the broadcast buffer, the message each rank sends in send/recv; algbw = S / t, busbw = algbw ×
+:func:`kit.metrics.busbw_factor`.
+
+With a ``model`` (and ``batch``) the probe also times exactly the messages one decode step sends
+(:func:`kit.plan.comm.step_collectives`: TP all-reduce of B × hidden, EP dispatch/combine of B × top-k × hidden
+÷ ep) and :func:`decode_summary` says "per decode step this model pays N × t µs in collectives". Rows are stored
+in ``out`` like every other run (``points.jsonl`` + ``results.parquet``, ``backend="comm"``, ``x_`` columns); a
+run that dies keeps the points rank 0 finished. :func:`fit_links` turns the all_reduce rows into the planner's
+link figures (α, busbw) and :func:`save_comm_calibration` writes them for ``kit plan --comm-calibration``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from kit import dtypes
+from kit._io import atomic_write_text, check_out_dir
+from kit.cli import DefaultsHelpFormatter, add_config_args, config_field, config_from_args
+from kit.errors import UserError
+from kit.measure.ranks import run_ranks
+
+log = logging.getLogger("kit")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+GPU_MAX_BYTES, CPU_MAX_BYTES = 1 << 30, 16 << 20
+
+
+def parse_bytes(text) -> int:
+    """``"8"``, ``"64K"``, ``"16M"``, ``"1G"`` (binary units) → bytes.
+
+    Raises:
+        UserError: not a positive size (names the value and the allowed form).
+    """
+    t = str(text).strip().upper().removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        v = int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise UserError(
+            f"size {text!r} must be a number of bytes, optionally with K, M or G (e.g. 8, 64K, 1G)"
+        ) from None
+    if v <= 0:
+        raise UserError(f"size {text!r} must be > 0 bytes")
+    return v
+
+
+def _ops_arg(text) -> list[str]:
+    ops = [o.strip() for o in str(text).split(",") if o.strip()] if isinstance(text, str) else list(text)
+    bad = [o for o in ops if o not in OPS]
+    if bad or not ops:
+        raise UserError(f"unknown collective(s) {bad or ops}; allowed: {', '.join(OPS)}")
+    return ops
+
+
+@dataclass
+class CommConfig:
+    """The settings of ``kit comm`` (each field's ``help`` is also the CLI's)."""
+
+    ops: list = config_field(default_factory=lambda: list(OPS), parse=_ops_arg, help="collectives, comma list")
+    min_bytes: int = config_field(8, parse=parse_bytes, help="smallest message S (whole buffer), e.g. 8, 1K")
+    max_bytes: int | None = config_field(
+        None, parse=parse_bytes, help="largest message (default 1G with nccl, 16M with gloo on CPU); sizes double"
+    )
+    dtype: str = config_field("float32", help="element dtype of the buffers (float32, bfloat16, ...)")
+    warmup: int = config_field(5, help="untimed calls per size")
+    iters: int = config_field(20, help="timed calls per size (p50/p99 over them)")
+    nproc: int = config_field(2, help="ranks on this node")
+    nnodes: int = config_field(1, help="nodes (run the same command on each, with --node-rank)")
+    node_rank: int = config_field(0, help="this node's rank in [0, nnodes)")
+    rdzv_endpoint: str | None = config_field(None, help="node 0's host:port (needed with --nnodes > 1)")
+    backend: str | None = config_field(None, help="gloo or nccl (default: nccl with a GPU, else gloo)")
+    timeout_s: float = config_field(600.0, help="limit of the whole run, s")
+    join_timeout_s: float = config_field(60.0, help="how long the rendezvous waits for every node, s")
+    model: str | None = config_field(None, help="also time one decode step's messages of this model")
+    batch: int = config_field(1, help="decode batch B for --model")
+    accelerator: str | None = config_field(None, help="catalog accelerator whose planner figure to print beside")
+    save_links: str | None = config_field(None, help="write the fitted link α/busbw here (for kit plan)")
+    out: str = config_field("results/comm", help="output directory (rows appended; plots written)")
+    fail_rank: int | None = config_field(None, cli=False, help="a rank that exits early (tests)")
+
+    @property
+    def world(self) -> int:
+        return self.nproc * self.nnodes
+
+    def sizes(self) -> list[int]:
+        """Doubling sizes from ``min_bytes`` to ``max_bytes`` (default per backend)."""
+        hi = self.max_bytes or (GPU_MAX_BYTES if self.dist_backend() == "nccl" else CPU_MAX_BYTES)
+        out, s = [], self.min_bytes
+        while s <= hi:
+            out.append(s)
+            s *= 2
+        return out
+
+    def dist_backend(self) -> str:
+        if self.backend:
+            return self.backend
+        from kit.measure.ranks import default_backend
+
+        return default_backend()
+
+    def validate(self) -> CommConfig:
+        """Raises UserError for a bad size range, dtype, count, backend or a single rank."""
+        self.ops = _ops_arg(self.ops)
+        self.dtype = dtypes.canonical(self.dtype)
+        if self.max_bytes is not None and self.max_bytes < self.min_bytes:
+            raise UserError(f"max_bytes={self.max_bytes} must be >= min_bytes={self.min_bytes}")
+        for name in ("warmup", "iters", "nproc", "nnodes", "batch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < (0 if name == "warmup" else 1):
+                raise UserError(f"{name}={v!r} must be an integer >= {0 if name == 'warmup' else 1}")
+        if self.world < 2:
+            raise UserError(f"nproc × nnodes = {self.world}: a collective needs at least 2 ranks")
+        if self.backend not in (None, "gloo", "nccl"):
+            raise UserError(f"backend={self.backend!r}; allowed: gloo, nccl (nccl is RCCL on ROCm)")
+        return self
+
+
+def decode_points(model, batch: int, world: int) -> list[dict]:
+    """The messages one decode step of ``model`` at batch ``batch`` sends with TP = EP = ``world`` ranks
+    (:func:`kit.plan.comm.step_collectives`, bfloat16 activations), as probe points with their count per step."""
+    from kit.plan.comm import step_collectives
+    from kit.plan.spec import get_spec
+
+    spec = get_spec(model)
+    ep = world if spec.is_moe else 1
+    return [
+        {"op": op, "size_bytes": int(round(size)), "decode_term": term, "decode_count": count, "model": spec.name}
+        for term, op, size, count, _ in step_collectives(spec, batch, world, ep, 1, "bfloat16")
+    ]
+
+
+def _record(row: dict, cfg: CommConfig, run_id: str) -> dict:
+    key = [row["op"], row["size_bytes"], row["n_ranks"], cfg.dtype, cfg.nnodes, row.get("decode_term")]
+    from kit.hardware import detect
+
+    info = detect("cuda" if row["backend"] == "nccl" else "cpu")
+    return {
+        "run_id": run_id,
+        "point_id": hashlib.sha1(json.dumps([run_id, *key]).encode()).hexdigest()[:16],
+        "backend": "comm",
+        "status": "ok",
+        "model": row.get("model"),
+        "dtype": cfg.dtype,
+        "device": info.platform,
+        "device_name": info.name,
+        "n_gpus": row["n_ranks"],
+        "concurrency": cfg.batch if row.get("decode_term") else None,
+        **{f"x_{k}": row.get(k) for k in ("op", "size_bytes", "n_ranks", "lat_us_p50", "lat_us_p99", "n")},
+        "x_algbw_gb_s": row["algbw_gb_s"],
+        "x_busbw_gb_s": row["busbw_gb_s"],
+        "x_dist_backend": row["backend"],
+        "x_nnodes": cfg.nnodes,
+        "x_decode_term": row.get("decode_term"),
+        "x_decode_count": row.get("decode_count"),
+    }
+
+
+def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
+    """Run the probes (see the module docstring) and return this run's rows (a :mod:`kit.results` frame; empty
+    on a node other than 0). Rows rank 0 finished are stored in ``cfg.out`` even when the run fails.
+
+    Raises:
+        UserError: bad settings (:meth:`CommConfig.validate`), a bad output path.
+        RankError: a rank died, the rendezvous did not complete, or the run passed ``timeout_s``.
+    """
+    from kit.results import run_metadata
+    from kit.store import ResultStore, run_lock
+
+    cfg = (cfg or CommConfig(**kw)).validate()
+    out = check_out_dir(cfg.out, "out", "results/comm")
+    points = [{"op": op, "size_bytes": s} for op in cfg.ops for s in cfg.sizes()]
+    if cfg.model:
+        points += decode_points(cfg.model, cfg.batch, cfg.world)
+    run_id = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    work = out / "runs" / run_id
+    work.mkdir(parents=True, exist_ok=True)
+    rows_path = work / "rows.jsonl"
+    job = {**asdict(cfg), "rows_path": str(rows_path), "points": points}
+    atomic_write_text(work / "config.json", json.dumps(job, indent=1))
+    try:
+        run_ranks(["-m", "kit.measure.comm_worker", str(work / "config.json")], cfg.nproc, log_dir=work / "logs",
+                  nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_endpoint=cfg.rdzv_endpoint,
+                  timeout_s=cfg.timeout_s, join_timeout_s=cfg.join_timeout_s)  # fmt: skip
+    finally:
+        rows = [json.loads(ln) for ln in rows_path.read_text().splitlines()] if rows_path.exists() else []
+        if rows:
+            meta = run_metadata(kind="comm", config={k: v for k, v in job.items() if k != "points"})
+            with run_lock(out):
+                store = ResultStore(out, meta)
+                for r in rows:
+                    store.append(_record(r, cfg, run_id))
+            log.info("comm: %d rows stored in %s", len(rows), out)
+    from kit.results import load_results
+
+    if not rows:
+        from kit.results import to_frame
+
+        return to_frame([])
+    df = load_results(out)
+    return df[df["run_id"] == run_id].reset_index(drop=True)
+
+
+def fit_links(df: pd.DataFrame) -> dict:
+    """The planner's link figures from a probe's all_reduce rows: α = p50 latency at the smallest size (µs),
+    busbw = the largest busbw over the sizes (GB/s); the link is scale-out when the run spanned nodes.
+
+    Raises:
+        UserError: no all_reduce rows.
+    """
+    ar = df[(df["x_op"] == "all_reduce") & df["x_decode_term"].isna()] if "x_op" in df.columns else df.iloc[:0]
+    if ar.empty:
+        raise UserError("fitting link figures needs all_reduce rows (run kit comm with all_reduce in --ops)")
+    name = "scale-out" if int(ar["x_nnodes"].max()) > 1 else "scale-up"
+    smallest = ar.sort_values("x_size_bytes").iloc[0]
+    return {
+        name: {
+            "alpha_us": float(smallest["x_lat_us_p50"]),
+            "busbw_gb_s": float(ar["x_busbw_gb_s"].max()),
+            "n_ranks": int(ar["x_n_ranks"].max()),
+            "alpha_size_bytes": int(smallest["x_size_bytes"]),
+            "device_name": str(smallest["device_name"]),
+        }
+    }
+
+
+def save_comm_calibration(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write :func:`fit_links` of ``df`` as JSON (read by :func:`kit.plan.comm.apply_comm_calibration`)."""
+    from kit._io import check_out_file
+
+    p = check_out_file(path, "save_links")
+    doc = {"created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "links": fit_links(df)}
+    atomic_write_text(p, json.dumps(doc, indent=2))
+    return Path(p)
+
+
+def decode_summary(df: pd.DataFrame) -> list[str]:
+    """One line per decode-step message kind and a total: ``"per decode step this model pays 187 × 310.2 µs in
+    TP all-reduce (14,336 B, all_reduce over 2 ranks) = 58.0 ms"``; [] without decode rows."""
+    d = df[df["x_decode_term"].notna()] if "x_decode_term" in df.columns else df.iloc[:0]
+    lines, total = [], 0.0
+    for _, r in d.iterrows():
+        t = float(r["x_lat_us_p50"])
+        n = int(r["x_decode_count"])
+        total += n * t
+        lines.append(
+            f"per decode step this model pays {n} × {t:,.1f} µs in {r['x_decode_term']} ({int(r['x_size_bytes']):,} B, "
+            f"{r['x_op']} over {int(r['x_n_ranks'])} ranks) = {n * t / 1e3:,.2f} ms"
+        )
+    if lines:
+        lines.append(f"per decode step this model pays {total / 1e3:,.2f} ms in collectives (measured p50 sum)")
+    return lines
+
+
+def planner_line(cfg: CommConfig) -> str | None:
+    """The planner's figure for the same model, batch and ranks on ``cfg.accelerator`` (catalog links):
+    ``"planner (B300, TP2): 187 collectives, 1.31 ms latency + 0.00 ms bandwidth of a 4.10 ms step"``."""
+    if not (cfg.model and cfg.accelerator):
+        return None
+    import warnings
+
+    from kit.plan.roofline import predict_point
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # heads that do not split over a small test world
+        r = predict_point(cfg.model, cfg.accelerator, cfg.world, cfg.batch, 1024, tp=cfg.world, prefill=False)
+    return (
+        f"planner ({r['accelerator']}, TP{r['tp']} EP{r['x_ep']}): collectives {r['x_t_comm_lat_ms']:.2f} ms "
+        f"latency + {r['x_t_comm_bw_ms']:.2f} ms bandwidth of a {r['x_step_ms']:.2f} ms decode step"
+    )
+
+
+def add_cli(sub) -> None:
+    """``kit comm``: collective latency and bus bandwidth over message sizes, through torchrun."""
+    p = sub.add_parser(
+        "comm",
+        formatter_class=DefaultsHelpFormatter,
+        description="Probe collectives (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv) "
+        "over message sizes on N ranks started by torchrun: p50/p99 latency (µs, n) and algbw/busbw (GB/s, "
+        "nccl-tests convention; a size is the whole buffer). Two nodes: run on each node "
+        "`kit comm --nproc 8 --nnodes 2 --node-rank R --rdzv-endpoint node0:29500` (R = 0 on node0, 1 on the "
+        "other). Writes OUT/results.parquet, OUT/comm_latency.png, OUT/comm_busbw.png.",
+    )
+    add_config_args(p, CommConfig)
+    p.set_defaults(func=_cli_comm)
+
+
+def _cli_comm(args) -> int:
+    cfg = config_from_args(CommConfig, args)
+    df = run_comm(cfg)
+    if df.empty:
+        print(f"node {cfg.node_rank}: done (node 0 stores the rows)")
+        return 0
+    from kit.view.comm_plots import save_comm_plots
+
+    t = df[df["x_decode_term"].isna()]
+    cols = ["x_op", "x_size_bytes", "x_lat_us_p50", "x_lat_us_p99", "x_n", "x_algbw_gb_s", "x_busbw_gb_s"]
+    with pd.option_context("display.max_rows", 500, "display.width", 140):
+        print(t[cols].rename(columns=lambda c: c[2:]).to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
+    for line in decode_summary(df):
+        print(line)
+    pl = planner_line(cfg)
+    if pl:
+        print(pl)
+    for png in save_comm_plots(df, cfg.out):
+        print(f"plot: {png}")
+    if cfg.save_links:
+        print(f"link figures: {save_comm_calibration(df, cfg.save_links)} ({fit_links(df)})")
+    print(f"stored: {cfg.out}/results.parquet ({len(df)} rows of this run)")
+    return 0

@@ -1,0 +1,272 @@
+"""Will a point fit? Predict its bytes before allocating, compare with the memory that is free, and read the
+caching allocator's fragmentation statistics after it ran.
+
+Why: on Linux a CPU allocation beyond memory does not fail, it overcommits, and the kernel's OOM killer later kills
+the process (or a neighbour) instead of raising; on a GPU an allocation failure is an exception, but a fragmented
+cache can fail while enough bytes are free. So ``kit kv-stress`` asks first: a point predicted not to fit is
+recorded ``refused`` and never allocated.
+
+- Prediction (:func:`predict_point`): weights + KV cache (the planner's per-token bytes,
+  :func:`kit.plan.sizes.kv_bytes_per_token`, times batch × cache length, plus the constant per-sequence state,
+  :func:`kit.plan.sizes.state_bytes_per_seq`) + a workspace estimate (:func:`workspace_bytes`).
+- Free memory (:func:`available_memory`): CUDA/HIP ``torch.cuda.mem_get_info``; on CPU ``MemAvailable``
+  (``psutil.virtual_memory().available``) and, when this process's cgroup sets one, the cgroup limit minus its
+  working set (usage minus inactive file cache, as the kubelet counts it).
+- Fragmentation (:func:`fragmentation_columns`): reserved vs allocated peaks, inactive split bytes and allocation
+  retries from ``torch.cuda.memory_stats``; ``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_HIP_ALLOC_CONF``
+  ``expandable_segments`` set by :func:`set_expandable_segments`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kit import dtypes
+from kit.errors import UserError
+from kit.plan.sizes import kv_bytes_per_token, state_bytes_per_seq, weight_bytes
+
+GB = 1e9
+#: cgroup limits at or above this are "no limit" (cgroup v1 writes 2**63 rounded down to a page)
+NO_LIMIT = 2**60
+#: the safety margin when none is given: max(MARGIN_MIN_GB, MARGIN_FRACTION × device memory)
+MARGIN_MIN_GB = 1.0
+MARGIN_FRACTION = 0.05
+NOT_AVAILABLE_CPU = "not available on cpu (no caching allocator statistics)"
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    """Bytes one point needs, GB (1e9 bytes). ``kv_gb`` includes the per-sequence state; ``weights_gb`` is 0 when
+    the weights are already resident (then free memory already excludes them)."""
+
+    weights_gb: float
+    kv_gb: float
+    workspace_gb: float
+    kv_bytes_per_token: float
+
+    @property
+    def total_gb(self) -> float:
+        return self.weights_gb + self.kv_gb + self.workspace_gb
+
+
+@dataclass(frozen=True)
+class FreeMemory:
+    """What is free now, GB: ``free_gb`` (the tightest of the sources), ``total_gb`` (the device or the cgroup
+    limit) and ``source`` (which figure won, as text)."""
+
+    free_gb: float
+    total_gb: float
+    source: str
+
+
+def workspace_bytes(spec, batch: int, cache_len: int, dtype="float32", q_tokens: int = 1) -> float:
+    """Transient bytes of one forward of ``batch`` × ``q_tokens`` tokens against a static cache of ``cache_len``
+    tokens, as transformers' sdpa attention computes it (one layer's temporaries alive at a time):
+
+    - scores and softmax in float32: ``2 × B × heads × q × cache_len × 4`` plus the boolean mask ``B × q × cache_len``
+      (decode packs GQA groups into the query, so k/v are not repeated; transformers ``sdpa_attention.pack_gqa``);
+    - MLA, which transformers expands from the latent every step (``DeepseekV3Attention.expand_kv``): per cached
+      token ``heads × (nope + v)`` (kv_b_proj out) + ``heads × (nope + rope)`` (keys) + ``heads × v`` (contiguous
+      values) + ``kv_lora_rank`` (latent copy) elements of ``dtype``;
+    - a forward of more than one token (a prefill chunk) with grouped kv heads: k and v repeated to every head,
+      ``2 × B × heads × cache_len × head_dim`` elements (transformers ``sdpa_attention.repeat_kv``);
+    - activations ``B × q × (6 × hidden + 2 × widest MLP)`` and logits ``B × vocab × 4``.
+
+    An estimate calibrated on the CPU presets (tiny-llama at 262,144 tokens: 16 B/token measured vs 65 B
+    predicted; tiny-deepseek: 2,654 vs 2,609 B/token); on the safe side for GQA.
+    """
+    b = dtypes.bytes_per_element(dtype)
+    heads = spec.num_attention_heads
+    attn = batch * q_tokens * cache_len * (2 * heads * 4 + 1)
+    if spec.attention == "gqa" and q_tokens > 1 and spec.num_kv_heads < heads:  # sdpa repeats k/v (repeat_kv)
+        attn += batch * cache_len * heads * spec.head_dim * 2 * b
+    if spec.attention == "mla":
+        nope, v, rope = spec.qk_nope_head_dim, spec.v_head_dim, spec.qk_rope_head_dim
+        attn += batch * cache_len * (heads * (2 * nope + 2 * v + rope) + spec.kv_lora_rank) * b
+    widest = max(spec.intermediate_size or 0, (spec.moe_intermediate_size or 0) * max(1, spec.experts_per_token))
+    act = batch * q_tokens * (6 * spec.hidden_size + 2 * widest) * b + 2 * batch * spec.vocab_size * 4
+    return float(attn + act)
+
+
+def predict_point(
+    spec, dtype: str, batch: int, cache_len: int, weights_resident: bool = False, q_tokens: int = 1
+) -> MemoryPrediction:
+    """What a point of ``batch`` sequences with a static cache of ``cache_len`` tokens needs (GB), from the
+    architecture: weights (:func:`kit.plan.sizes.weight_bytes` in ``dtype``; 0 if ``weights_resident``), KV cache
+    ``B × (cache_len × kv_bytes_per_token + state_bytes_per_seq)`` (:mod:`kit.plan.sizes`, cache in ``dtype``) and
+    :func:`workspace_bytes` for a forward of ``q_tokens`` tokens per sequence (1: decode; a prefill chunk)."""
+    per_tok = kv_bytes_per_token(spec, dtype)
+    kv = batch * (cache_len * per_tok + state_bytes_per_seq(spec, cache_len, dtype, dtype))
+    w = 0.0 if weights_resident else sum(weight_bytes(spec, f"default={dtypes.name_of(dtype)}").values())
+    ws = workspace_bytes(spec, batch, cache_len, dtype, q_tokens)
+    return MemoryPrediction(w / GB, kv / GB, ws / GB, per_tok)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _inactive_file(stat: Path, keys: tuple[str, ...]) -> int:
+    try:
+        for line in stat.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k in keys and v.strip().isdigit():
+                return int(v)
+    except OSError:
+        pass
+    return 0
+
+
+def cgroup_memory(root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup"):
+    """This process's cgroup memory ``(limit bytes, working-set bytes)``, or None when no limit is set.
+
+    cgroup v2: ``memory.max`` / ``memory.current`` minus ``inactive_file`` of ``memory.stat`` in the process's
+    cgroup (from ``/proc/self/cgroup``'s ``0::/path``) or at the root of the mount; cgroup v1:
+    ``memory/memory.limit_in_bytes`` / ``memory.usage_in_bytes`` minus ``total_inactive_file``. A limit of "max"
+    or >= :data:`NO_LIMIT` is no limit."""
+    root = Path(root)
+    rel = ""
+    try:
+        for line in Path(proc_cgroup).read_text().splitlines():
+            if line.startswith("0::"):
+                rel = line[3:].strip().lstrip("/")
+    except OSError:
+        pass
+    for d in dict.fromkeys([root / rel, root]):
+        limit = _read_int(d / "memory.max")
+        if limit is not None and limit < NO_LIMIT:
+            used = _read_int(d / "memory.current") or 0
+            return limit, max(0, used - _inactive_file(d / "memory.stat", ("inactive_file",)))
+    v1 = root / "memory"
+    limit = _read_int(v1 / "memory.limit_in_bytes")
+    if limit is not None and limit < NO_LIMIT:
+        used = _read_int(v1 / "memory.usage_in_bytes") or 0
+        return limit, max(0, used - _inactive_file(v1 / "memory.stat", ("total_inactive_file",)))
+    return None
+
+
+def available_memory(device: str | torch.device = "cpu") -> FreeMemory:
+    """Memory free for a new allocation on ``device`` now (see the module docstring for the sources).
+
+    Returns:
+        :class:`FreeMemory` (GB). On cuda/rocm: ``torch.cuda.mem_get_info`` (free and total of the device).
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, total = torch.cuda.mem_get_info(dev)
+        api = "hip" if getattr(torch.version, "hip", None) else "cuda"
+        return FreeMemory(free / GB, total / GB, f"{api} mem_get_info")
+    import psutil
+
+    vm = psutil.virtual_memory()
+    free, total, source = vm.available / GB, vm.total / GB, "MemAvailable"
+    cg = cgroup_memory()
+    if cg is not None:
+        limit, used = cg
+        if (limit - used) / GB < free:
+            free, source = (limit - used) / GB, f"cgroup limit {limit / GB:.2f} GB minus its working set"
+        total = min(total, limit / GB)
+    return FreeMemory(max(0.0, free), total, source)
+
+
+def default_margin_gb(total_gb: float) -> float:
+    """The safety margin kept free: max(:data:`MARGIN_MIN_GB`, :data:`MARGIN_FRACTION` × ``total_gb``), GB."""
+    return max(MARGIN_MIN_GB, MARGIN_FRACTION * total_gb)
+
+
+def refusal(pred: MemoryPrediction, free: FreeMemory, margin_gb: float) -> str | None:
+    """Why a point does not fit (text naming the predicted and available GB), or None when it fits:
+    it fits when ``pred.total_gb <= free.free_gb - margin_gb``."""
+    room = free.free_gb - margin_gb
+    if pred.total_gb <= room:
+        return None
+    return (
+        f"refused by the memory guard: predicted {pred.total_gb:.2f} GB (weights {pred.weights_gb:.2f} + KV "
+        f"{pred.kv_gb:.2f} + workspace {pred.workspace_gb:.2f}) > available {free.free_gb:.2f} GB ({free.source}) "
+        f"minus a {margin_gb:.2f} GB margin; not allocated (--no-guard attempts it anyway)"
+    )
+
+
+def alloc_conf_var(platform: str) -> str:
+    """The allocator settings variable of a platform: ``PYTORCH_HIP_ALLOC_CONF`` on rocm, else
+    ``PYTORCH_CUDA_ALLOC_CONF``."""
+    return "PYTORCH_HIP_ALLOC_CONF" if platform == "rocm" else "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def expandable_segments(platform: str, env=None) -> bool | None:
+    """Whether the allocator settings ask for expandable segments (None on cpu: no caching allocator)."""
+    if platform == "cpu":
+        return None
+    env = os.environ if env is None else env
+    items = dict(kv.split(":", 1) for kv in env.get(alloc_conf_var(platform), "").split(",") if ":" in kv)
+    return items.get("expandable_segments", "False").strip().lower() == "true"
+
+
+def set_expandable_segments(platform: str, on: bool, env=None) -> str:
+    """Set ``expandable_segments:True|False`` in the platform's allocator variable (other settings kept) and, when
+    CUDA is already initialised, in the running allocator (``torch.cuda.memory._set_allocator_settings``, the
+    call the variable is parsed by). Returns the variable's new value.
+
+    Raises:
+        UserError: on cpu (there is no caching allocator to configure).
+    """
+    if platform == "cpu":
+        raise UserError("expandable_segments applies to the CUDA/HIP caching allocator; this device is the CPU")
+    env = os.environ if env is None else env
+    var = alloc_conf_var(platform)
+    items = [kv for kv in env.get(var, "").split(",") if kv and not kv.startswith("expandable_segments:")]
+    items.append(f"expandable_segments:{'True' if on else 'False'}")
+    env[var] = ",".join(items)
+    if env is os.environ and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings(f"expandable_segments:{'True' if on else 'False'}")
+    return env[var]
+
+
+def fragmentation_columns(stats: dict | None, retries_before: int = 0, expandable: bool | None = None) -> dict:
+    """Row columns from ``torch.cuda.memory_stats()`` taken after a point (peaks since its reset), or the
+    "not available" row on cpu (``stats`` None):
+
+    ``x_mem_reserved_gb`` / ``x_mem_allocated_gb`` (peaks), ``x_inactive_split_gb`` (peak bytes in split blocks
+    that are free but cannot serve a larger request), ``x_alloc_retries`` (cudaMalloc retries after freeing the
+    cache during the point), ``x_frag_ratio`` = 1 − allocated peak / reserved peak, ``x_expandable_segments`` and
+    ``x_alloc_stats`` (what the numbers are, or why there are none). Key names: PyTorch docs,
+    ``torch.cuda.memory_stats``."""
+    if stats is None:
+        keys = ("x_mem_reserved_gb", "x_mem_allocated_gb", "x_inactive_split_gb", "x_alloc_retries", "x_frag_ratio")
+        return {**dict.fromkeys(keys), "x_expandable_segments": None, "x_alloc_stats": NOT_AVAILABLE_CPU}
+    reserved = float(stats.get("reserved_bytes.all.peak", 0))
+    allocated = float(stats.get("allocated_bytes.all.peak", 0))
+    return {
+        "x_mem_reserved_gb": reserved / GB,
+        "x_mem_allocated_gb": allocated / GB,
+        "x_inactive_split_gb": float(stats.get("inactive_split_bytes.all.peak", 0)) / GB,
+        "x_alloc_retries": int(stats.get("num_alloc_retries", 0)) - retries_before,
+        "x_frag_ratio": 1.0 - allocated / reserved if reserved > 0 else None,
+        "x_expandable_segments": expandable,
+        "x_alloc_stats": "caching allocator peaks over the point (torch.cuda.memory_stats)",
+    }
+
+
+def reset_rss_peak() -> bool:
+    """Reset this process's resident-set high-water mark (Linux: ``5`` to ``/proc/self/clear_refs``, which resets
+    ``VmHWM`` and ``ru_maxrss``), so the next :func:`kit.hardware.peak_memory_gb` on cpu is the peak of what runs
+    after it. Returns False where the kernel does not offer it (the peak is then the process's lifetime peak)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def allocator_stats(device: str | torch.device) -> dict | None:
+    """``torch.cuda.memory_stats(device)`` on cuda/rocm, None on cpu."""
+    dev = torch.device(device)
+    return torch.cuda.memory_stats(dev) if dev.type == "cuda" else None

@@ -1,0 +1,151 @@
+"""One decode step as a sum of named terms (weights, KV, compute, collectives latency and bandwidth, overhead,
+draft), optionally a speculative-decoding verify step.
+
+``step = t_linear + t_attn + t_comm + overhead (+ draft)``, where the roofline parts come from
+:func:`kit.plan.step.roofline_times` and split by what bounds them: ``t_weights`` (linear layers, memory-bound),
+``t_kv`` (attention, memory-bound), ``t_compute`` (whichever class is compute-bound); collectives from
+:mod:`kit.plan.comm`.
+
+**Speculative decoding** (``spec_k`` draft tokens, ``spec_accept`` mean tokens emitted per verify step per
+sequence, 1 ≤ accept ≤ k + 1): the verify step is a decode step over B × (k + 1) query tokens — weights touched
+and matmul FLOPs for B(k+1) tokens (routed-expert coverage grows), the KV cache read once per sequence with
+attention FLOPs × (k + 1), collectives over B(k+1) tokens — plus the draft: k forwards of ``draft_layers``
+decoder layers, each costed as that fraction of a plain decode step (an MTP / EAGLE draft is one decoder layer:
+DeepSeek-V3 technical report §2.2). Tokens per second scale by ``spec_accept``.
+"""
+
+from __future__ import annotations
+
+from kit.errors import UserError
+from kit.plan.comm import comm_terms, decode_messages, describe
+from kit.plan.device import DeviceModel
+from kit.plan.spec import ArchSpec
+from kit.plan.step import decode_terms, roofline_times
+
+#: a published acceptance figure for a one-token MTP draft: "the acceptance rate of the second token prediction
+#: ranges between 85% and 90%" (DeepSeek-V3 technical report, §5.4.3) → 1 + 0.85 tokens per verify step
+DEFAULT_SPEC_K = 1
+DEFAULT_SPEC_ACCEPT = 1.85
+#: the stacked-bar terms of a decode step, in order (x_t_<term>_ms columns)
+STEP_TERMS = ("weights", "kv", "compute", "comm_lat", "comm_bw", "overhead", "draft")
+
+
+def check_spec(spec_k, spec_accept) -> tuple[int, float]:
+    """``(k, accept)``; ``(0, 1.0)`` when speculative decoding is off (``spec_k`` None or 0).
+
+    Raises:
+        UserError: k not a non-negative integer, or accept outside [1, k + 1].
+    """
+    if not spec_k:
+        return 0, 1.0
+    if isinstance(spec_k, bool) or not isinstance(spec_k, int) or spec_k < 0:
+        raise UserError(f"spec_k={spec_k!r} must be a non-negative integer (draft tokens per verify step)")
+    a = float(spec_accept if spec_accept is not None else min(DEFAULT_SPEC_ACCEPT, spec_k + 1))
+    if not 1.0 <= a <= spec_k + 1:
+        raise UserError(
+            f"spec_accept={spec_accept!r} must be in [1, k + 1 = {spec_k + 1}] (mean tokens emitted per verify step)"
+        )
+    return spec_k, a
+
+
+def _roofline(dev, d, kv_bytes, attn_flops, compute_dtype, eb, ef) -> dict:
+    rl = roofline_times(dev, d["weight_bytes"], d["linear_flops"], kv_bytes, attn_flops, compute_dtype, eb, ef)
+    bw = dev.mem_bw_gb_s * 1e9 * eb
+    lm, am = d["weight_bytes"] / bw * 1e3, kv_bytes / bw * 1e3
+    rl["t_weights"] = lm if lm >= rl["t_linear"] else 0.0
+    rl["t_kv"] = am if am >= rl["t_attn"] else 0.0
+    rl["t_compute_part"] = max(0.0, rl["t_linear"] + rl["t_attn"] - rl["t_weights"] - rl["t_kv"])
+    return rl
+
+
+def decode_step(
+    spec: ArchSpec,
+    dev: DeviceModel,
+    B: int,
+    att: int,
+    layout: tuple[int, int, int],
+    dts: dict,
+    kv_dtype,
+    state_dtype,
+    act_dtype,
+    compute_dtype,
+    eb: float,
+    ef: float,
+    overhead_ms: float,
+    spec_k=None,
+    spec_accept=None,
+    draft_layers: int = 1,
+) -> dict:
+    """The terms of one (verify) step of ``B`` sequences attending ``att`` positions, ``layout = (tp, ep, pp)``.
+
+    Returns:
+        dict: ``step_ms``, ``emitted`` (tokens per sequence per step), ``t_<term>_ms`` for :data:`STEP_TERMS`
+        and every collective term (``t_tp_allreduce_lat_ms`` ...), ``t_linear``, ``t_attn``, ``mem_part``,
+        ``compute_part``, ``bytes``, ``flops``, ``expert_coverage``, ``comm_text``, ``messages``.
+
+    Raises:
+        UserError: a bad ``spec_k`` / ``spec_accept`` (:func:`check_spec`).
+    """
+    tp, ep, pp = layout
+    k, accept = check_spec(spec_k, spec_accept)
+    d1 = decode_terms(spec, B, att, tp, ep, dts, kv_dtype, state_dtype)
+    dk = decode_terms(spec, B * (k + 1), att, tp, ep, dts, kv_dtype, state_dtype) if k else d1
+    attn_flops = d1["attn_flops"] * (k + 1)
+    rl = _roofline(dev, dk, d1["kv_bytes"], attn_flops, compute_dtype, eb, ef)
+    msgs = decode_messages(spec, dev, B * (k + 1), tp, ep, pp, act_dtype)
+    comm = comm_terms(msgs)
+    step = rl["t_linear"] + rl["t_attn"] + comm["t_comm_ms"] + overhead_ms
+    draft = 0.0
+    if k:
+        plain = decode_step(spec, dev, B, att, layout, dts, kv_dtype, state_dtype, act_dtype, compute_dtype, eb, ef,
+                            overhead_ms)  # fmt: skip
+        draft = k * draft_layers / spec.num_layers * plain["step_ms"]
+    out = {
+        **comm,
+        "step_ms": step + draft,
+        "emitted": accept,
+        "spec_k": k,
+        "t_weights_ms": rl["t_weights"],
+        "t_kv_ms": rl["t_kv"],
+        "t_compute_ms": rl["t_compute_part"],
+        "t_comm_lat_ms": comm["t_comm_lat_ms"],
+        "t_comm_bw_ms": comm["t_comm_bw_ms"],
+        "t_overhead_ms": overhead_ms,
+        "t_draft_ms": draft,
+        "t_linear": rl["t_linear"],
+        "t_attn": rl["t_attn"],
+        "t_mem": rl["t_mem"],
+        "t_compute": rl["t_compute"],
+        "mem_part": rl["mem_part"],
+        "compute_part": rl["compute_part"],
+        "bytes": dk["weight_bytes"] + d1["kv_bytes"],
+        "flops": dk["linear_flops"] + attn_flops,
+        "expert_coverage": dk["expert_coverage"],
+        "comm_text": describe(msgs),
+        "messages": msgs,
+    }
+    return out
+
+
+def dominant_term(step: dict) -> str:
+    """The largest of :data:`STEP_TERMS` in a :func:`decode_step` result."""
+    return max(STEP_TERMS, key=lambda t: step[f"t_{t}_ms"])
+
+
+def assumptions_text(d: dict, dev: DeviceModel, eb: float, ef: float, compute_dtype, layout_text: str) -> str:
+    """The ``assumptions`` of a prediction: every term of the step (:func:`decode_step` result ``d``) with its
+    value, the collectives with their sizes, counts and link figures, the device figures and ``layout_text``."""
+    spec_txt = (
+        f" + draft {d['t_draft_ms']:.3f} ms (speculative k={d['spec_k']}, {d['emitted']:g} tokens/verify step)"
+        if d["spec_k"]
+        else ""
+    )
+    return (
+        f"roofline per op class (linear, attention): max(bytes/(BW×{eb:g}), flops/(rate×{ef:g})), "
+        f"summed (weights {d['t_weights_ms']:.3f} + KV {d['t_kv_ms']:.3f} + compute {d['t_compute_ms']:.3f} ms), "
+        f"+ collectives {d['t_comm_lat_ms']:.3f} ms latency + {d['t_comm_bw_ms']:.3f} ms bandwidth [{d['comm_text']}]"
+        f" + overhead {d['t_overhead_ms']:.3f} ms{spec_txt}; {dev.name} {dev.mem_bw_gb_s:,.0f} GB/s, "
+        f"{dev.peak_tflops(compute_dtype):,.3g} TFLOPS {compute_dtype}"
+        + (f", attention {dev.attn_tflops * 1e3:,.1f} GFLOP/s" if dev.attn_tflops else "")
+        + f" ({dev.source.split(' [')[0]}); links: {dev.link_source.split(';')[0][:80] or 'none'}; {layout_text}"
+    )

@@ -1,0 +1,155 @@
+"""The allowed range of every served-load setting, checked before any network work (``LoadConfig.validate``).
+
+Every numeric setting is finite or has its limit handled explicitly: ``request_rate = inf`` sends all at once,
+``burstiness = inf`` gives arrival gaps of exactly 1/rate (the Gamma gaps' variance 1/(rate²·b) → 0); anything
+else that is NaN, infinite, negative, zero where it must be positive, fractional where a count is meant, or too
+large to build (prompts of ``isl`` tokens that would not fit in memory) is a :class:`kit.errors.UserError` naming
+the setting, its value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from numbers import Integral, Real
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from kit.errors import UserError
+
+if TYPE_CHECKING:  # the type only: kit.serve.load imports this module
+    from kit.serve.load import LoadConfig
+
+#: at most this many requests in flight (a TCP connection each)
+MAX_CONCURRENCY = 65_536
+#: at most this many prompt tokens built for one point's workload (distinct prompts × ISL): ~1 GB as Python ints
+MAX_WORKLOAD_TOKENS = 2**24
+#: distinct prompts a point builds at most (later requests reuse them round-robin)
+MAX_DISTINCT_PROMPTS = 1024
+#: longest output asked for (max_tokens) and most requests per point
+MAX_OSL = 10_000_000
+MAX_REQUESTS = 100_000_000
+
+
+def json_object_arg(text: str) -> dict:
+    """argparse ``type=`` of ``--extra-body``: a JSON object (argparse names the option in the message)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a JSON object")
+    return value
+
+
+def check_number(
+    name: str,
+    value,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    integer: bool = False,
+    allow_inf: bool = False,
+    allow_none: bool = False,
+    meaning: str = "",
+):
+    """``value`` if it is a number within the limits, else :class:`kit.errors.UserError` naming ``name``.
+
+    Args:
+        lo, hi: inclusive bounds (``lo_open``: ``lo`` itself is not allowed); None: unbounded on that side.
+        integer: a whole number (a bool is not one).
+        allow_inf: ``+inf`` is allowed (its meaning given in ``meaning``).
+        allow_none: None is allowed (e.g. "no limit").
+    """
+    if value is None and allow_none:
+        return None
+    allowed = ("an integer" if integer else "a number") + (
+        (f" > {lo:g}" if lo_open else f" >= {lo:g}") if lo is not None else ""
+    )
+    allowed += f" and <= {hi:,}" if hi is not None else ""
+    allowed += (", or inf" if allow_inf else "") + (", or None" if allow_none else "")
+    allowed += f" ({meaning})" if meaning else ""
+    bad = isinstance(value, bool) or not isinstance(value, (Integral, Real) if not integer else Integral)
+    if integer and isinstance(value, float) and value.is_integer():
+        bad = False
+        value = int(value)
+    if not bad:
+        v = float(value)
+        bad = math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0))
+        if not bad and not math.isinf(v):
+            bad = (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi)
+    if bad:
+        raise UserError(f"{name}={value!r}; must be {allowed}")
+    return value
+
+
+def check_load_config(cfg: LoadConfig, endpoints) -> None:
+    """Check every field of a :class:`kit.serve.load.LoadConfig`; see the module docstring.
+
+    Raises:
+        UserError: naming the first bad field, its value and what is allowed.
+    """
+    if cfg.endpoint not in endpoints:
+        raise UserError(f"endpoint={cfg.endpoint!r}; allowed: {sorted(endpoints)}")
+    check_url(cfg.url)
+    if cfg.model is not None and (not isinstance(cfg.model, str) or not cfg.model.strip()):
+        raise UserError(f"model={cfg.model!r}; give a model id, or None to use the first of /v1/models")
+    check_number("max_concurrency", cfg.max_concurrency, lo=1, hi=MAX_CONCURRENCY, integer=True, allow_none=True)
+    check_number(
+        "request_rate", cfg.request_rate, lo=0, lo_open=True, allow_inf=True, meaning="req/s; inf = all at once"
+    )
+    check_number(
+        "burstiness", cfg.burstiness, lo=0, lo_open=True, allow_inf=True, meaning="1 = Poisson; inf = evenly spaced"
+    )
+    check_number("seed", cfg.seed, lo=0, hi=2**63 - 1, integer=True)
+    if cfg.num_requests is None and cfg.duration_s is None:
+        raise UserError("give num_requests or duration_s (or both)")
+    check_number("num_requests", cfg.num_requests, lo=1, hi=MAX_REQUESTS, integer=True, allow_none=True)
+    check_number("duration_s", cfg.duration_s, lo=0, lo_open=True, allow_none=True, meaning="s")
+    check_number("warmup_requests", cfg.warmup_requests, lo=0, hi=MAX_REQUESTS, integer=True)
+    check_number("isl", cfg.isl, lo=1, hi=MAX_WORKLOAD_TOKENS, integer=True, meaning="input tokens")
+    check_number("osl", cfg.osl, lo=1, hi=MAX_OSL, integer=True, meaning="output tokens")
+    for name in ("isl_range", "osl_range"):
+        v = check_number(name, getattr(cfg, name), lo=0)
+        if v >= 1:
+            raise UserError(f"{name}={v!r}; must be in [0, 1)")
+    for name in ("timeout_s", "stall_timeout_s", "models_timeout_s", "first_byte_timeout_s"):
+        check_number(name, getattr(cfg, name), lo=0, lo_open=True, meaning="s")
+    for name in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2el_ms"):
+        check_number(name, getattr(cfg, name), lo=0, lo_open=True, allow_none=True, meaning="ms; None = no SLO")
+    check_number("temperature", cfg.temperature, lo=0)
+    check_number("max_event_bytes", cfg.max_event_bytes, lo=1024, hi=2**30, integer=True, meaning="bytes")
+    for name in ("ignore_eos", "continuous_usage"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise UserError(f"{name}={getattr(cfg, name)!r}; must be True or False")
+    if not isinstance(cfg.extra_body, dict):
+        raise UserError(f"extra_body={cfg.extra_body!r} must be a dict (a JSON object)")
+    distinct = min(int(cfg.num_requests or 256) + int(cfg.warmup_requests), MAX_DISTINCT_PROMPTS)
+    tokens = distinct * math.ceil(cfg.isl * (1 + cfg.isl_range))
+    if tokens > MAX_WORKLOAD_TOKENS:
+        raise UserError(
+            f"isl={cfg.isl}: {distinct} distinct prompts of up to {math.ceil(cfg.isl * (1 + cfg.isl_range)):,} "
+            f"tokens are {tokens:,} prompt tokens to build, more than the {MAX_WORKLOAD_TOKENS:,} allowed; use a "
+            "smaller --isl or fewer --num-requests/--warmup"
+        )
+
+
+def check_url(url) -> None:
+    """A server base URL: ``http://`` or ``https://`` with a host (the message shows it redacted).
+
+    Raises:
+        UserError: anything else.
+    """
+    from kit.serve.redact import redact_url
+
+    ok = isinstance(url, str) and url.startswith(("http://", "https://"))
+    try:
+        ok = ok and bool(urlsplit(url).hostname) and (urlsplit(url).port or 0) >= 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UserError(
+            f"url={redact_url(str(url))!r} must be http:// or https:// with a host, e.g. http://127.0.0.1:8000"
+        )

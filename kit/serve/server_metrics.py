@@ -1,0 +1,233 @@
+"""What the server saw during a served point: its Prometheus ``/metrics`` before, during and after the point.
+
+``snap0 = scrape(url)`` … the point … ``snap1 = scrape(url)``; ``server_columns(snap0, snap1, client_tokens)``
+gives the row's ``x_server_*`` columns. :class:`ServerMetricsWatch` does the same around a ``with`` block and
+also polls during it, so the gauges' maxima (requests running and waiting, KV-cache usage) are those of the
+point, not of the idle server after it.
+
+The exposition text is parsed with ``prometheus_client``'s parser. Which metric of vLLM or SGLang stands for which
+kit name is data, ``kit/data/server_metrics.csv`` (each row with its source); a metric a server version does not
+export is simply not reported, so a rename never breaks a run (the table lists old and new names). A server
+without ``/metrics`` (``transformers serve``; SGLang without ``--enable-metrics``) gives
+``x_server_metrics = "not available: <why>"``, never a failure.
+
+Columns: counters as deltas over the point (``x_server_prompt_tokens``, ``x_server_generation_tokens``,
+``x_server_preemptions``, ``x_server_prefix_cache_queries`` / ``_hits``, ``x_server_spec_drafts`` /
+``_draft_tokens`` / ``_accepted_tokens``), gauges as maxima (``x_server_<name>_max``), and derived:
+``x_server_prefix_cache_hit_rate`` = hits / queries; ``x_server_spec_acceptance_rate`` = accepted / draft tokens
+(SGLang: its gauge); ``x_server_spec_mean_acceptance_length`` = 1 + accepted tokens / drafts (vLLM's definition,
+the bonus token included; SGLang: its gauge); ``x_server_output_tokens_ratio`` = server / client output tokens and
+``x_server_output_tokens_diff_frac`` = |server − client| / client. Counters count every request the server
+served in the window, warm-up ones and other clients' included: pass the client's count over the same requests.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from functools import cache
+
+from kit._io import data_path
+
+log = logging.getLogger("kit")
+
+#: servers the table names
+SERVERS = ("vllm", "sglang")
+
+
+@cache
+def metric_table() -> tuple[dict, ...]:
+    """Rows of ``kit/data/server_metrics.csv``: kit_name, server, metric, kind (counter | gauge), aggregate (sum |
+    mean over the series of one metric, e.g. per TP or DP rank), unit, source."""
+    with open(data_path("server_metrics.csv"), newline="") as f:
+        return tuple(csv.DictReader(f))
+
+
+@dataclass
+class Snapshot:
+    """One scrape: time (s, monotonic), every sample's values by sample name (one value per label set), or the
+    error that made the scrape fail."""
+
+    t_s: float
+    values: dict[str, list[float]] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def server(self) -> str | None:
+        """``vllm`` | ``sglang`` (by metric prefix) or None."""
+        for s in SERVERS:
+            if any(k.startswith(s + ":") for k in self.values):
+                return s
+        return None
+
+    def get(self, kit_name: str, server: str) -> float | None:
+        """The value of ``kit_name`` in this server's naming: the first of its table rows that is present,
+        aggregated over label sets; None when absent."""
+        for row in metric_table():
+            if row["kit_name"] != kit_name or row["server"] != server:
+                continue
+            name = row["metric"]
+            vals = self.values.get(name) or self.values.get(name.removesuffix("_total"))
+            if vals:
+                return sum(vals) if row["aggregate"] == "sum" else sum(vals) / len(vals)
+        return None
+
+
+def parse_metrics(text: str, t_s: float | None = None) -> Snapshot:
+    """A Prometheus exposition text → :class:`Snapshot` (``_created`` samples dropped). A text the parser
+    rejects gives a Snapshot with ``error`` set."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    snap = Snapshot(time.monotonic() if t_s is None else t_s)
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if not s.name.endswith("_created"):
+                    snap.values.setdefault(s.name, []).append(float(s.value))
+    except (ValueError, TypeError, IndexError) as e:
+        snap.values, snap.error = {}, f"/metrics is not Prometheus text ({type(e).__name__}: {e})"
+    return snap
+
+
+def metrics_url(base_url: str) -> str:
+    """``http://host:port/metrics`` for a server base URL (a trailing ``/v1`` is dropped)."""
+    return base_url.rstrip("/").removesuffix("/v1").rstrip("/") + "/metrics"
+
+
+def scrape(base_url: str, timeout_s: float = 5.0) -> Snapshot:
+    """GET the server's ``/metrics`` and parse it. Never raises for a server fault: an HTTP error, a refused
+    connection, a timeout or a non-Prometheus body gives a Snapshot whose ``error`` says which."""
+    url = metrics_url(base_url)
+    t = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            text = r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return Snapshot(t, error=f"HTTP {e.code} from {url}")
+    except (urllib.error.URLError, OSError) as e:
+        return Snapshot(t, error=f"{url} unreachable ({getattr(e, 'reason', e)})")
+    snap = parse_metrics(text, t)
+    if snap.error is None and snap.server is None:
+        snap.error = f"{url} has no vLLM or SGLang metrics"
+    return snap
+
+
+def client_output_tokens(records) -> int:
+    """Output tokens the client counted over every request that completed, warm-up ones included (the server's
+    counters count those too): the ``client_output_tokens`` of :func:`server_columns`."""
+    return sum(int(r.get("output_tokens") or 0) for r in records if r.get("ok"))
+
+
+def _kinds(server: str) -> dict[str, str]:
+    return {r["kit_name"]: r["kind"] for r in metric_table() if r["server"] == server}
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def server_columns(
+    before: Snapshot, after: Snapshot, client_output_tokens: int | None = None, during: list[Snapshot] = ()
+) -> dict:
+    """The ``x_server_*`` columns of one point from the scrapes around it (see the module docstring).
+
+    Args:
+        before / after: the scrapes just before the point's first request and after its last.
+        client_output_tokens: output tokens the client counted over the same requests (warm-up included).
+        during: scrapes taken while the point ran (gauge maxima; counters use only ``before`` / ``after``).
+
+    Returns: ``x_server_metrics`` (``vllm`` | ``sglang`` | ``not available: <why>``) and, when available, the
+    deltas, maxima and derived columns. A counter that went down (server restarted) gives None for its delta.
+    """
+    bad = before.error or after.error
+    server = before.server if not bad else None
+    if bad or server is None or after.server != server:
+        why = bad or f"the server's metric names changed between scrapes ({before.server} → {after.server})"
+        return {"x_server_metrics": f"not available: {why}"}
+    cols: dict = {"x_server_metrics": server}
+    for name, kind in _kinds(server).items():
+        if kind == "counter":
+            a, b = before.get(name, server), after.get(name, server)
+            d = b - a if a is not None and b is not None and b >= a else None
+            if a is not None and b is not None and b < a:
+                log.warning("server counter %s went down (%s → %s): server restarted?", name, a, b)
+            if a is not None or b is not None:
+                cols[f"x_server_{name}"] = d
+        else:
+            seen = [v for s in (before, *during, after) if (v := s.get(name, server)) is not None]
+            if seen:
+                cols[f"x_server_{name}_max"] = max(seen)
+                cols[f"x_server_{name}_last"] = seen[-1]
+    cols["x_server_prefix_cache_hit_rate"] = _ratio(
+        cols.get("x_server_prefix_cache_hits"), cols.get("x_server_prefix_cache_queries")
+    )
+    acc = cols.get("x_server_spec_accepted_tokens")
+    rate = _ratio(acc, cols.get("x_server_spec_draft_tokens"))
+    cols["x_server_spec_acceptance_rate"] = rate if rate is not None else cols.get("x_server_spec_accept_rate_last")
+    per_draft = _ratio(acc, cols.get("x_server_spec_drafts"))
+    cols["x_server_spec_mean_acceptance_length"] = (
+        1.0 + per_draft if per_draft is not None else cols.get("x_server_spec_accept_length_last")
+    )
+    gen = cols.get("x_server_generation_tokens")
+    cols["x_server_client_output_tokens"] = client_output_tokens
+    cols["x_server_output_tokens_ratio"] = _ratio(gen, client_output_tokens)
+    cols["x_server_output_tokens_diff_frac"] = (
+        abs(gen - client_output_tokens) / client_output_tokens if gen is not None and client_output_tokens else None
+    )
+    cols["x_server_scrape_s"] = after.t_s - before.t_s
+    return cols
+
+
+class ServerMetricsWatch:
+    """Scrape ``/metrics`` when the ``with`` block starts, every ``period_s`` during it (a background thread) and
+    when it ends; :meth:`columns` gives :func:`server_columns`. A server without ``/metrics`` is found at the
+    first scrape: nothing is polled and the columns say "not available".
+
+    Args:
+        base_url: the server's base URL (as :class:`kit.serve.load.LoadConfig` ``url``).
+        period_s: polling period during the point, s; ``enabled=False`` (``--no-server-metrics``) scrapes nothing.
+    """
+
+    def __init__(self, base_url: str, period_s: float = 1.0, timeout_s: float = 5.0, enabled: bool = True):
+        self.base_url, self.period_s, self.timeout_s, self.enabled = base_url, period_s, timeout_s, enabled
+        self.before: Snapshot | None = None
+        self.after: Snapshot | None = None
+        self.during: list[Snapshot] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> ServerMetricsWatch:
+        if not self.enabled:
+            return self
+        self.before = scrape(self.base_url, self.timeout_s)
+        if self.before.error is None:
+            self._thread = threading.Thread(target=self._loop, name="kit-server-metrics", daemon=True)
+            self._thread.start()
+        else:
+            log.info("server metrics: not available: %s", self.before.error)
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            s = scrape(self.base_url, self.timeout_s)
+            if s.error is None:
+                self.during.append(s)
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(self.timeout_s + self.period_s + 1)
+            self.after = scrape(self.base_url, self.timeout_s)
+
+    def columns(self, client_output_tokens: int | None = None) -> dict:
+        """The point's ``x_server_*`` columns (``not available`` when switched off or never reachable)."""
+        if not self.enabled:
+            return {"x_server_metrics": "not available: switched off (--no-server-metrics)"}
+        if self.before is None:
+            return {"x_server_metrics": "not available: not scraped"}
+        return server_columns(self.before, self.after or self.before, client_output_tokens, self.during)

@@ -1,0 +1,180 @@
+"""A simulated OpenAI-compatible streaming server with a known latency model and a prefix cache, for learning the
+served tools without a GPU and for tests whose answer must be known in advance.
+
+Latency model (ms), evaluated while the request runs, ``n`` = requests in flight at that moment (this one included):
+
+    TTFT       = ttft_base_ms + prefill_ms_per_token × (prompt tokens not in the prefix cache)
+    each gap   = tpot_base_ms + tpot_per_request_ms × (n − 1)     (one token per chunk, on a fixed timeline)
+
+so a closed loop of ``c`` concurrent requests sees TPOT = tpot_base_ms + tpot_per_request_ms × (c − 1). Tokens
+are words ``" w<k>"``; a chunk carries ``tokens_per_chunk`` of them (sent when its last one is due). A prompt
+is split into tokens (token ids as given; text: whitespace-separated words); the prefix cache holds blocks of
+``block_tokens`` tokens keyed by the hash of the whole prefix up to that block (as vLLM's automatic prefix cache
+does), and the final usage reports ``prompt_tokens_details.cached_tokens`` (the OpenAI field). Every request is
+logged in :attr:`SimServer.log` (arrival time ``time.perf_counter()``, prompt, cached tokens) so a test can check
+what a client sent and when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SimModel:
+    """The simulated server's latency model (ms) and prefix-cache block size (tokens); see the module text."""
+
+    ttft_base_ms: float = 20.0
+    prefill_ms_per_token: float = 0.0
+    tpot_base_ms: float = 4.0
+    tpot_per_request_ms: float = 0.0
+    block_tokens: int = 16
+    tokens_per_chunk: int = 1
+    model_id: str = "sim"
+
+
+def prompt_tokens(body: dict) -> list:
+    """The tokens of a request body's prompt: token ids as given, else the words of the text (chat messages
+    joined in order)."""
+    if "messages" in body:
+        text = " ".join(str(m.get("content", "")) for m in body["messages"])
+    else:
+        text = body.get("prompt", "")
+    return list(text) if isinstance(text, list) else str(text).split()
+
+
+@dataclass
+class SimServer:
+    """The simulated server on 127.0.0.1 in a background thread: ``start()`` (or ``with SimServer() as s``),
+    ``url``, ``log`` (one dict per generation request: ``t``, ``prompt``, ``tokens``, ``cached``, ``max_tokens``),
+    ``stop()``."""
+
+    model: SimModel = field(default_factory=SimModel)
+    log: list = field(default_factory=list)
+    url: str = ""
+
+    def __post_init__(self):
+        self._inflight = 0
+        self._cache: set = set()
+        self._ready = threading.Event()
+
+    # ---------------------------------------------------------------- request handling
+    def _cached_tokens(self, toks: list) -> int:
+        b = int(self.model.block_tokens)
+        keys = [hash(tuple(toks[: (k + 1) * b])) for k in range(len(toks) // b)]
+        hit = 0
+        for key in keys:
+            if key not in self._cache:
+                break
+            hit += b
+        self._cache.update(keys)
+        return hit
+
+    async def _generate(self, req):
+        from aiohttp import web
+
+        body = await req.json()
+        chat = req.path.endswith("/chat/completions")
+        toks = prompt_tokens(body)
+        cached = self._cached_tokens(toks)
+        n_out = int(body.get("max_tokens", 16))
+        self.log.append(
+            {"t": time.perf_counter(), "prompt": body.get("prompt", body.get("messages")), "tokens": len(toks)}
+            | {"cached": cached, "max_tokens": n_out, "path": req.path}
+        )
+        m = self.model
+        self._inflight += 1
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(req)
+            t_next = time.perf_counter() + (m.ttft_base_ms + m.prefill_ms_per_token * (len(toks) - cached)) / 1000
+            text = ""
+            for k in range(n_out):
+                text += f" w{k}"
+                if (k + 1) % max(1, int(m.tokens_per_chunk)) == 0 or k == n_out - 1:
+                    await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
+                    choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+                    choice["finish_reason"] = "length" if k == n_out - 1 else None
+                    await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+                    text = ""
+                t_next += (m.tpot_base_ms + m.tpot_per_request_ms * (self._inflight - 1)) / 1000
+            usage = {"prompt_tokens": len(toks), "completion_tokens": n_out, "total_tokens": len(toks) + n_out}
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+            await resp.write_eof()
+            return resp
+        finally:
+            self._inflight -= 1
+
+    # ---------------------------------------------------------------- lifecycle
+    def _main(self, port: int) -> None:
+        from aiohttp import web
+
+        async def models(_req):
+            return web.json_response({"object": "list", "data": [{"id": self.model.model_id, "object": "model"}]})
+
+        self._loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        self._loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", port)
+        self._loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(runner.cleanup())
+        self._loop.close()
+
+    def start(self, port: int = 0) -> SimServer:
+        """Start listening on 127.0.0.1:``port`` (0: a free port) in a daemon thread; returns self.
+
+        Raises:
+            RuntimeError: not listening within 10 s.
+        """
+        self._thread = threading.Thread(target=self._main, args=(port,), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("simulated server did not start within 10 s")
+        return self
+
+    def stop(self) -> None:
+        """Stop the server and its thread."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> SimServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv=None) -> int:
+    """``python -m kit.serve.simserver [--port N] [--tpot-base-ms X ...]``: serve until interrupted; prints
+    ``READY <url>`` once listening."""
+    import argparse
+    from dataclasses import fields
+
+    ap = argparse.ArgumentParser(description="simulated OpenAI-compatible server (known latency model)")
+    ap.add_argument("--port", type=int, default=0)
+    for f in fields(SimModel):
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    a = vars(ap.parse_args(argv))
+    srv = SimServer(SimModel(**{f.name: a[f.name] for f in fields(SimModel)})).start(a["port"])
+    print(f"READY {srv.url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        srv.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

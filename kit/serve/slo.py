@@ -1,0 +1,181 @@
+"""SLO search: the largest concurrency (or request rate) at which a server meets its latency targets for a given
+fraction of requests.
+
+A load *meets the SLO* when at least ``slo_fraction`` of its measured requests completed and met every given
+target (``slo_ttft_ms``, ``slo_tpot_ms``, ``slo_e2el_ms`` of the :class:`kit.serve.load.LoadConfig`, inclusive,
+:func:`kit.metrics.meets_slo`; a failed request does not meet it). The search probes ``start``, doubles the load
+until a probe fails (the bracket), then bisects between the last load that met it and the first that did not:
+to one request for concurrency, to ``rate_tolerance`` (relative) for a rate. The answer assumes latency grows
+with load (the usual case); every probe is kept, so a non-monotone server shows in the probe table.
+
+Each probe is a stored point of the grid runner in ``out_dir`` (:class:`kit.serve.prefix.FreshServedBackend`:
+fresh prompts per probe, so a prefix cache does not serve a later probe the earlier prompts), so a search that is
+stopped and started again on the same ``out_dir`` skips the probes already measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pandas as pd
+
+from kit import results as R
+from kit.errors import UserError
+from kit.measure.grid import run_grid, split_run_options
+from kit.serve.client import get_model_id
+from kit.serve.load import LoadConfig, run_coro
+from kit.serve.prefix import FreshServedBackend
+
+log = logging.getLogger("kit")
+
+#: search axes and the load each probe varies
+AXES = ("concurrency", "rate")
+
+
+def fraction_met(row: dict) -> float:
+    """Fraction of a row's measured requests that completed and met every SLO: ``x_good_requests`` /
+    (``completed`` + ``failed``); NaN when the row has no request or no SLO."""
+    n = int(row.get("completed") or 0) + int(row.get("failed") or 0)
+    good = row.get("x_good_requests")
+    return float(good) / n if n and good is not None and not pd.isna(good) else math.nan
+
+
+def _ms(x: float) -> str:
+    return f"{x / 1000:g} s" if x >= 1000 else f"{x:g} ms"
+
+
+def answer_line(cfg: LoadConfig, axis: str, fraction: float, answer, largest_probed) -> str:
+    """The search's answer in one line, e.g. "this server meets TTFT ≤ 2 s and TPOT ≤ 50 ms for 90 % of
+    requests up to concurrency 48"."""
+    slos = [(n, v) for n, v in (("TTFT", cfg.slo_ttft_ms), ("TPOT", cfg.slo_tpot_ms), ("E2E latency", cfg.slo_e2el_ms))]
+    what = " and ".join(f"{n} ≤ {_ms(v)}" for n, v in slos if v is not None)
+    unit = "concurrency {}" if axis == "concurrency" else "{} requests/s"
+    pct = f"{fraction * 100:g} %"
+    if answer is None:
+        return f"this server does not meet {what} for {pct} of requests even at {unit.format(f'{largest_probed:g}')}"
+    more = " (the largest load probed; it may take more)" if answer == largest_probed else ""
+    return f"this server meets {what} for {pct} of requests up to {unit.format(f'{answer:g}')}{more}"
+
+
+@dataclass
+class SearchResult:
+    """The outcome of :func:`slo_search`: ``answer`` (largest load that met the SLO; None if none did),
+    ``bracket`` (last load met, first load not met; None where unknown), ``line`` (the one-line answer),
+    ``probes`` (one row per probe in the order run: load, fraction_met, met, status, problems (the row's problem
+    flags), client_bound, point_id) and ``rows`` (the probes' results rows)."""
+
+    axis: str
+    answer: float | None
+    bracket: tuple
+    line: str
+    slo_fraction: float
+    probes: pd.DataFrame
+    rows: pd.DataFrame = field(repr=False)
+
+    def to_json(self) -> dict:
+        """``search`` of ``kit serve-bench --json``: axis, answer, bracket, line, fraction, SLOs and probes."""
+        return {
+            "axis": self.axis,
+            "answer": self.answer,
+            "bracket": list(self.bracket),
+            "line": self.line,
+            "slo_fraction": self.slo_fraction,
+            "probes": self.probes.to_dict("records"),
+        }
+
+
+def slo_search(
+    cfg: LoadConfig,
+    out_dir: str | Path,
+    *,
+    axis: str = "concurrency",
+    slo_fraction: float = 0.9,
+    start: float = 1,
+    max_load: float = 1024,
+    rate_tolerance: float = 0.1,
+    max_probes: int = 32,
+    min_waves: float = 2.0,
+    prefix_fraction: float = 0.0,
+    **options,
+) -> SearchResult:
+    """Bracket, then bisect, ``axis`` to the largest load meeting the SLOs of ``cfg`` for ``slo_fraction`` of
+    requests (see the module text).
+
+    Args:
+        cfg: the load point; its SLO fields are the targets. For ``axis="rate"`` its ``max_concurrency`` caps
+            the requests in flight (None: unbounded).
+        out_dir: the run directory; every probe is stored there and found again by a later search.
+        start: first load probed (concurrency >= 1, or req/s > 0); max_load: the bracket stops here.
+        rate_tolerance: the rate search stops when (first failing − last meeting) / last meeting ≤ this.
+        max_probes: probes at most (a search that hits it reports its best bracket so far).
+        min_waves: a concurrency probe sends at least ``min_waves × concurrency`` measured requests (more than
+            ``cfg.num_requests`` when needed): with fewer requests than the concurrency the load is never reached.
+        prefix_fraction: shared-prefix fraction of each probe's workload (0: all prompts distinct).
+        options: ``tokenizer``, ``extra``, ``metadata``, ``on_progress`` (:class:`FreshServedBackend`) and
+            :func:`kit.measure.grid.run_grid`'s options (``resume``, ``progress``, ``on_point``, ...; ``resume=False``
+            archives the earlier files once, before the first probe).
+
+    Raises:
+        UserError: an unknown axis, no SLO in ``cfg``, a fraction outside (0, 1], start/max_load out of range, an
+        invalid ``cfg``, or no model id. KeyboardInterrupt: Ctrl-C, after the finished probes are saved.
+    """
+    if axis not in AXES:
+        raise UserError(f"search axis {axis!r}; allowed: {list(AXES)}")
+    if all(s is None for s in (cfg.slo_ttft_ms, cfg.slo_tpot_ms, cfg.slo_e2el_ms)):
+        raise UserError("an SLO search needs at least one of slo_ttft_ms, slo_tpot_ms, slo_e2el_ms (--slo-*-ms)")
+    if not 0 < slo_fraction <= 1:
+        raise UserError(f"slo_fraction={slo_fraction}; must be in (0, 1] (0.9: 90 % of requests)")
+    if not (0 < start <= max_load) or (axis == "concurrency" and start < 1):
+        raise UserError(f"start={start}, max_load={max_load}; need 0 < start <= max_load (concurrency >= 1)")
+    cfg = cfg.validate()
+    if not cfg.model:
+        cfg = replace(cfg, model=run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)))
+    run_options, backend_options = split_run_options(options)
+    probes: list[dict] = []
+    rows: list[dict] = []
+
+    def probe(load: float) -> bool:
+        if axis == "concurrency":  # enough requests to hold the load for min_waves rounds
+            c, concs = (
+                replace(cfg, num_requests=max(int(cfg.num_requests or 0), math.ceil(min_waves * load))),
+                [int(load)],
+            )
+        else:
+            c, concs = replace(cfg, request_rate=float(load)), [int(cfg.max_concurrency or 10**6)]
+        backend = FreshServedBackend(c, concs, out_dir, prefix_fractions=[prefix_fraction], **backend_options)
+        df = run_grid(backend, out_dir, **run_options)
+        run_options["resume"] = True  # a non-resumed search archives the earlier files once
+        pid = backend.points()[0].point_id
+        row = df[df["point_id"] == pid].iloc[-1].to_dict()
+        frac = fraction_met(row)
+        met = bool(frac >= slo_fraction)
+        problems = "; ".join(R.row_problems(row)) or None
+        if row.get("x_client_bound"):
+            log.warning("probe %s=%g: %s", axis, load, row.get("x_client_warning"))
+        probes.append({"load": load, "fraction_met": frac, "met": met, "status": row.get("status")})
+        probes[-1] |= {"problems": problems, "client_bound": row.get("x_client_bound"), "point_id": pid}
+        rows.append(row)
+        return met
+
+    lo, hi, load = None, None, float(int(start) if axis == "concurrency" else start)
+    while len(probes) < max_probes:  # bracket: double until a load fails
+        if probe(load):
+            lo = load
+            if load >= max_load:
+                break
+            load = min(load * 2, max_load)
+        else:
+            hi = load
+            break
+    while lo is not None and hi is not None and len(probes) < max_probes:  # bisect
+        if (axis == "concurrency" and hi - lo <= 1) or (axis == "rate" and (hi - lo) / lo <= rate_tolerance):
+            break
+        mid = float((lo + hi) // 2) if axis == "concurrency" else (lo + hi) / 2
+        lo, hi = (mid, hi) if probe(mid) else (lo, mid)
+    if axis == "concurrency":  # loads are whole numbers of requests in flight
+        lo, hi = (None if v is None else int(v) for v in (lo, hi))
+    line = answer_line(cfg, axis, slo_fraction, lo, max(p["load"] for p in probes))
+    return SearchResult(axis, lo, (lo, hi), line, slo_fraction, pd.DataFrame(probes), pd.DataFrame(rows))

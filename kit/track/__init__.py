@@ -1,0 +1,1 @@
+"""Performance per commit: the history database, the noise-aware compare and the HTML report."""

@@ -1,0 +1,387 @@
+"""The history of runs per commit: one DuckDB file (default ``history.duckdb``) holding every row of every run
+added — in-process, served and planner — with the run's provenance and its raw samples.
+
+Tables:
+
+- ``runs``: one row per run (a run = one grid call, key ``run_key`` = hash of host + the run's ``run_id``):
+  commit, branch, dirty flag and tag of the stack under test, where the rows came from, when it ran, device and
+  driver (CUDA / HIP version), package versions (torch, transformers, and vLLM / SGLang / flashinfer / aiter when
+  installed) and the price used for its cost columns.
+- ``rows``: every results row (``row_json``: the whole row as JSON, nothing dropped) plus the typed columns a
+  compare matches and plots on. ``point_key`` is the point's configuration (``x_point_key`` of a repeated sweep,
+  else ``point_id``); ``replicate`` is the repeat of the whole grid it came from (``x_run_index``, else 0).
+- ``samples``: raw samples per row: ``metric`` (``tpot_ms``, ``ttft_ms``, ``e2el_ms``, ``tok_s``), ``block``
+  (the independent unit inside a row: a repeat of an in-process point, a request of a served one) and ``value``.
+
+Adding the same run twice stores it once (rows are keyed by run, point and finish time; ``INSERT OR IGNORE``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import math
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata as _md
+from pathlib import Path
+
+import pandas as pd
+
+from kit.errors import InputNotFoundError, UserError
+from kit.results import load_results, ok_mask
+
+log = logging.getLogger("kit")
+
+DEFAULT_DB = "history.duckdb"
+#: packages whose versions are recorded when installed (the stack under test)
+PACKAGES = ("torch", "transformers", "vllm", "sglang", "flashinfer-python", "flashinfer", "aiter", "kit")
+
+ROW_COLUMNS = (
+    "row_key run_key point_key replicate backend status ok label model dtype concurrency context_len isl osl "
+    "n_gpus tok_s tpot_ms ttft_ms usd_per_gpu_hr price_basis usd_per_mtok tok_s_per_usd row_json"
+).split()
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  run_key VARCHAR PRIMARY KEY, run_id VARCHAR, commit VARCHAR, branch VARCHAR, dirty BOOLEAN, tag VARCHAR,
+  source VARCHAR, host VARCHAR, created_utc VARCHAR, added_utc VARCHAR, device VARCHAR, device_name VARCHAR,
+  driver VARCHAR, versions VARCHAR, usd_per_gpu_hr DOUBLE, price_basis VARCHAR);
+CREATE TABLE IF NOT EXISTS rows (
+  row_key VARCHAR PRIMARY KEY, run_key VARCHAR, point_key VARCHAR, replicate INTEGER, backend VARCHAR,
+  status VARCHAR, ok BOOLEAN, label VARCHAR, model VARCHAR, dtype VARCHAR, concurrency BIGINT,
+  context_len BIGINT, isl BIGINT, osl BIGINT, n_gpus BIGINT, tok_s DOUBLE, tpot_ms DOUBLE, ttft_ms DOUBLE,
+  usd_per_gpu_hr DOUBLE, price_basis VARCHAR, usd_per_mtok DOUBLE, tok_s_per_usd DOUBLE, row_json VARCHAR);
+CREATE TABLE IF NOT EXISTS samples (row_key VARCHAR, metric VARCHAR, block INTEGER, value DOUBLE);
+"""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """The stack under test: ``commit`` (SHA or any name), ``branch``, ``dirty`` (uncommitted changes), ``tag``."""
+
+    commit: str
+    branch: str | None = None
+    dirty: bool | None = None
+    tag: str | None = None
+
+
+def _git(path: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=path, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_provenance(path: str | Path) -> Provenance:
+    """Commit, branch, dirty flag and exact tag (if any) of the git checkout at ``path``.
+
+    Raises:
+        InputNotFoundError: ``path`` is not a directory inside a git checkout.
+    """
+    p = Path(path)
+    sha = _git(p, "rev-parse", "HEAD") if p.is_dir() else None
+    if not sha:
+        raise InputNotFoundError(f"{path} is not a git checkout (git rev-parse HEAD failed); pass --commit SHA")
+    branch = _git(p, "rev-parse", "--abbrev-ref", "HEAD")
+    status = _git(p, "status", "--porcelain", "--untracked-files=no")
+    tag = _git(p, "describe", "--tags", "--exact-match") or None
+    return Provenance(sha, None if branch == "HEAD" else branch, bool(status) if status is not None else None, tag)
+
+
+def package_versions(meta: dict) -> dict:
+    """Versions of :data:`PACKAGES`: the run's metadata first (``torch_version``...), else what is installed here."""
+    out = {}
+    for name in PACKAGES:
+        v = meta.get(f"{name.replace('-', '_')}_version")
+        if v is None:
+            try:
+                v = _md.version(name)
+            except _md.PackageNotFoundError:
+                continue
+        out[name] = str(v)
+    return out
+
+
+def connect(path: str | Path = DEFAULT_DB, read_only: bool = False):
+    """Open (creating it and its tables when new) the history database at ``path``; a DuckDB connection.
+
+    Raises:
+        InputNotFoundError: ``read_only`` and no database at ``path``.
+        UserError: ``path`` is not a DuckDB file or is locked by another process.
+    """
+    import duckdb
+
+    p = Path(path)
+    if read_only and not p.is_file():
+        raise InputNotFoundError(f"no history database at {p} (create one with `kit history add RUN_DIR --db {p}`)")
+    if not read_only:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(p), read_only=read_only)
+    except (duckdb.IOException, duckdb.InvalidInputException) as e:
+        raise UserError(f"cannot open history database {p}: {str(e).splitlines()[0]}") from None
+    if not read_only:
+        con.execute(_SCHEMA)
+    return con
+
+
+def _num(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _int(v) -> int | None:
+    f = _num(v)
+    return int(f) if f is not None else None
+
+
+def _samples(row: dict, run_dir: Path) -> list[tuple[str, int, float]]:
+    """(metric, block, value) raw samples of one row: in-process steps per repeat, served requests."""
+    out = []
+    steps, per = row.get("x_step_ms"), _int(row.get("decode_steps"))
+    if isinstance(steps, (list, tuple)) and len(steps):
+        per = per or len(steps)
+        out += [("tpot_ms", i // per, float(v)) for i, v in enumerate(steps) if _num(v) is not None]
+    pre = row.get("x_prefill_ms")
+    if isinstance(pre, (list, tuple)):
+        out += [("ttft_ms", i, float(v)) for i, v in enumerate(pre) if _num(v) is not None]
+    detail = row.get("x_detail_file")
+    if detail:
+        path = Path(detail) if Path(detail).is_file() else run_dir / Path(detail).name
+        if path.is_file():
+            reqs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            reqs = [r for r in reqs if r.get("ok") and not r.get("warmup")]
+            for i, r in enumerate(reqs):
+                for m in ("tpot_ms", "ttft_ms", "e2el_ms"):
+                    if _num(r.get(m)) is not None:
+                        out.append((m, i, float(r[m])))
+                if _num(r.get("e2el_ms")) and _num(r.get("output_tokens")):
+                    out.append(("tok_s", i, float(r["output_tokens"]) / (float(r["e2el_ms"]) / 1000.0)))
+        else:
+            log.warning("detail file %s of a served row is missing; its per-request samples are not stored", detail)
+    return out
+
+
+def _label(r: dict) -> str:
+    bits = [str(r.get("model")), str(r.get("dtype") or "")]
+    if r.get("backend") == "openai":
+        bits += [f"c={r.get('concurrency')}", f"isl={r.get('isl')}", f"osl={r.get('osl')}"]
+    else:
+        bits += [f"kv={r.get('context_len')}", f"B={r.get('concurrency')}"]
+    return " ".join(b for b in bits if b) + ("" if r.get("backend") == "engine" else f" [{r.get('backend')}]")
+
+
+def _price(r: dict, usd_per_gpu_hr: float | None, basis: str | None) -> tuple[float | None, str | None]:
+    if usd_per_gpu_hr is not None:
+        return float(usd_per_gpu_hr), "user"
+    if _num(r.get("usd_per_gpu_hr")):
+        return float(r["usd_per_gpu_hr"]), r.get("price_basis")
+    if r.get("accelerator"):
+        from kit.plan.cost import get_price
+
+        try:
+            p = get_price(str(r["accelerator"]), basis)
+            return p.usd_per_gpu_hr, p.basis
+        except KeyError:
+            return None, None
+    return None, None
+
+
+def _row_tuple(r: dict, run_key: str, ok: bool, price: tuple, run_dir: Path) -> tuple:
+    tok = _num(r.get("output_tok_s") if r.get("backend") == "openai" else r.get("decode_tok_s"))
+    usd, basis = price
+    n = _int(r.get("n_gpus")) or 1
+    per_m = usd * n / (tok * 3600.0) * 1e6 if usd and tok else None  # kit.metrics.usd_per_mtok
+    key = json.dumps([run_key, r.get("point_id"), r.get("x_run_index"), r.get("timestamp"), r.get("status")])
+    return (
+        hashlib.sha1(key.encode()).hexdigest()[:16],
+        run_key,
+        str(r.get("x_point_key") or r.get("point_id")),
+        _int(r.get("x_run_index")) or 0,
+        r.get("backend"),
+        r.get("status"),
+        bool(ok),
+        _label(r),
+        r.get("model"),
+        r.get("dtype"),
+        *(_int(r.get(c)) for c in ("concurrency", "context_len", "isl", "osl")),
+        n,
+        tok,
+        _num(r.get("tpot_ms_p50")),
+        _num(r.get("ttft_ms")),
+        usd,
+        basis,
+        per_m,
+        tok * 3600.0 / (usd * n) if usd and tok else None,  # kit.metrics.tok_per_usd per hour → per $
+        json.dumps(r, default=str),
+    )
+
+
+def frames_of(records: list[dict], run_key: str, run_dir: Path = Path(".")) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(rows, samples)`` frames, in the history tables' shape, of results records (what :func:`add_run` stores;
+    the benchmark of the statistics uses it without a database). Prices: the rows' own."""
+    df = pd.DataFrame.from_records(records)
+    ok = ok_mask(df.assign(status=df.get("status", "ok")))
+    tups = [_row_tuple(r, run_key, o, _price(r, None, None), run_dir) for r, o in zip(records, ok)]
+    rows = pd.DataFrame(tups, columns=ROW_COLUMNS)
+    smp = [(t[0], *s) for t, r in zip(tups, records) for s in _samples(r, run_dir)]
+    return rows, pd.DataFrame(smp, columns=["row_key", "metric", "block", "value"])
+
+
+def add_run(
+    db: str | Path,
+    run_dir: str | Path,
+    provenance: Provenance,
+    *,
+    usd_per_gpu_hr: float | None = None,
+    basis: str | None = "tco",
+) -> dict:
+    """Add every row of the run directory ``run_dir`` (any backend) to the history ``db``.
+
+    Args:
+        provenance: the commit (and branch, dirty flag, tag) the rows measure (:func:`git_provenance`).
+        usd_per_gpu_hr: price for the $ columns ($/GPU-hour, basis ``user``); default: the row's own price, else
+            the catalog's price of the row's accelerator on ``basis`` (none for a CPU: $ columns stay empty).
+
+    Returns:
+        ``{"runs": [run_key, ...], "rows_added": n, "rows_known": m, "samples_added": k}``.
+
+    Raises:
+        InputNotFoundError: no results in ``run_dir``. UserError: no commit given, or the database is locked.
+    """
+    if not provenance.commit:
+        raise UserError("no commit: pass --commit SHA or --git PATH (a checkout of the stack under test)")
+    run_dir = Path(run_dir)
+    df = load_results(run_dir)
+    if df.empty:
+        raise InputNotFoundError(f"{run_dir} holds no rows")
+    metas = {m.get("created_utc"): m for m in df.attrs.get("runs", [])}
+    ok = ok_mask(df)
+    records = json.loads(df.to_json(orient="records", date_format="iso"))
+    con = connect(db)
+    added = known = n_samples = 0
+    keys: list[str] = []
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        con.execute("BEGIN TRANSACTION")
+        for rec, is_ok in zip(records, ok):
+            meta = metas.get(rec.get("run_id")) or df.attrs.get("metadata", {})
+            run_key = hashlib.sha1(f"{meta.get('host')}|{rec.get('run_id')}".encode()).hexdigest()[:12]
+            price = _price(rec, usd_per_gpu_hr, basis)
+            if run_key not in keys:
+                keys.append(run_key)
+                dev = meta.get("device") if isinstance(meta.get("device"), dict) else {}
+                driver = " ".join(
+                    f"{k} {meta[f'torch_{k.lower()}']}" for k in ("CUDA", "HIP") if meta.get(f"torch_{k.lower()}")
+                )
+                con.execute(
+                    "INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        run_key,
+                        rec.get("run_id"),
+                        provenance.commit,
+                        provenance.branch,
+                        provenance.dirty,
+                        provenance.tag,
+                        str(run_dir.resolve()),
+                        meta.get("host"),
+                        rec.get("run_id") or meta.get("created_utc"),
+                        now,
+                        rec.get("device") or dev.get("platform"),
+                        rec.get("device_name") or dev.get("name"),
+                        driver or None,
+                        json.dumps(package_versions(meta)),
+                        price[0],
+                        price[1],
+                    ],
+                )
+            tup = _row_tuple(rec, run_key, is_ok, price, run_dir)
+            if con.execute("SELECT 1 FROM rows WHERE row_key = ?", [tup[0]]).fetchone():
+                known += 1
+                continue
+            con.execute(f"INSERT INTO rows VALUES ({','.join('?' * len(tup))})", list(tup))
+            smp = _samples(rec, run_dir)
+            if smp:
+                con.executemany("INSERT INTO samples VALUES (?,?,?,?)", [(tup[0], *s) for s in smp])
+            added += 1
+            n_samples += len(smp)
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    return {"runs": keys, "rows_added": added, "rows_known": known, "samples_added": n_samples}
+
+
+def list_runs(db: str | Path) -> pd.DataFrame:
+    """One row per run, oldest first: run_key, commit, branch, dirty, tag, created_utc, device_name, rows,
+    replicates, versions (JSON), price.
+
+    Raises:
+        InputNotFoundError: no database at ``db``.
+    """
+    con = connect(db, read_only=True)
+    try:
+        return con.execute(
+            "SELECT r.run_key, r.run_id, r.commit, r.branch, r.dirty, r.tag, r.created_utc, r.device, r.device_name, "
+            "r.driver, count(w.row_key) AS rows, sum(CASE WHEN w.ok THEN 1 ELSE 0 END) AS ok_rows, "
+            "count(DISTINCT w.replicate) AS replicates, r.usd_per_gpu_hr, r.price_basis, r.versions, r.source "
+            "FROM runs r LEFT JOIN rows w USING (run_key) GROUP BY ALL ORDER BY r.created_utc, r.run_key"
+        ).df()
+    finally:
+        con.close()
+
+
+def commit_order(runs: pd.DataFrame) -> list[str]:
+    """Commits in the order their first run was made (the x axis of the history plots)."""
+    return list(runs.sort_values("created_utc").drop_duplicates("commit")["commit"])
+
+
+def resolve(runs: pd.DataFrame, ref: str) -> list[str]:
+    """The run keys a reference names: a run key (or its prefix), a run id, a tag, or a commit (or a prefix of at
+    least 4 characters); a commit names every run made of it.
+
+    Raises:
+        UnknownNameError: nothing matches, or a prefix matches several commits (the message lists them).
+    """
+    from kit.errors import UnknownNameError
+
+    ref = str(ref).strip()
+    for col in ("run_key", "run_id", "tag", "commit"):
+        hit = runs[runs[col].astype(str) == ref]
+        if len(hit):
+            return list(hit["run_key"])
+    if len(ref) >= 4:
+        for col in ("run_key", "commit"):
+            hit = runs[runs[col].astype(str).str.startswith(ref)]
+            if hit[col].nunique() == 1:
+                return list(hit["run_key"])
+            if hit[col].nunique() > 1:
+                raise UnknownNameError(f"{ref!r} matches several {col}s: {sorted(hit[col].unique())}")
+    known = ", ".join(commit_order(runs)[-8:])
+    raise UnknownNameError(f"{ref!r} is no commit, tag or run id in the history (latest commits: {known})")
+
+
+def load_rows(db: str | Path, run_keys: list[str] | None = None) -> pd.DataFrame:
+    """The typed row table (joined with the run's commit and created_utc), optionally for some runs only."""
+    con = connect(db, read_only=True)
+    try:
+        q = "SELECT w.*, r.commit, r.created_utc FROM rows w JOIN runs r USING (run_key)"
+        if run_keys is None:
+            return con.execute(q).df()
+        return con.execute(q + " WHERE list_contains(?, w.run_key)", [list(run_keys)]).df()
+    finally:
+        con.close()
+
+
+def load_samples(db: str | Path, row_keys: list[str]) -> pd.DataFrame:
+    """Raw samples (row_key, metric, block, value) of some rows."""
+    con = connect(db, read_only=True)
+    try:
+        return con.execute("SELECT * FROM samples WHERE list_contains(?, row_key)", [list(row_keys)]).df()
+    finally:
+        con.close()

@@ -1,0 +1,145 @@
+"""Simulated in-process runs with known noise and known slowdowns: the ground truth the compare is tested on
+(``tests/track``) and measured against (``benchmarks/history_power.py``).
+
+A simulated decode step of point ``p`` in replicate ``r``, repeat ``k``, step ``i`` takes
+``base_ms(p) × factor(p) × exp(run_r + block_rk + e_rki)`` ms, with ``run_r ~ N(0, run_noise)``,
+``block_rk ~ N(0, block_noise)`` and ``e`` an AR(1) series of lag-1 correlation ``step_ar`` and marginal standard
+deviation ``step_noise`` (log scale; 0.05 ≈ 5 % step-to-step spread). Rows are in the :mod:`kit.results` schema,
+as ``kit sweep --runs N`` writes them (``x_step_ms``, ``x_prefill_ms``, ``x_run_index``, ``x_point_key``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kit.results import save_results, to_frame
+
+#: (KV length, concurrency) of the simulated grid
+DEFAULT_POINTS = ((128, 1), (128, 4), (512, 1), (512, 4))
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Noise of a simulated run (log-scale standard deviations; see the module docstring)."""
+
+    step_noise: float = 0.05
+    step_ar: float = 0.0
+    block_noise: float = 0.0
+    run_noise: float = 0.0
+
+
+def base_ms(context_len: int, concurrency: int) -> float:
+    """The simulated noiseless step time of a point, ms (grows with KV length and batch)."""
+    return 8.0 + 0.004 * context_len * concurrency + 0.6 * concurrency
+
+
+def _ar1(rng: np.random.Generator, n: int, sd: float, ar: float) -> np.ndarray:
+    e = rng.normal(0.0, sd * np.sqrt(1 - ar * ar), n)
+    out = np.empty(n)
+    out[0] = rng.normal(0.0, sd)
+    for i in range(1, n):
+        out[i] = ar * out[i - 1] + e[i]
+    return out
+
+
+def simulated_records(
+    rng: np.random.Generator,
+    *,
+    factors: dict | None = None,
+    points=DEFAULT_POINTS,
+    noise: Noise = Noise(),
+    runs: int = 3,
+    repeats: int = 3,
+    steps: int = 16,
+    run_id: str = "2025-01-01T00:00:00+00:00",
+    usd_per_gpu_hr: float = 0.1,
+) -> list[dict]:
+    """Rows of one simulated run (``runs`` replicates of the grid ``points``, interleaved).
+
+    Args:
+        factors: ``{(kv, B): multiplier}`` of the step time (1.10 = a 10 % slowdown); missing points: 1.
+        usd_per_gpu_hr: the price of the cost columns ($/GPU-hour, basis ``user``).
+    """
+    factors = factors or {}
+    out = []
+    for r in range(runs):
+        run_eff = rng.normal(0.0, noise.run_noise) if noise.run_noise else 0.0
+        for kv, b in points:
+            f = factors.get((kv, b), 1.0) * base_ms(kv, b)
+            blocks = rng.normal(0.0, noise.block_noise, repeats) if noise.block_noise else np.zeros(repeats)
+            step = np.concatenate(
+                [
+                    f * np.exp(run_eff + blocks[k] + _ar1(rng, steps, noise.step_noise, noise.step_ar))
+                    for k in range(repeats)
+                ]
+            )
+            pre = f * kv * 0.05 * np.exp(run_eff + blocks + rng.normal(0.0, noise.step_noise, repeats))
+            tpot = float(np.median(step))
+            tok_s = b * 1000.0 / tpot
+            out.append(
+                {
+                    "run_id": run_id,
+                    "point_id": f"sim-kv{kv}-b{b}-r{r}",
+                    "x_point_key": f"sim-kv{kv}-b{b}",
+                    "x_run_index": r,
+                    "backend": "engine",
+                    "status": "ok",
+                    "timestamp": run_id,
+                    "model": "simulated",
+                    "dtype": "float32",
+                    "device": "cpu",
+                    "device_name": "simulated CPU",
+                    "accelerator": "CPU",
+                    "n_gpus": 1,
+                    "concurrency": b,
+                    "context_len": kv,
+                    "decode_steps": steps,
+                    "repeats": repeats,
+                    "kv_fill": "prefill",
+                    "tpot_ms_p50": tpot,
+                    "tpot_n": len(step),
+                    "ttft_ms": float(np.median(pre)),
+                    "decode_tok_s": tok_s,
+                    "usd_per_gpu_hr": usd_per_gpu_hr,
+                    "price_basis": "user",
+                    "usd_per_mtok": usd_per_gpu_hr / (tok_s * 3600.0) * 1e6,
+                    "x_step_ms": [float(x) for x in step],
+                    "x_prefill_ms": [float(x) for x in pre],
+                }
+            )
+    return out
+
+
+def write_simulated_run(out_dir: str | Path, records: list[dict]) -> Path:
+    """Write simulated rows as a run directory (``results.parquet`` + ``results.json``); returns ``out_dir``."""
+    run_id = records[0]["run_id"]
+    meta = {"created_utc": run_id, "host": "simulated", "model": "simulated", "torch_version": "sim"}
+    save_results(to_frame(records), Path(out_dir), metadata=meta, runs=[meta])
+    return Path(out_dir)
+
+
+def simulated_history(
+    out_root: str | Path,
+    commits: int = 12,
+    slow_at: int = 7,
+    slowdown: float = 0.10,
+    affected=((128, 4), (512, 4)),
+    noise: Noise = Noise(),
+    seed: int = 0,
+    **kw,
+) -> list[tuple[str, Path]]:
+    """``commits`` simulated runs ``out_root/c01 ...``: from commit ``slow_at`` on (1-based), the ``affected``
+    points are ``slowdown`` slower. Returns ``[(commit name, run dir), ...]`` (names ``c01``, ``c02``, ...)."""
+    rng = np.random.default_rng(seed)
+    t0 = _dt.datetime(2025, 1, 1, tzinfo=_dt.timezone.utc)
+    out = []
+    for i in range(1, commits + 1):
+        factors = {p: 1.0 + slowdown for p in affected} if i >= slow_at else {}
+        run_id = (t0 + _dt.timedelta(hours=i)).isoformat(timespec="seconds")
+        recs = simulated_records(rng, factors=factors, noise=noise, run_id=run_id, **kw)
+        out.append((f"c{i:02d}", write_simulated_run(Path(out_root) / f"c{i:02d}", recs)))
+    return out

@@ -1,0 +1,135 @@
+"""`kit kv-stress` end to end in-process (table, figures, refused probes, exit codes), the stress figures, and the
+memory guard's pieces: cgroup limits, allocator settings, fragmentation columns (issue 13)."""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+import pytest
+
+from kit.cli import main
+from kit.measure import memguard
+from kit.plan.spec import get_spec
+from kit.results import load_results, to_frame
+from kit.view.stress_plots import fit_tpot_per_token, memory_vs_context, tpot_vs_context_fit
+
+matplotlib.use("Agg")
+SMALL = ["--start", "64", "--max-context", "128", "--decode-steps", "2", "--warmup-steps", "1", "--repeats", "1"]
+
+
+def test_cli_prints_the_table_and_writes_the_figures(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["kv-stress", *SMALL, "--check-context", "64", "--threads", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "largest context that decodes: 128 tokens" in text and "pred_peak_GB" in text and "n/a" in text
+    assert "within float32 tolerance" in text and "ns per token of context" in text
+    for png in ("memory_vs_context.png", "tpot_vs_context.png"):
+        assert (out / png).stat().st_size > 10_000
+    assert len(load_results(out)) == 2
+
+
+def test_cli_far_beyond_memory_refuses_and_lives_on(tmp_path, capsys):
+    args = ["kv-stress", "--batch", "64", "--start", "1048576", "--max-probes", "2", "--check-context", "0"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert (
+        text.count("refused") == 2
+        and "no context decoded: the smallest probe, 524,288 tokens, did not (refused)" in text
+    )
+    assert "stopped after 2 probes" in text
+    df = load_results(tmp_path)
+    assert list(df.status) == ["refused", "refused"] and (df.x_pred_total_gb > df.x_avail_gb).all()
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["kv-stress", "--start", "0", "--out", str(tmp_path)]) == 2
+    assert "start=0" in capsys.readouterr().err
+    assert main(["kv-stress", "--expandable-segments", "--out", str(tmp_path)]) == 2
+    assert "GPUs" in capsys.readouterr().err
+
+
+def rows():
+    """Four probes of a stress: three ok, then one refused."""
+    base = dict(backend="engine", model="m", dtype="float32", concurrency=1, device="cpu", x_limit_gb=10.0)
+    recs = [
+        dict(base, status="ok", context_len=c, peak_mem_gb=0.5 + c * 2e-6, x_pred_peak_gb=0.5 + c * 2.05e-6,
+             tpot_ms_p50=1.0 + c * 1e-3, tpot_ms_p90=1.2 + c * 1e-3)
+        for c in (1024, 4096, 16384)
+    ]  # fmt: skip
+    recs.append(dict(base, status="refused", context_len=65536, x_pred_peak_gb=12.0))
+    return to_frame(recs)
+
+
+def test_tpot_fit_recovers_the_per_token_slope():
+    fit = fit_tpot_per_token(rows())
+    assert (
+        fit["n"] == 3 and fit["slope_ns_per_token"] == pytest.approx(1000) and fit["intercept_ms"] == pytest.approx(1)
+    )
+    assert fit_tpot_per_token(rows().iloc[:1]) is None
+
+
+def test_stress_figures_draw_prediction_limit_refused_region_and_fit(tmp_path):
+    fig = memory_vs_context(rows())
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["predicted peak (guard)", "measured peak (ok)", "limit 10.0 GB", "refused (no fit)"]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log" and len(ax.patches) == 1  # the refused span
+    fig.savefig(tmp_path / "m.png")
+    fig = tpot_vs_context_fit(rows())
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels[0].startswith("fit: 1 ms + 1e+03 ns/token") and fig.axes[0].get_yscale() == "log"
+    fig.savefig(tmp_path / "t.png")
+    assert (tmp_path / "m.png").stat().st_size > 10_000 and (tmp_path / "t.png").stat().st_size > 10_000
+
+
+def test_cgroup_limits_v2_and_v1(tmp_path):
+    v2 = tmp_path / "v2"
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "job" / "memory.max").write_text("8000000000\n")
+    (v2 / "job" / "memory.current").write_text("3000000000\n")
+    (v2 / "job" / "memory.stat").write_text("anon 1\ninactive_file 1000000000\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job\n")
+    assert memguard.cgroup_memory(v2, proc) == (8_000_000_000, 2_000_000_000)
+    (v2 / "job" / "memory.max").write_text("max\n")
+    assert memguard.cgroup_memory(v2, proc) is None
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(2**63 - 4096))
+    assert memguard.cgroup_memory(tmp_path / "v1", proc) is None  # cgroup v1's "no limit"
+    (v1 / "memory.limit_in_bytes").write_text("4000000000")
+    (v1 / "memory.usage_in_bytes").write_text("1500000000")
+    (v1 / "memory.stat").write_text("total_inactive_file 500000000\n")
+    assert memguard.cgroup_memory(tmp_path / "v1", proc) == (4_000_000_000, 1_000_000_000)
+
+
+def test_free_memory_on_this_cpu_and_the_refusal_text():
+    free = memguard.available_memory("cpu")
+    assert 0 < free.free_gb <= free.total_gb and free.source
+    pred = memguard.predict_point(get_spec("tiny-llama"), "float32", 64, 1_048_576)
+    assert pred.kv_bytes_per_token == 2048 and pred.kv_gb == pytest.approx(64 * 2**20 * 2048 / 1e9)
+    why = memguard.refusal(pred, memguard.FreeMemory(20.0, 24.0, "MemAvailable"), 1.2)
+    assert why.startswith("refused by the memory guard: predicted 141.") and "KV 137.44" in why
+    assert "available 20.00 GB (MemAvailable) minus a 1.20 GB margin" in why
+    small = memguard.predict_point(get_spec("tiny-llama"), "float32", 1, 1024, weights_resident=True)
+    assert small.weights_gb == 0 and memguard.refusal(small, free, 1.0) is None
+    assert memguard.default_margin_gb(24.0) == pytest.approx(1.2) and memguard.default_margin_gb(4.0) == 1.0
+
+
+def test_expandable_segments_setting_and_fragmentation_columns():
+    env = {"PYTORCH_HIP_ALLOC_CONF": "garbage_collection_threshold:0.8,expandable_segments:False"}
+    assert memguard.expandable_segments("rocm", env) is False and memguard.expandable_segments("cpu", env) is None
+    value = memguard.set_expandable_segments("rocm", True, env)
+    assert value == "garbage_collection_threshold:0.8,expandable_segments:True" and memguard.expandable_segments(
+        "rocm", env
+    )
+    assert memguard.set_expandable_segments("cuda", True, env) == "expandable_segments:True"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ or env is not os.environ
+    stats = {"reserved_bytes.all.peak": 4e9, "allocated_bytes.all.peak": 3e9, "inactive_split_bytes.all.peak": 5e8,
+             "num_alloc_retries": 7}  # fmt: skip
+    cols = memguard.fragmentation_columns(stats, retries_before=5, expandable=True)
+    assert cols["x_frag_ratio"] == pytest.approx(0.25) and cols["x_alloc_retries"] == 2
+    assert cols["x_inactive_split_gb"] == 0.5 and cols["x_mem_reserved_gb"] == 4.0 and cols["x_expandable_segments"]
+    cpu = memguard.fragmentation_columns(None)
+    assert cpu["x_frag_ratio"] is None and cpu["x_alloc_stats"].startswith("not available")
