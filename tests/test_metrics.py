@@ -43,6 +43,17 @@ def test_request_timings_token_normalised_itl_and_tpot():
         M.request_timings([1, 2, 3], [1, 1], 3)
 
 
+def test_request_timings_first_chunk_extra_tokens_are_zero_ms_entries_case_e5_e7():
+    # E5: 3 tokens at 0.5 s, then 1 token at 0.6, 0.7, 0.8, 0.9 s: TPOT (900 - 500) / 6 = 66.7 ms
+    r = M.request_timings([0.5, 0.6, 0.7, 0.8, 0.9], [3, 1, 1, 1, 1], output_tokens=7)
+    assert r.tpot_ms == pytest.approx(400.0 / 6) and r.chunk_gaps_ms == pytest.approx([100.0] * 4)
+    assert r.itl_ms == pytest.approx([0.0, 0.0, 100.0, 100.0, 100.0, 100.0])  # n = 6, mean 66.7 = TPOT
+    assert np.mean(r.itl_ms) == pytest.approx(r.tpot_ms)
+    # E7: tokens per chunk unknown: the ITL is unknown, the chunk gaps keep their own name
+    u = M.request_timings([0.2 + 0.04 * k for k in range(10)], None, output_tokens=40)
+    assert u.itl_ms is None and u.chunk_gaps_ms == pytest.approx([40.0] * 9) and u.tpot_ms == pytest.approx(360 / 39)
+
+
 def test_slo_goodput_and_served_throughputs():
     assert M.meets_slo(100, 20, 500, 10, slo_ttft_ms=100, slo_tpot_ms=20)  # inclusive
     assert not M.meets_slo(101, 20, 500, 10, slo_ttft_ms=100)

@@ -41,10 +41,11 @@ from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
 from kit.measure import memguard
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
-from kit.measure.grid import GridPoint, run_grid, split_run_options
+from kit.measure.grid import FINISHED_STATUSES, GridPoint, run_grid, split_run_options
 from kit.measure.sweep import EngineBackend, SweepConfig
 from kit.plan.spec import get_spec
-from kit.results import ok_mask, run_metadata
+from kit.results import load_results, ok_mask, run_metadata
+from kit.store import read_log
 
 log = logging.getLogger("kit")
 DEFAULT_MAX_CONTEXT = 4_194_304
@@ -300,43 +301,60 @@ def run_kv_stress(config: StressConfig, out_dir: str | Path, *, runner=None, **r
         raise UserError(f"unknown option(s) {sorted(rest)} for run_kv_stress")
     backend = StressBackend(config, runner)
     search = ContextSearch(config.start, config.max_context, config.resolution)
-    first, probed, check, frame = True, [], None, None
+    recorded = recorded_probes(out, opts.get("resume", True), opts.get("retry_killed", False))
+    if recorded:
+        log.info("resuming: %d probes already recorded in %s (--no-resume to measure again)", len(recorded), out)
+    probed, check = [], None
     opts["progress"] = False
     with backend.stress_session():
         check = run_check(backend, out) if config.check_context else None
         while len(probed) < config.max_probes and (ctx := search.next()) is not None:
-            got = _probe(backend, search, ctx, out, {**opts, "resume": opts.get("resume", True) or not first}, probed)
-            first = False
-            if got is None:  # should_stop() ended the grid before the probe
-                break
-            frame = got
+            resume = opts.get("resume", True) or bool(probed)  # resume=False archives once, before the first probe
+            if not _probe(backend, search, ctx, out, {**opts, "resume": resume}, probed, recorded):
+                break  # should_stop() ended the grid before the probe
     df = pd.DataFrame()
     if probed:
-        df = frame[frame["point_id"].isin(probed)].drop_duplicates("point_id", keep="last")
+        df = load_results(out)
+        df = df[df["point_id"].isin(probed)].drop_duplicates("point_id", keep="last")
         df = df.sort_values("point_id", key=lambda ids: ids.map({p: i for i, p in enumerate(probed)}))
     df.attrs.update(largest_ok=search.lo, smallest_failed=search.hi, done=search.next() is None, check=check)
     atomic_write_text(out / "stress.json", json.dumps(df.attrs, indent=2, default=str))
     return df
 
 
-def _probe(backend: StressBackend, search: ContextSearch, ctx: int, out: Path, opts: dict, probed: list):
-    """One probe through the grid runner; its outcome goes to ``search``, its id to ``probed``; returns every row
-    in ``out``, or None when the grid stopped before measuring it."""
+def recorded_probes(out: Path, resume: bool = True, retry_killed: bool = False) -> dict[str, dict]:
+    """point_id → the latest record of every probe already finished in ``out`` (the grid runner's rule:
+    :data:`kit.measure.grid.FINISHED_STATUSES`; ``killed`` ones only without ``retry_killed``); empty when not
+    resuming. A resumed stress replays these without measuring them again."""
+    log_file = out / "points.jsonl"
+    if not resume or not log_file.exists():
+        return {}
+    finished = [s for s in FINISHED_STATUSES if s != "killed" or not retry_killed]
+    latest = {r.get("point_id"): r for r in read_log(log_file)}
+    return {pid: r for pid, r in latest.items() if r.get("status") in finished}
+
+
+def _probe(backend: StressBackend, search: ContextSearch, ctx: int, out: Path, opts: dict, probed, recorded) -> bool:
+    """One probe: replayed from ``recorded`` or measured by the grid runner; its outcome goes to ``search``, its
+    id to ``probed``. False when the grid stopped before measuring it."""
     backend.context = ctx
     pid = backend.point_of(ctx).point_id
-    frame = run_grid(backend, out, **opts)
-    rows = frame[frame["point_id"] == pid]
-    if rows.empty:
-        return None
-    row = rows.iloc[-1]
+    if pid in recorded:
+        row, how = recorded[pid], "recorded"
+    else:
+        frame = run_grid(backend, out, **opts)
+        rows = frame[frame["point_id"] == pid]
+        if rows.empty:
+            return False
+        row, how = rows.iloc[-1].to_dict(), "measured"
     probed.append(pid)
     search.record(ctx, fits(row))
     if fits(row):
-        how = f"ok, TPOT p50 {row['tpot_ms_p50']:.2f} ms, peak {row['peak_mem_gb']:.2f} GB"
+        what = f"ok, TPOT p50 {row['tpot_ms_p50']:.2f} ms, peak {row['peak_mem_gb']:.2f} GB"
     else:
-        how = f"{row['status']}: {row['error']}"
-    log.info("kv=%d B=%d: %s", ctx, backend.config.batch, how)
-    return frame
+        what = f"{row['status']}: {row.get('error')}"
+    log.info("kv=%d B=%d (%s): %s", ctx, backend.config.batch, how, what)
+    return True
 
 
 def stress_summary(df: pd.DataFrame) -> str:

@@ -69,21 +69,32 @@ def build_prefix_workload(
     tokenizer=None,
     seed: int = 0,
     as_token_ids: bool = False,
+    isl_range: float = 0.0,
+    osl_range: float = 0.0,
 ) -> list[RequestInput]:
     """``n`` prompts of ``isl`` tokens asking for ``osl``; within each group of ``group_size`` consecutive
     requests the first ``round(prefix_fraction × isl)`` tokens are shared, the rest drawn per request. With an HF
     tokenizer, random non-special ids (decoded to text unless ``as_token_ids``); without one, ids in
     :data:`ID_RANGE` (sent as ids with ``as_token_ids``, else as words ``w<id>``, token count unknown). Prompts
-    are distinct (redrawn on a clash) whenever the unshared part has at least one token.
+    are distinct (redrawn on a clash) whenever the unshared part has at least one token. With ``isl_range`` /
+    ``osl_range`` r each request's lengths are drawn uniformly in ``x·(1 ± r)`` (the shared prefix keeps its
+    nominal length; the request's own part makes up the rest).
 
     Raises:
-        UserError: n, isl, osl or group_size < 1, or prefix_fraction outside [0, 1].
+        UserError: n, isl, osl or group_size < 1, prefix_fraction outside [0, 1], or a range outside [0, 1).
     """
     if min(n, isl, osl, group_size) < 1:
         raise UserError(f"n={n}, isl={isl}, osl={osl}, group_size={group_size}; all must be >= 1")
     if not 0.0 <= float(prefix_fraction) <= 1.0:
         raise UserError(f"prefix_fraction={prefix_fraction}; must be in [0, 1]")
+    if not (0.0 <= isl_range < 1.0 and 0.0 <= osl_range < 1.0):
+        raise UserError(f"isl_range={isl_range}, osl_range={osl_range}; both must be in [0, 1)")
     rng = np.random.default_rng(seed)
+
+    def length(x: int, r: float) -> int:
+        lo, hi = max(1, int(round(x * (1 - r)))), max(1, int(round(x * (1 + r))))
+        return int(rng.integers(lo, hi + 1)) if hi > lo else x
+
     vocab = _vocab(tokenizer)
 
     def draw(k: int) -> list[int]:
@@ -96,11 +107,12 @@ def build_prefix_workload(
     for i in range(n):
         if i % group_size == 0:
             prefix = draw(n_prefix)
-        ids = prefix + draw(isl - n_prefix)
-        while n_prefix < isl and tuple(ids) in seen:
-            ids = prefix + draw(isl - n_prefix)
+        own = max(0, length(isl, isl_range) - n_prefix)
+        ids = prefix + draw(own)
+        while own and tuple(ids) in seen:
+            ids = prefix + draw(own)
         seen.add(tuple(ids))
-        out.append(_as_request(ids, osl, tokenizer, vocab, as_token_ids))
+        out.append(_as_request(ids, length(osl, osl_range), tokenizer, vocab, as_token_ids))
     return out
 
 
@@ -128,7 +140,7 @@ def fresh_workload(
     :data:`MAX_PROMPTS`), drawn from :func:`point_seed` of ``cfg.seed`` and ``point_key`` (the point's index or
     ``point_id``), so no two points of a sweep send the same prompt; ``prefix_fraction`` > 0 shares prefixes
     within groups (:func:`build_prefix_workload`). Token-id prompts on ``/v1/completions`` without a tokenizer.
-    Lengths are exactly ``cfg.isl`` / ``cfg.osl``.
+    Lengths ``cfg.isl`` / ``cfg.osl``, drawn within ``cfg.isl_range`` / ``cfg.osl_range`` when set.
 
     Raises:
         UserError: see :func:`build_prefix_workload`.
@@ -136,7 +148,9 @@ def fresh_workload(
     n = min((cfg.num_requests or 256) + cfg.warmup_requests, MAX_PROMPTS)
     ids = tokenizer is None and cfg.endpoint == "completions"
     seed = point_seed(cfg.seed, point_key)
-    return build_prefix_workload(n, cfg.isl, cfg.osl, prefix_fraction, group_size, tokenizer, seed, ids)
+    return build_prefix_workload(
+        n, cfg.isl, cfg.osl, prefix_fraction, group_size, tokenizer, seed, ids, cfg.isl_range, cfg.osl_range
+    )
 
 
 def read_detail(row: dict) -> list[dict]:
@@ -206,7 +220,15 @@ class FreshServedBackend(ServedBackend):
         wl = fresh_workload(point.config, point.point_id, self.tokenizer, frac, self.group_size)
         extra = {**self.extra, **{k: v for k, v in point.columns.items() if k.startswith("x_prefix")}}
         row = run_load_point(
-            point.config, self.out_dir, self.tokenizer, wl, extra, self.on_progress, self.model_error, point.point_id
+            point.config,
+            self.out_dir,
+            self.tokenizer,
+            wl,
+            extra,
+            self.on_progress,
+            self.model_error,
+            point.point_id,
+            self.on_status,
         )
         row["x_fresh_prompts"] = True
         row["x_prefix_hit_rate_achieved"] = achieved_hit_rate(read_detail(row))

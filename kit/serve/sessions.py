@@ -12,7 +12,6 @@ Records add ``session_id``, ``turn`` (1-based), ``think_s``; warm-up requests ar
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -21,14 +20,14 @@ from dataclasses import replace
 import pandas as pd
 
 from kit import metrics as M
-from kit._io import atomic_write_text
 from kit.errors import UserError
 from kit.measure.grid import GridPoint
 from kit.serve.aggregate import aggregate
-from kit.serve.client import ENDPOINTS, get_model_id, request_record, stream_request, token_counter
+from kit.serve.client import get_model_id, request_record, token_counter
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.prefix import build_prefix_workload, point_seed
 from kit.serve.sweep import ServedBackend
+from kit.serve.trace import stream_one, write_detail
 from kit.serve.workload import RequestInput
 
 #: per-turn TTFT columns ``x_turn<k>_ttft_ms_p50`` are written for turns 1..MAX_TURN_COLUMNS
@@ -57,8 +56,8 @@ async def run_sessions_async(
 
     if not (think_time_s >= 0) or not messages:
         raise UserError(f"think_time_s={think_time_s} (>= 0); {len(messages)} conversations (>= 1)")
-    model = cfg.model or await get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)
-    url, headers = cfg.base_url + ENDPOINTS[cfg.endpoint], cfg.request_headers()
+    model = cfg.model or await get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s)
+    url, headers = cfg.api_url(), cfg.request_headers()
     sem = asyncio.Semaphore(int(cfg.max_concurrency or len(messages)))
     done: list[tuple] = []  # (session, turn, request, capture)
 
@@ -74,7 +73,7 @@ async def run_sessions_async(
                 body = cfg.request_body(model, req)
                 if cfg.endpoint == "chat":
                     body["messages"] = list(history)
-                cap = await stream_request(session, url, body, headers, cfg.timeout_s, cfg.stall_timeout_s)
+                cap = await stream_one(session, cfg, url, body, headers)
                 done.append((s, k + 1, req, cap))
                 if cap.error is not None:
                     return
@@ -89,7 +88,7 @@ async def run_sessions_async(
         rec = request_record(cap, req, count, t_run, 0.0, i, False)
         records.append({**rec, "session_id": s, "turn": k, "think_s": think_time_s if k > 1 else 0.0})
     dur = max(r["end_s"] for r in records) - min(r["sent_s"] for r in records)
-    return records, {"duration_s": dur, "model": model, "url": url}
+    return records, {"duration_s": dur, "model": model, "url": cfg.shown_url}
 
 
 def per_turn(records: Sequence[dict]) -> pd.DataFrame:
@@ -170,7 +169,6 @@ class SessionBackend(ServedBackend):
         n_sessions = math.ceil(int(c.num_requests or 1) / self.turns)
         msgs = session_messages(c, n_sessions, self.turns, point_seed(c.seed, point.point_id), self.tokenizer)
         records, info = run_coro(run_sessions_async(c, msgs, self.think_time_s, self.tokenizer))
-        detail = self.out_dir / f"requests-{point.point_id}.jsonl"
-        atomic_write_text(detail, "".join(json.dumps(r, default=float) + "\n" for r in records))
+        detail = write_detail(self.out_dir, point.point_id, records, c)
         row = {**aggregate(records, c, info), **self.extra, "point_id": point.point_id, "x_detail_file": str(detail)}
         return row | session_columns(records, self.turns, self.think_time_s)

@@ -132,7 +132,7 @@ def slo_search(
         raise UserError(f"start={start}, max_load={max_load}; need 0 < start <= max_load (concurrency >= 1)")
     cfg = cfg.validate()
     if not cfg.model:
-        cfg = replace(cfg, model=run_coro(get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)))
+        cfg = replace(cfg, model=run_coro(get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s)))
     run_options, backend_options = split_run_options(options)
     probes: list[dict] = []
     rows: list[dict] = []

@@ -25,10 +25,11 @@ from kit._io import atomic_write_text
 from kit.errors import InputNotFoundError, UserError
 from kit.measure.grid import GridPoint
 from kit.serve.aggregate import aggregate
-from kit.serve.client import ENDPOINTS, get_model_id, request_record, stream_request, token_counter
+from kit.serve.client import get_model_id, request_record, stream_request, token_counter
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.prefix import ID_RANGE, point_seed
-from kit.serve.sweep import ServedBackend, served_point_id
+from kit.serve.redact import scrub
+from kit.serve.sweep import ServedBackend, detail_path, served_point_id
 from kit.serve.workload import RequestInput
 
 #: prompt tokens per hash id in Mooncake's traces
@@ -120,8 +121,8 @@ async def replay_async(
 
     if not (time_scale > 0) or len(entries) != len(workload) or not entries:
         raise UserError(f"time_scale={time_scale} (> 0); {len(entries)} entries for {len(workload)} requests")
-    model = cfg.model or await get_model_id(cfg.base_url, cfg.api_key_env, cfg.timeout_s)
-    url, headers, t_first = cfg.base_url + ENDPOINTS[cfg.endpoint], cfg.request_headers(), entries[0].timestamp_ms
+    model = cfg.model or await get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s)
+    url, headers, t_first = cfg.api_url(), cfg.request_headers(), entries[0].timestamp_ms
     at = [(e.timestamp_ms - t_first) / 1000.0 * time_scale for e in entries]
     caps: list = [None] * len(entries)
 
@@ -131,7 +132,7 @@ async def replay_async(
         while time.perf_counter() < due:  # the last SPIN_S: yield to the loop rather than trust its timer's ms
             await asyncio.sleep(0)
         body = cfg.request_body(model, workload[i])
-        caps[i] = await stream_request(session, url, body, headers, cfg.timeout_s, cfg.stall_timeout_s)
+        caps[i] = await stream_one(session, cfg, url, body, headers)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         t_run = time.perf_counter()
@@ -142,7 +143,31 @@ async def replay_async(
         rec = request_record(cap, workload[i], count, t_run, 0.0, i, False)
         records.append({**rec, "scheduled_s": at[i]})
     dur = max(r["end_s"] for r in records) - min(r["sent_s"] for r in records)
-    return records, {"duration_s": dur, "model": model, "url": url}
+    return records, {"duration_s": dur, "model": model, "url": cfg.shown_url}
+
+
+async def stream_one(session, cfg: LoadConfig, url: str, body: dict, headers: dict):
+    """:func:`kit.serve.client.stream_request` of one request under ``cfg``'s timeouts, event-size cap and
+    secrets (scrubbed from error texts)."""
+    return await stream_request(
+        session,
+        url,
+        body,
+        headers,
+        cfg.timeout_s,
+        cfg.stall_timeout_s,
+        first_byte_timeout_s=cfg.first_byte_timeout_s,
+        max_event_bytes=cfg.max_event_bytes,
+        secrets=tuple(cfg.secrets()),
+    )
+
+
+def write_detail(out_dir: Path, point_id: str, records: Sequence[dict], cfg: LoadConfig) -> Path:
+    """Write a point's request records (error texts scrubbed of ``cfg``'s secrets) to a new
+    ``requests-<point_id>[.n].jsonl`` (:func:`kit.serve.sweep.detail_path`); returns its path."""
+    path, secrets = detail_path(out_dir, point_id), cfg.secrets()
+    lines = (json.dumps({**r, "error": scrub(r.get("error"), secrets)}, default=float) + "\n" for r in records)
+    return atomic_write_text(path, "".join(lines))
 
 
 def lateness_ms(records: Sequence[dict]) -> dict:
@@ -192,8 +217,7 @@ class TraceBackend(ServedBackend):
         c: LoadConfig = point.config
         wl = trace_workload(self.entries, c.seed, self.block_tokens, c.endpoint == "completions")
         records, info = run_coro(replay_async(c, self.entries, wl, self.tokenizer, self.time_scale))
-        detail = self.out_dir / f"requests-{point.point_id}.jsonl"
-        atomic_write_text(detail, "".join(json.dumps(r, default=float) + "\n" for r in records))
+        detail = write_detail(self.out_dir, point.point_id, records, c)
         late = lateness_ms(records)
         span = (self.entries[-1].timestamp_ms - self.entries[0].timestamp_ms) / 1000.0 * self.time_scale
         row = aggregate(records, replace(c, request_rate=len(records) / span if span > 0 else float("inf")), info)

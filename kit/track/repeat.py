@@ -132,7 +132,7 @@ def run_sweep_runs(config, out_dir: str | Path, runs: int = 1, *, runner: Callab
     from kit.measure.sweep import EngineBackend
 
     check_out_dir(out_dir)
-    backend = EngineBackend(config, runner or runner_from_env())
+    backend = EngineBackend(config, runner or runner_from_env(), work_dir=out_dir)
     if runs != 1:
         backend = RepeatedBackend(backend, runs)
     return run_grid(backend, out_dir, **run_options)

@@ -49,6 +49,11 @@ def test_fresh_workload_is_keyed_by_point_and_deterministic():
     assert [r.prompt for r in a] == [r.prompt for r in a2]
     assert not {tuple(r.prompt) for r in a} & {tuple(r.prompt) for r in b}
     assert len(a) == 4 and all(len(r.prompt) == 12 and r.max_tokens == 5 for r in a)
+    ranged = fresh_workload(
+        LoadConfig(url="http://x", num_requests=64, isl=100, osl=50, isl_range=0.2, osl_range=0.5), 1
+    )
+    assert {len(r.prompt) for r in ranged} <= set(range(80, 121)) and len({len(r.prompt) for r in ranged}) > 5
+    assert {r.max_tokens for r in ranged} <= set(range(25, 76)) and len({r.max_tokens for r in ranged}) > 5
     chat = fresh_workload(LoadConfig(url="http://x", endpoint="chat", num_requests=2, isl=6), 0)
     assert all(isinstance(r.prompt, str) and len(r.prompt.split()) == 6 and r.input_tokens is None for r in chat)
 

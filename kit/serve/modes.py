@@ -1,0 +1,149 @@
+"""Which served run ``kit serve-bench`` makes: a concurrency sweep with fresh prompts per point (and the
+shared-prefix fraction as a second axis), multi-turn sessions, a trace replay, or an SLO search.
+
+:class:`ServedMode` holds the choice (its fields are ``kit serve-bench``'s options, one source of defaults and
+help); :func:`run_mode` runs it through the grid runner and returns the rows (and, for a search, its
+:class:`kit.serve.slo.SearchResult`). Every mode stores its points in the same run directory layout, so a re-run
+resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+
+from kit.cli import config_field
+from kit.errors import UserError
+from kit.measure.grid import run_grid, split_run_options
+from kit.serve.load import LoadConfig
+from kit.serve.prefix import FreshServedBackend
+from kit.serve.sessions import SessionBackend
+from kit.serve.slo import AXES, SearchResult, slo_search
+from kit.serve.trace import TraceBackend
+
+
+def fraction_list(text: str) -> list[float]:
+    """argparse ``type=`` of ``--prefix-fraction``: a comma list of numbers in [0, 1] (argparse names the option)."""
+    try:
+        vals = [float(x) for x in str(text).replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of numbers like 0,0.5,0.9") from None
+    if not vals or any(not 0.0 <= v <= 1.0 for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: give fractions in [0, 1], e.g. 0,0.5,0.9")
+    return list(dict.fromkeys(vals))
+
+
+@dataclass
+class ServedMode:
+    """What kind of served run to make (the defaults: a concurrency sweep with fresh prompts)."""
+
+    search: str | None = config_field(
+        None,
+        choices=AXES,
+        help="find the largest concurrency (or request rate) meeting the --slo-*-ms targets for --slo-fraction of "
+        "requests: bracket, then bisect, each probe a stored point (start: the first --concurrency, or "
+        "--request-rate for a rate search, whose concurrency cap is the largest --concurrency)",
+    )
+    slo_fraction: float = config_field(0.9, help="fraction of requests that must meet every SLO (--search)")
+    max_load: float = config_field(1024.0, help="--search doubles the load up to this")
+    prefix_fraction: list = config_field(
+        default_factory=lambda: [0.0],
+        parse=fraction_list,
+        help="comma list: share of each prompt common to its group of --prefix-group-size requests, a sweep "
+        "axis (0: every prompt of the sweep distinct)",
+    )
+    prefix_group_size: int = config_field(8, help="requests per shared-prefix group")
+    turns: int = config_field(
+        1, help="turns per conversation; > 1 runs multi-turn sessions (--concurrency counts them)"
+    )
+    think_time_s: float = config_field(0.0, help="pause between a reply and the next turn (s)")
+    trace: str | None = config_field(
+        None, help="replay this Mooncake-format JSONL trace at its timestamps (open loop; --concurrency unused)"
+    )
+    time_scale: float = config_field(1.0, help="multiply the trace's time line (0.5 replays twice as fast)")
+
+    def validate(self) -> ServedMode:
+        """Check the values and that at most one mode is chosen; returns self.
+
+        Raises:
+            UserError: naming the value and what is allowed.
+        """
+        modes = [n for n, on in (("--search", self.search), ("--trace", self.trace), ("--turns", self.turns > 1)) if on]
+        if len(modes) > 1:
+            raise UserError(f"{' and '.join(modes)} cannot be combined; choose one")
+        if int(self.turns) < 1 or not (self.think_time_s >= 0) or not (self.time_scale > 0):
+            raise UserError(
+                f"turns={self.turns} (>= 1), think_time_s={self.think_time_s} (>= 0), "
+                f"time_scale={self.time_scale} (> 0)"
+            )
+        if int(self.prefix_group_size) < 1 or not 0 < self.slo_fraction <= 1:
+            raise UserError(
+                f"prefix_group_size={self.prefix_group_size} (>= 1), slo_fraction={self.slo_fraction} (0, 1]"
+            )
+        fr = [float(f) for f in self.prefix_fraction]
+        if (self.trace or self.turns > 1) and fr != [0.0] or (self.search and len(fr) > 1):
+            raise UserError(
+                f"prefix_fraction={fr}: a sweep axis of the concurrency sweep (one value with --search; "
+                "none with --trace or --turns)"
+            )
+        return self
+
+
+def run_mode(
+    mode: ServedMode, cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path, **options
+) -> tuple[pd.DataFrame, SearchResult | None]:
+    """Run ``mode`` against the server of ``cfg``; returns ``(rows, search)``: this run's rows (the latest of each
+    of its points, in order) and the search's result (None for the other modes).
+
+    Args:
+        concurrencies: the sweep's concurrencies (sessions: conversations in flight; search: the first is the
+            start, the largest the cap of a rate search).
+        options: ``tokenizer``, ``extra``, ``metadata``, ``model_error``, ``on_progress``, ``on_status``
+            (:class:`kit.serve.sweep.ServedBackend`) and :func:`kit.measure.grid.run_grid`'s options.
+
+    Raises:
+        UserError: an invalid mode or config, a model list that failed (``model_error``) for a search, a rate
+        search without a finite ``request_rate``. KeyboardInterrupt: Ctrl-C, after finished points are saved.
+    """
+    mode.validate()
+    concs = [int(c) for c in concurrencies]
+    out = Path(out_dir)
+    if mode.search:
+        if options.get("model_error"):
+            raise UserError(options["model_error"])
+        options.pop("model_error", None)
+        kw = {k: v for k, v in options.items() if k != "on_status"}
+        if mode.search == "rate":
+            if math.isinf(cfg.request_rate):
+                raise UserError("--search rate starts at --request-rate: give a finite one (e.g. 1)")
+            cfg, start = replace(cfg, max_concurrency=max(concs)), cfg.request_rate
+        else:
+            start = concs[0]
+        res = slo_search(
+            cfg,
+            out,
+            axis=mode.search,
+            slo_fraction=mode.slo_fraction,
+            start=start,
+            max_load=mode.max_load,
+            prefix_fraction=mode.prefix_fraction[0],
+            **kw,
+        )
+        return res.rows, res
+    run_options, backend_options = split_run_options(options)
+    if mode.trace:
+        backend = TraceBackend(cfg, mode.trace, out, time_scale=mode.time_scale, **backend_options)
+    elif mode.turns > 1:
+        backend = SessionBackend(cfg, concs, out, turns=mode.turns, think_time_s=mode.think_time_s, **backend_options)
+    else:
+        fr, g = mode.prefix_fraction, mode.prefix_group_size
+        backend = FreshServedBackend(cfg, concs, out, prefix_fractions=fr, group_size=g, **backend_options)
+    df = run_grid(backend, out, **run_options)
+    order = {p.point_id: i for i, p in enumerate(backend.points())}
+    cur = df[df["point_id"].isin(order)].drop_duplicates("point_id", keep="last")
+    return cur.iloc[cur["point_id"].map(order).argsort()].reset_index(drop=True), None
