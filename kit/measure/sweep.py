@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -34,7 +35,10 @@ from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
 from kit.measure.grid import GridPoint, run_grid
+from kit.measure.power import PowerSampler
+from kit.measure.power_readers import SOURCES as POWER_SOURCES
 from kit.results import run_metadata, verdict
+from kit.validity import validity
 
 log = logging.getLogger("kit")
 
@@ -106,6 +110,11 @@ class SweepConfig:
     accelerator: str | None = config_field(
         None, help="catalog accelerator for cost columns (default: the detected device)"
     )
+    power_period_ms: float = config_field(50.0, help="power sampling period during every point, ms")
+    power_source: str = config_field(
+        "auto", help="where power comes from: auto | nvml | amdsmi | rapl | none", choices=POWER_SOURCES
+    )
+    usd_per_kwh: float | None = config_field(None, help="electricity price for the energy cost column, $/kWh")
     trust_remote_code: bool = config_field(
         False,
         help="allow a local checkpoint's own Python code (config.json "
@@ -150,6 +159,11 @@ class SweepConfig:
         if self.kv_fill not in KV_FILLS:
             raise UserError(f"kv_fill={self.kv_fill!r}; allowed: {KV_FILLS}")
         cores = os.cpu_count() or 1
+        if not (isinstance(self.power_period_ms, (int, float)) and math.isfinite(self.power_period_ms)
+                and self.power_period_ms > 0):  # fmt: skip
+            raise UserError(f"power_period_ms={self.power_period_ms!r} (--power-period-ms) must be a number > 0")
+        if self.usd_per_kwh is not None and not (math.isfinite(self.usd_per_kwh) and self.usd_per_kwh >= 0):
+            raise UserError(f"usd_per_kwh={self.usd_per_kwh!r} (--usd-per-kwh) must be a finite number >= 0")
         if self.threads is not None and (not isinstance(self.threads, int) or not 1 <= self.threads <= cores):
             raise UserError(
                 f"threads={self.threads!r} (--threads) must be an integer from 1 to {cores} (the cores "
@@ -226,6 +240,7 @@ class EngineBackend:
         self.description = f"sweep {config.model}"
         self._baseline_gb = None
         self._baseline_model = None
+        self.tdp_w = _catalog_tdp_w(config.accelerator or self.info.catalog_name)
 
     def points(self) -> list[GridPoint]:
         cfg, info = self.config, self.info
@@ -283,7 +298,12 @@ class EngineBackend:
         if model is not self._baseline_model:  # a new dtype builds a new model: a new baseline
             self._baseline_gb, self._baseline_model = hardware.allocated_gb(dev), model
         extra = {"compile": True} if cfg.compile else {}
-        return {**self.runner(model, p, dev, cfg.seed, **extra), **self.thread_columns}
+        with PowerSampler(visible_power_devices(), cfg.power_period_ms / 1000.0, cfg.power_source) as ps:
+            rec = self.runner(model, p, dev, cfg.seed, **extra)
+        new = p.repeats * p.concurrency * (p.warmup_steps + p.decode_steps)  # tokens generated, warm-up included
+        prompt = p.repeats * p.concurrency * p.context_len if p.kv_fill == "prefill" else 0
+        rec = {**rec, **ps.columns(new, new + prompt, self.tdp_w, cfg.usd_per_kwh), **self.thread_columns}
+        return {**rec, **validity(rec)}
 
     def _measure_tp(self, point: GridPoint, dt: str, p: PointConfig) -> dict:
         from kit.measure.tp import run_tp_point, tp_checkpoint
@@ -305,6 +325,30 @@ class EngineBackend:
         if dev != "cpu" and self._baseline_gb is not None:
             return {"x_mem_above_baseline_gb": round(hardware.allocated_gb(dev) - self._baseline_gb, 4)}
         return {}
+
+
+def _catalog_tdp_w(accelerator: str | None) -> float | None:
+    """The catalog TDP of ``accelerator``, W (None when unknown: ``pct_tdp`` then stays empty)."""
+    if not accelerator:
+        return None
+    from kit.catalog import load_catalog
+
+    try:
+        v = load_catalog().get(accelerator).get("tdp_w")
+    except KeyError:
+        return None
+    return float(v) if v is not None and not pd.isna(v) else None
+
+
+def visible_power_devices() -> list[int] | None:
+    """Device indices for the power sampler: the first GPU this process sees, as a physical index (NVML and
+    amd-smi count every GPU of the machine, ignoring ``*_VISIBLE_DEVICES``); None (every device) when no
+    visibility variable is set."""
+    for var in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        first = os.environ.get(var, "").split(",")[0].strip()
+        if first.isdigit():
+            return [int(first)]
+    return None
 
 
 def run_sweep(

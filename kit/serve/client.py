@@ -179,7 +179,8 @@ async def stream_request(
     parser = SSEParser(max_event_bytes)
     first_byte = stall_timeout_s if first_byte_timeout_s is None else first_byte_timeout_s
     connect_s = min(30.0, timeout_s, first_byte)
-    tmo = aiohttp.ClientTimeout(total=timeout_s, sock_read=stall_timeout_s, sock_connect=connect_s)
+    # no per-read timer (aiohttp's sock_read re-arms one on every read): the stall watchdog of _read_events
+    tmo = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_s)
     shown = redact_url(url)
     phase = "headers"
     cap.t_send = time.perf_counter()
@@ -196,13 +197,10 @@ async def stream_request(
                     "URL it was given; pass the final URL)"
                 )
             elif resp.status != 200:
-                text = (await resp.content.read(2000)).decode("utf-8", "replace")[:500]
-                cap.error = f"HTTP {resp.status}: {text}"
+                text = (await asyncio.wait_for(resp.content.read(2000), stall_timeout_s)).decode("utf-8", "replace")
+                cap.error = f"HTTP {resp.status}: {text[:500]}"
             else:
-                async for raw in resp.content.iter_any():
-                    cap.add_events(parser.feed(raw), time.perf_counter())
-                cap.add_events(parser.close(), time.perf_counter())
-                cap.finish()
+                await _read_events(resp, cap, parser, stall_timeout_s)
     except asyncio.TimeoutError as e:  # also aiohttp's connect / socket-read timeouts (subclasses)
         el = time.perf_counter() - cap.t_send
         if isinstance(e, aiohttp.ConnectionTimeoutError) or "connection timeout" in str(e).lower():
@@ -222,6 +220,33 @@ async def stream_request(
     cap.t_end = time.perf_counter()
     cap.error = scrub(cap.error, secrets)
     return cap
+
+
+async def _read_events(resp, cap: StreamCapture, parser: SSEParser, stall_timeout_s: float) -> None:
+    """The hot loop: per network read, one time stamp, one split, one pass (:mod:`kit.serve.sse`). A stall
+    (no data for ``stall_timeout_s``) raises ``TimeoutError``; its watchdog is one timer that wakes at most
+    once per ``stall_timeout_s`` (not one re-armed per read)."""
+    loop = asyncio.get_running_loop()
+    last = time.perf_counter()
+    async with asyncio.timeout(None) as guard:
+
+        def check() -> None:
+            nonlocal handle
+            idle = time.perf_counter() - last
+            if idle >= stall_timeout_s:
+                guard.reschedule(loop.time())  # fires now: TimeoutError at the read being awaited
+            else:
+                handle = loop.call_later(stall_timeout_s - idle, check)
+
+        handle = loop.call_later(stall_timeout_s, check)
+        try:
+            async for raw in resp.content.iter_any():
+                last = time.perf_counter()
+                cap.add_events(parser.feed(raw), last)
+        finally:
+            handle.cancel()
+    cap.add_events(parser.close(), time.perf_counter())
+    cap.finish()
 
 
 def _tokens_per_chunk(cap: StreamCapture, count_tokens) -> tuple[list[int] | None, str]:

@@ -15,7 +15,8 @@ from kit.view.plots import label_of, require_columns
 
 
 def fit_tpot_per_token(df: pd.DataFrame, x: str = "context_len", y: str = "tpot_ms_p50") -> dict | None:
-    """Least-squares line ``tpot = intercept + slope × context`` through the ok rows (:func:`kit.results.ok_mask`).
+    """Line ``tpot = intercept + slope × context`` through the ok rows (:func:`kit.results.ok_mask`), least squares
+    on relative residuals (weights 1/tpot), so short contexts count as much as long ones on the log axes.
 
     Returns:
         ``{"intercept_ms", "slope_ms_per_token", "slope_ns_per_token", "n"}``, or None with fewer than two ok
@@ -24,7 +25,8 @@ def fit_tpot_per_token(df: pd.DataFrame, x: str = "context_len", y: str = "tpot_
     ok = df[ok_mask(df)].dropna(subset=[x, y]) if len(df) else df
     if len(ok) < 2 or ok[x].nunique() < 2:
         return None
-    slope, intercept = np.polyfit(ok[x].astype(float), ok[y].astype(float), 1)
+    ys = ok[y].astype(float).to_numpy()
+    slope, intercept = np.polyfit(ok[x].astype(float), ys, 1, w=1.0 / ys)  # relative residuals: fits every decade
     return {
         "intercept_ms": float(intercept),
         "slope_ms_per_token": float(slope),

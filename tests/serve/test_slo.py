@@ -75,3 +75,40 @@ def test_fraction_met_and_answer_line():
     cfg = LoadConfig(url="http://x", slo_ttft_ms=2000, slo_tpot_ms=50)
     line = answer_line(cfg, "concurrency", 0.9, 48, 64)
     assert line == "this server meets TTFT ≤ 2 s and TPOT ≤ 50 ms for 90 % of requests up to concurrency 48"
+
+
+@pytest.mark.slow
+def test_serve_bench_modes_from_flags(sim, tmp_path):
+    """The options of kit serve-bench's modes come from ServedMode; run_mode dispatches each mode to its backend."""
+    import argparse
+
+    from kit.cli import add_config_args, config_from_args
+    from kit.serve.modes import ServedMode, run_mode
+
+    p = argparse.ArgumentParser()
+    add_config_args(p, LoadConfig)
+    add_config_args(p, ServedMode)
+    base = ["--model", "sim", "--num-requests", "4", "--warmup", "0", "--isl", "8", "--osl", "3"]
+
+    def run(*flags, concs=(1, 2)):
+        args = p.parse_args(base + list(flags))
+        cfg = config_from_args(LoadConfig, args, url=sim.url, max_concurrency=concs[0])
+        return run_mode(config_from_args(ServedMode, args), cfg, concs, tmp_path / "-".join(flags), progress=False)
+
+    df, search = run("--prefix-fraction", "0,0.5", "--prefix-group-size", "2")
+    assert search is None and list(df["x_prefix_fraction"]) == [0.0, 0.0, 0.5, 0.5] and (df["status"] == "ok").all()
+    df, search = run("--search", "concurrency", "--slo-tpot-ms", "29.5", "--slo-fraction", "0.75", "--max-load", "4")
+    assert search.answer == 4 and search.slo_fraction == 0.75 and len(df) == 3
+    df, _ = run("--turns", "2", "--think-time-s", "0.01", concs=(2,))
+    assert list(df["x_turns"]) == [2] and list(df["completed"]) == [4]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(json.dumps({"timestamp": 10 * i, "input_length": 5, "output_length": 2}) + "\n" for i in range(3))
+    )
+    df, _ = run("--trace", str(trace), "--time-scale", "0.5")
+    assert list(df["completed"]) == [3] and list(df["x_time_scale"]) == [0.5]
+    for bad in (["--trace", str(trace), "--turns", "2"], ["--turns", "2", "--prefix-fraction", "0.5"]):
+        with pytest.raises(UserError):
+            run(*bad)
+    with pytest.raises(SystemExit):
+        p.parse_args(base + ["--prefix-fraction", "1.5"])
