@@ -50,13 +50,15 @@ def run_handover(
     return records, info
 
 
+def timed(records: Sequence[dict]) -> list[dict]:
+    """The records that were sent and have both time stamps (``sent_s``, ``end_s``)."""
+    return [r for r in records if not r.get("not_sent") and r.get("sent_s") is not None and r.get("end_s") is not None]
+
+
 def inflight_steps(records: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
     """``(times_s, counts)``: the in-flight count after each send/end event (requests never sent excluded)."""
-    ev = sorted(
-        [(r["sent_s"], 1) for r in records if not r.get("not_sent")]
-        + [(r["end_s"], -1) for r in records if not r.get("not_sent")],
-        key=lambda e: (e[0], e[1]),
-    )
+    rs = timed(records)
+    ev = sorted([(r["sent_s"], 1) for r in rs] + [(r["end_s"], -1) for r in rs], key=lambda e: (e[0], e[1]))
     if not ev:
         return np.zeros(0), np.zeros(0, dtype=int)
     t, d = zip(*ev)
@@ -67,7 +69,7 @@ def steady_window(records: Sequence[dict], target: int | None, request_rate: flo
     """``(start_s, end_s)`` of the steady window (see the module text), or None when the count never reached
     ``target`` (or, for an open loop, fewer than two measured sends)."""
     if math.isfinite(request_rate) or not target:
-        sends = sorted(r["sent_s"] for r in records if not r.get("warmup") and not r.get("not_sent"))
+        sends = sorted(r["sent_s"] for r in timed(records) if not r.get("warmup"))
         return (sends[0], sends[-1]) if len(sends) > 1 else None
     t, n = inflight_steps(records)
     at = np.nonzero(n >= int(target))[0]
@@ -89,6 +91,7 @@ def steady_columns(records: Sequence[dict], cfg: LoadConfig) -> dict:
         out["x_steady_note"] = f"in-flight count never reached the target {target}" if target else "too few sends"
         return out
     t0, t1 = win
+    records = timed(records)
     ok = [r for r in records if r.get("ok") and not r.get("warmup")]
     inside = [r for r in ok if r["sent_s"] >= t0 and r["end_s"] <= t1]
     toks = 0.0
