@@ -67,23 +67,30 @@ def workspace_bytes(spec, batch: int, cache_len: int, dtype="float32", q_tokens:
     """Transient bytes of one forward of ``batch`` × ``q_tokens`` tokens against a static cache of ``cache_len``
     tokens, as transformers' sdpa attention computes it (one layer's temporaries alive at a time):
 
-    - scores and softmax in float32: ``2 × B × heads × q × cache_len × 4`` plus the boolean mask ``B × q × cache_len``
-      (decode packs GQA groups into the query, so k/v are not repeated; transformers ``sdpa_attention.pack_gqa``);
+    - decode (one token): scores and softmax in float32, ``2 × B × heads × cache_len × 4``, plus the boolean mask
+      ``B × cache_len`` (GQA groups are packed into the query, so k/v are not repeated; transformers
+      ``sdpa_attention.pack_gqa``);
+    - a prefill chunk of ``q`` tokens: sdpa's fused kernels (flash on CPU, memory-efficient on GPUs, which take a
+      mask) keep no q × cache_len score matrix; the mask is, as booleans and as an additive float mask,
+      ``B × q × cache_len × (1 + 4)`` bytes; with grouped kv heads k and v are repeated to every head,
+      ``2 × B × heads × cache_len × head_dim`` elements (transformers ``sdpa_attention.repeat_kv``). A kernel that
+      falls back to sdpa's math path materialises the scores too: on a GPU that is an OOM exception, recorded;
     - MLA, which transformers expands from the latent every step (``DeepseekV3Attention.expand_kv``): per cached
       token ``heads × (nope + v)`` (kv_b_proj out) + ``heads × (nope + rope)`` (keys) + ``heads × v`` (contiguous
       values) + ``kv_lora_rank`` (latent copy) elements of ``dtype``;
-    - a forward of more than one token (a prefill chunk) with grouped kv heads: k and v repeated to every head,
-      ``2 × B × heads × cache_len × head_dim`` elements (transformers ``sdpa_attention.repeat_kv``);
     - activations ``B × q × (6 × hidden + 2 × widest MLP)`` and logits ``B × vocab × 4``.
 
-    An estimate calibrated on the CPU presets (tiny-llama at 262,144 tokens: 16 B/token measured vs 65 B
-    predicted; tiny-deepseek: 2,654 vs 2,609 B/token); on the safe side for GQA.
+    An estimate calibrated on the CPU presets (decode at 262,144 tokens: tiny-llama 16 B/token measured vs 65
+    predicted, tiny-deepseek 2,654 vs 2,609; a 2,048-token chunk at 65,536 tokens, tiny-llama: 0.88 GB measured).
     """
     b = dtypes.bytes_per_element(dtype)
     heads = spec.num_attention_heads
-    attn = batch * q_tokens * cache_len * (2 * heads * 4 + 1)
-    if spec.attention == "gqa" and q_tokens > 1 and spec.num_kv_heads < heads:  # sdpa repeats k/v (repeat_kv)
-        attn += batch * cache_len * heads * spec.head_dim * 2 * b
+    if q_tokens == 1:  # decode: scores + softmax of every head over the cache, and the boolean mask
+        attn = batch * cache_len * (2 * heads * 4 + 1)
+    else:  # a chunk: fused kernel (no scores); boolean mask and its float form, q x cache_len each
+        attn = batch * q_tokens * cache_len * (1 + 4)
+        if spec.attention == "gqa" and spec.num_kv_heads < heads:  # sdpa repeats k/v to every head (repeat_kv)
+            attn += batch * cache_len * heads * spec.head_dim * 2 * b
     if spec.attention == "mla":
         nope, v, rope = spec.qk_nope_head_dim, spec.v_head_dim, spec.qk_rope_head_dim
         attn += batch * cache_len * (heads * (2 * nope + 2 * v + rope) + spec.kv_lora_rank) * b

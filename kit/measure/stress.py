@@ -232,6 +232,7 @@ class StressBackend:
         cfg, dev, p = self.config, self.info.device, point.config
         q = 1 if p.kv_fill == "synthetic" else min(p.prefill_chunk or p.context_len, p.context_len)
         pred = memguard.predict_point(self.spec, cfg.dtype, p.concurrency, p.cache_len, self.model is not None, q)
+        hardware.free_memory(dev)  # gpu: cached blocks of the last probe go back, so mem_get_info counts them free
         free = memguard.available_memory(dev)
         margin = cfg.margin_gb if cfg.margin_gb is not None else memguard.default_margin_gb(free.total_gb)
         base = hardware.allocated_gb(dev)  # cpu: this process's RSS; gpu: allocated (weights once resident)

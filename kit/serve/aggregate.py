@@ -172,4 +172,10 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
         "x_client_check",
     ):
         row[k] = info.get(k)
+    # imported here: kit.serve.prefix imports kit.serve.sweep, which imports this module
+    from kit.serve.prefix import achieved_hit_rate
+    from kit.serve.steady import steady_columns
+
+    row["x_prefix_hit_rate_achieved"] = achieved_hit_rate(records)
+    row.update(steady_columns(records, cfg))
     return row

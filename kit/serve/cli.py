@@ -17,10 +17,12 @@ from kit.errors import UserError
 from kit.serve.client import DEFAULT_API_KEY_ENV, get_model_id, load_tokenizer
 from kit.serve.limits import MAX_CONCURRENCY, check_number
 from kit.serve.load import LoadConfig, run_coro
+from kit.serve.modes import ServedMode, run_mode
 from kit.serve.redact import scrub
-from kit.serve.sweep import DEFAULT_CONCURRENCIES, run_served_sweep
+from kit.serve.sweep import DEFAULT_CONCURRENCIES
 from kit.serve.texts import short_error
 from kit.serve.workload import WORKLOAD_PRESETS
+from kit.validity import invalid_note
 
 
 def summary_line(row: dict) -> str:
@@ -53,7 +55,8 @@ def summary_line(row: dict) -> str:
         s += f"; {row['x_stopped_early']}"
     if row.get("error"):
         s += f"; ERROR {short_error(row['error'], 300)}"
-    return s
+    note = invalid_note(row)  # a row that failed its validity checks says so first (never summarised as ok)
+    return f"{note} | {s}" if note else s
 
 
 #: argparse type of ``--concurrency``: a comma list of integers >= 1 (argparse names the option)
@@ -98,6 +101,7 @@ def add_cli(subparsers) -> None:
         + ", ".join(f"{k}={v[0]}/{v[1]}" for k, v in WORKLOAD_PRESETS.items()),
     )
     add_config_args(p, LoadConfig)
+    add_config_args(p, ServedMode)
     p.add_argument(
         "--tokenizer",
         default=None,
@@ -162,7 +166,8 @@ def _cli_serve_bench(args) -> int:
         if not args.json:
             print(scrub(summary_line(row), secrets), flush=True)
 
-    df = run_served_sweep(
+    df, search = run_mode(
+        config_from_args(ServedMode, args),
         cfg,
         args.concurrency,
         out,
@@ -179,9 +184,14 @@ def _cli_serve_bench(args) -> int:
     plot = None
     if args.plot:
         from kit.view.plots import plot_served
+        from kit.view.workload_plots import slo_search_plot
 
         plot = out / "serve-bench.png"
-        plot_served(df).savefig(plot, dpi=110)
+        if search is not None:  # the answer on the goodput curve
+            fig = slo_search_plot(search.rows, search.answer, search.axis, search.slo_fraction, search.line)
+        else:
+            fig = plot_served(df)
+        fig.savefig(plot, dpi=110)
     resumed = [r for r in df.to_dict("records") if r["point_id"] not in measured]
     if args.json:
         print(
@@ -195,6 +205,7 @@ def _cli_serve_bench(args) -> int:
                         "resumed": len(resumed),
                         "plot": str(plot) if plot else None,
                         "exit_code": rc,
+                        "search": search.to_json() if search is not None else None,
                         "rows": json.loads(df.to_json(orient="records")),
                     }
                 ),
@@ -210,4 +221,6 @@ def _cli_serve_bench(args) -> int:
     )
     if plot:
         print(f"plot: {plot}")
+    if search is not None:
+        print(search.line)
     return rc

@@ -323,12 +323,21 @@ def request_record(
         "tokens_per_chunk_source": source,
         "input_tokens": int(pt) if isinstance(pt, (int, float)) else req.input_tokens,
         "max_tokens": req.max_tokens,
+        # prompt tokens the server served from its prefix cache (OpenAI usage.prompt_tokens_details; vLLM with
+        # --enable-prompt-tokens-details); None when it does not say
+        "cached_tokens": cached_tokens(cap.usage),
         "osl_mismatch": bool(ok and out_tok != req.max_tokens),
         "n_chunks": n,
         "n_events": cap.n_events,
         "finish_reason": cap.finish_reason,
         "done_seen": cap.done,
     }
+
+
+def cached_tokens(usage: dict | None) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of a final usage object (OpenAI API), or None."""
+    v = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, timeout_s: float = 10.0) -> str:

@@ -121,7 +121,9 @@ def check_load_config(cfg: LoadConfig, endpoints) -> None:
         check_number(name, getattr(cfg, name), lo=0, lo_open=True, allow_none=True, meaning="ms; None = no SLO")
     check_number("temperature", cfg.temperature, lo=0)
     check_number("max_event_bytes", cfg.max_event_bytes, lo=1024, hi=2**30, integer=True, meaning="bytes")
-    for name in ("ignore_eos", "continuous_usage"):
+    check_number("power_period_ms", cfg.power_period_ms, lo=0, lo_open=True, meaning="ms")
+    check_number("usd_per_kwh", cfg.usd_per_kwh, lo=0, allow_none=True, meaning="$/kWh")
+    for name in ("ignore_eos", "continuous_usage", "server_metrics"):
         if not isinstance(getattr(cfg, name), bool):
             raise UserError(f"{name}={getattr(cfg, name)!r}; must be True or False")
     if not isinstance(cfg.extra_body, dict):

@@ -106,6 +106,9 @@ class LoadConfig:
         MAX_EVENT_BYTES, help="largest SSE event (or unfinished line) accepted, bytes; a bigger one fails the request"
     )
     api_key_env: str = config_field(DEFAULT_API_KEY_ENV, help="environment variable with the API key")
+    server_metrics: bool = config_field(True, help="scrape the server's /metrics before, during and after each point")
+    power_period_ms: float = config_field(50.0, help="power sampling period when the server runs on this host, ms")
+    usd_per_kwh: float | None = config_field(None, help="electricity price for the energy cost column, $/kWh")
     slo_ttft_ms: float | None = config_field(None, help="goodput SLO on TTFT (ms, inclusive; default: none)")
     slo_tpot_ms: float | None = config_field(None, help="goodput SLO on TPOT (ms, inclusive; default: none)")
     slo_e2el_ms: float | None = config_field(
@@ -279,8 +282,9 @@ async def run_load_async(
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     try:
         async with aiohttp.ClientSession(connector=connector) as session:
-            if cfg.warmup_requests:
-                await asyncio.gather(*(one(i, True) for i in range(cfg.warmup_requests)))
+            # warm-up requests take the first slots of the same closed loop (the semaphore queues in order) and
+            # hand over to the measured ones without the server draining in between (kit.serve.steady)
+            warm = [asyncio.ensure_future(one(i, True)) for i in range(cfg.warmup_requests)]
             gaps = arrival_gaps_s(min(n_max or 10**9, 100_000), cfg.request_rate, cfg.burstiness, cfg.seed)
             probe = LoopProbe()
             probe.start()
@@ -311,8 +315,8 @@ async def run_load_async(
                 k += 1
                 if k % 64 == 0:
                     await asyncio.sleep(0)
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            if tasks or warm:
+                await asyncio.gather(*warm, *tasks, return_exceptions=True)
             n_ok = sum(1 for _, w, _, _, c in done if not w and isinstance(c, StreamCapture) and c.error is None)
             n_streamed = sum(
                 1

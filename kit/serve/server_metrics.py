@@ -23,16 +23,19 @@ served in the window, warm-up ones and other clients' included: pass the client'
 
 from __future__ import annotations
 
+import base64
 import csv
 import logging
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from functools import cache
 
 from kit._io import data_path
+from kit.serve.redact import endpoint_url, redact_url, scrub, secrets_of
 
 log = logging.getLogger("kit")
 
@@ -95,25 +98,43 @@ def parse_metrics(text: str, t_s: float | None = None) -> Snapshot:
 
 
 def metrics_url(base_url: str) -> str:
-    """``http://host:port/metrics`` for a server base URL (a trailing ``/v1`` is dropped)."""
-    return base_url.rstrip("/").removesuffix("/v1").rstrip("/") + "/metrics"
+    """``http://host:port/metrics`` for a server base URL (a trailing ``/v1`` is dropped; any path prefix and
+    query kept, as for the API endpoints: :func:`kit.serve.redact.endpoint_url`)."""
+    return endpoint_url(base_url, "/metrics")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """The kit talks only to the origin it was given: a redirect is an error, never followed."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
 
 
 def scrape(base_url: str, timeout_s: float = 5.0) -> Snapshot:
-    """GET the server's ``/metrics`` and parse it. Never raises for a server fault: an HTTP error, a refused
-    connection, a timeout or a non-Prometheus body gives a Snapshot whose ``error`` says which."""
+    """GET the server's ``/metrics`` and parse it. Never raises for a server fault: an HTTP error, a redirect
+    (not followed), a refused connection, a timeout or a non-Prometheus body gives a Snapshot whose ``error``
+    says which. Credentials in ``base_url`` are sent as basic auth and never appear in an error text."""
     url = metrics_url(base_url)
+    parts = urllib.parse.urlsplit(url)
+    shown = redact_url(url)
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
+    req = urllib.request.Request(bare)
+    if parts.username is not None:
+        token = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        req.add_header("Authorization", "Basic " + base64.b64encode(token.encode()).decode())
     t = time.monotonic()
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        with urllib.request.build_opener(_NoRedirect).open(req, timeout=timeout_s) as r:
             text = r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
-        return Snapshot(t, error=f"HTTP {e.code} from {url}")
-    except (urllib.error.URLError, OSError) as e:
-        return Snapshot(t, error=f"{url} unreachable ({getattr(e, 'reason', e)})")
+        moved = " (a redirect: not followed)" if 300 <= e.code < 400 else ""
+        return Snapshot(t, error=f"HTTP {e.code} from {shown}{moved}")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        why = scrub(str(getattr(e, "reason", e)), secrets_of(base_url))
+        return Snapshot(t, error=f"{shown} unreachable ({why})")
     snap = parse_metrics(text, t)
     if snap.error is None and snap.server is None:
-        snap.error = f"{url} has no vLLM or SGLang metrics"
+        snap.error = f"{shown} has no vLLM or SGLang metrics"
     return snap
 
 

@@ -26,8 +26,8 @@ from kit.serve.aggregate import aggregate
 from kit.serve.client import get_model_id, request_record, token_counter
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.prefix import build_prefix_workload, point_seed
-from kit.serve.sweep import ServedBackend
-from kit.serve.trace import stream_one, write_detail
+from kit.serve.sweep import ServedBackend, write_detail
+from kit.serve.trace import stream_one
 from kit.serve.workload import RequestInput
 
 #: per-turn TTFT columns ``x_turn<k>_ttft_ms_p50`` are written for turns 1..MAX_TURN_COLUMNS

@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pandas as pd
 
@@ -32,6 +33,7 @@ from kit import metrics as M
 from kit._io import atomic_write_text, check_out_dir
 from kit.errors import UserError
 from kit.measure.grid import GridPoint, run_grid, split_run_options
+from kit.measure.power import PowerSampler
 from kit.results import run_metadata
 from kit.serve.aggregate import aggregate
 from kit.serve.client import get_model_id
@@ -39,7 +41,9 @@ from kit.serve.limits import check_number
 from kit.serve.load import LoadConfig, not_sent, run_coro, run_load_async
 from kit.serve.progress import PointProgress
 from kit.serve.redact import redact_url, scrub
-from kit.serve.workload import RequestInput, default_workload
+from kit.serve.server_metrics import ServerMetricsWatch, client_output_tokens
+from kit.serve.workload import RequestInput
+from kit.validity import validity
 
 log = logging.getLogger("kit")
 
@@ -53,6 +57,9 @@ NOT_IN_POINT_ID = (
     "models_timeout_s",
     "max_event_bytes",
     "api_key_env",
+    "server_metrics",
+    "power_period_ms",
+    "usd_per_kwh",
 )
 
 
@@ -88,7 +95,7 @@ def run_load_point(
             ``requests-<point_id>.2.jsonl`` ...); None writes nothing. Rows are stored by the grid runner
             (:func:`run_served_sweep`), not here.
         tokenizer: HF tokenizer (builds the prompts and counts tokens), a ``str -> int`` callable, or None.
-        workload: explicit requests; default :func:`kit.serve.workload.default_workload` of ``cfg``.
+        workload: explicit requests; default :func:`kit.serve.prefix.fresh_workload` of ``cfg`` and the point id.
         extra: columns merged into the row (e.g. ``accelerator``, ``n_gpus``); with ``n_gpus``, ``tok_s_per_gpu``.
         on_progress: see :func:`kit.serve.load.run_load_async`.
         setup_error: an error that already rules the point out (e.g. the model list could not be read): nothing
@@ -107,28 +114,54 @@ def run_load_point(
     if (extra or {}).get("n_gpus") is not None:
         check_number("n_gpus", extra["n_gpus"], lo=1, hi=1_000_000, integer=True, meaning="GPUs behind the server")
     pid = point_id or served_point_id(cfg)
-    detail = detail_path(check_out_dir(out_dir), pid) if out_dir is not None else None
-    if workload is None:
-        workload = default_workload(cfg, tokenizer)
-    if setup_error:
-        records, info = not_sent(cfg, workload, setup_error)
-    else:
-        try:
-            records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_progress, on_status=on_status))
-        except UserError as e:  # a set-up failure (e.g. a tokenizer that cannot count): a finished, failed point
-            records, info = not_sent(cfg, workload, str(e))
-    if detail is not None:
-        secrets = cfg.secrets()
-        lines = (json.dumps({**r, "error": scrub(r.get("error"), secrets)}, default=float) + "\n" for r in records)
-        atomic_write_text(detail, "".join(lines))
+    out = check_out_dir(out_dir) if out_dir is not None else None
+    workload_is_fresh = workload is None
+    if workload is None:  # prompts of this point only (no earlier point of a sweep sent them; case E8)
+        from kit.serve.prefix import fresh_workload  # kit.serve.prefix imports this module
+
+        workload = fresh_workload(cfg, pid, tokenizer)
+    # bounded like the first byte of a request, so a server that never answers costs a moment, not minutes
+    watch = ServerMetricsWatch(
+        cfg.url,
+        timeout_s=min(2.0, cfg.first_byte_timeout_s, cfg.models_timeout_s),
+        enabled=cfg.server_metrics and not setup_error,
+    )
+    # power is the server's only when it runs on this host; elsewhere the columns say so
+    source = "auto" if urlsplit(cfg.url).hostname in LOCAL_HOSTS else "none"
+    with watch, PowerSampler(period_s=cfg.power_period_ms / 1000.0, source=source) as ps:
+        if setup_error:
+            records, info = not_sent(cfg, workload, setup_error)
+        else:
+            try:
+                records, info = run_coro(run_load_async(cfg, workload, tokenizer, on_progress, on_status=on_status))
+            except UserError as e:  # a set-up failure (e.g. a tokenizer that cannot count): a finished, failed point
+                records, info = not_sent(cfg, workload, str(e))
+    detail = write_detail(out, pid, records, cfg) if out is not None else None
     row = aggregate(records, cfg, info)
     row["point_id"] = pid
     row["x_detail_file"] = str(detail) if detail else None
+    out_tok = client_output_tokens(records)
+    in_tok = sum(int(r.get("input_tokens") or 0) for r in records if r.get("ok"))
+    row.update(watch.columns(out_tok))
+    row.update(ps.columns(out_tok, out_tok + in_tok, (extra or {}).get("x_tdp_w"), cfg.usd_per_kwh))
     row.update(extra or {})
     tps = row.get("output_tok_s")
     if row.get("n_gpus") and tps and not math.isnan(tps):
         row["tok_s_per_gpu"] = M.tok_s_per_gpu(tps, int(row["n_gpus"]))
+    row.update(validity(row, unique_prompts=workload_is_fresh))
     return row
+
+
+#: host names of this machine: a served point's power is sampled only when its server runs here
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def write_detail(out_dir: Path, point_id: str, records: Sequence[dict], cfg: LoadConfig) -> Path:
+    """Write a point's request records to a new ``requests-<point_id>[.n].jsonl`` (:func:`detail_path`), one JSON
+    line each, error texts scrubbed of ``cfg``'s secrets; atomic. Returns its path."""
+    path, secrets = detail_path(out_dir, point_id), cfg.secrets()
+    lines = (json.dumps({**r, "error": scrub(r.get("error"), secrets)}, default=float) + "\n" for r in records)
+    return atomic_write_text(path, "".join(lines))
 
 
 def detail_path(out_dir: Path, point_id: str) -> Path:
@@ -214,6 +247,9 @@ class ServedBackend:
                     "osl": c.osl,
                     "request_rate": float(c.request_rate),
                     "x_endpoint": c.endpoint,
+                    # the sharing the workload intends: none unless an explicit workload was given (unknown then)
+                    "x_fresh_prompts": self.workload is None,
+                    "x_prefix_hit_rate_intended": 0.0 if self.workload is None else None,
                     **self.extra,
                 }
                 self._points.append(GridPoint(served_point_id(c), cols, f"c={c.max_concurrency}", c))
@@ -230,9 +266,9 @@ class ServedBackend:
 
     @contextlib.contextmanager
     def session(self):
-        """Builds the workload (once, for every point) if none was given."""
-        if self.workload is None:  # one workload for every point, so the points differ only in concurrency
-            self.workload = default_workload(self.config, self.tokenizer)
+        """Nothing to build: without an explicit workload each point draws its own fresh prompts
+        (:func:`kit.serve.prefix.fresh_workload`, keyed by its point id), so a prefix cache cannot serve a later
+        point the earlier points' prompts."""
         yield self
 
     def measure(self, point: GridPoint) -> dict:

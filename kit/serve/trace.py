@@ -21,15 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from kit import metrics as M
-from kit._io import atomic_write_text
 from kit.errors import InputNotFoundError, UserError
 from kit.measure.grid import GridPoint
 from kit.serve.aggregate import aggregate
 from kit.serve.client import get_model_id, request_record, stream_request, token_counter
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.prefix import ID_RANGE, point_seed
-from kit.serve.redact import scrub
-from kit.serve.sweep import ServedBackend, detail_path, served_point_id
+from kit.serve.sweep import ServedBackend, served_point_id, write_detail
 from kit.serve.workload import RequestInput
 
 #: prompt tokens per hash id in Mooncake's traces
@@ -160,14 +158,6 @@ async def stream_one(session, cfg: LoadConfig, url: str, body: dict, headers: di
         max_event_bytes=cfg.max_event_bytes,
         secrets=tuple(cfg.secrets()),
     )
-
-
-def write_detail(out_dir: Path, point_id: str, records: Sequence[dict], cfg: LoadConfig) -> Path:
-    """Write a point's request records (error texts scrubbed of ``cfg``'s secrets) to a new
-    ``requests-<point_id>[.n].jsonl`` (:func:`kit.serve.sweep.detail_path`); returns its path."""
-    path, secrets = detail_path(out_dir, point_id), cfg.secrets()
-    lines = (json.dumps({**r, "error": scrub(r.get("error"), secrets)}, default=float) + "\n" for r in records)
-    return atomic_write_text(path, "".join(lines))
 
 
 def lateness_ms(records: Sequence[dict]) -> dict:
