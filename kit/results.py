@@ -15,6 +15,7 @@ import datetime as _dt
 import json
 import platform
 import subprocess
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,9 +241,12 @@ def run_metadata(**extra) -> dict:
 
     from kit import __version__
 
+    now = _dt.datetime.now(_dt.timezone.utc)
     meta = {
         "schema_version": SCHEMA_VERSION,
-        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        # unique per run: two runs started in the same second (tiny sweeps, CI jobs) are still two runs
+        "run_id": f"{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}",
+        "created_utc": now.isoformat(timespec="seconds"),
         "kit_version": __version__,
         "git_commit": _git_commit(),
         "torch_version": torch.__version__,

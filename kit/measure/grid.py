@@ -182,7 +182,7 @@ def run_grid(
         if not resume:
             archive_previous(store_dir, tuple(getattr(backend, "archive_globs", ())))
         meta = backend.metadata()
-        run_id = meta.get("created_utc")
+        run_id = meta.get("run_id") or meta.get("created_utc")
         store = ResultStore(store_dir, meta)
         store.recover_killed(backend.kind, run_id)
         finished = tuple(s for s in FINISHED_STATUSES if s != "killed" or not retry_killed)

@@ -261,7 +261,7 @@ def add_run(
     df = load_results(run_dir)
     if df.empty:
         raise InputNotFoundError(f"{run_dir} holds no rows")
-    metas = {m.get("created_utc"): m for m in df.attrs.get("runs", [])}
+    metas = {m.get("run_id") or m.get("created_utc"): m for m in df.attrs.get("runs", [])}
     ok = ok_mask(df)
     records = json.loads(df.to_json(orient="records", date_format="iso"))
     con = connect(db)

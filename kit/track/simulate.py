@@ -117,7 +117,7 @@ def simulated_records(
 def write_simulated_run(out_dir: str | Path, records: list[dict]) -> Path:
     """Write simulated rows as a run directory (``results.parquet`` + ``results.json``); returns ``out_dir``."""
     run_id = records[0]["run_id"]
-    meta = {"created_utc": run_id, "host": "simulated", "model": "simulated", "torch_version": "sim"}
+    meta = {"run_id": run_id, "created_utc": run_id, "host": "simulated", "model": "simulated", "torch_version": "sim"}
     save_results(to_frame(records), Path(out_dir), metadata=meta, runs=[meta])
     return Path(out_dir)
 
