@@ -97,6 +97,18 @@ def _need(cfg: dict, key: str, why: str, *aliases: str):
     raise UserError(f"config is missing {names}, which the planner needs for {why}")
 
 
+def _count(cfg: dict, key: str, why: str, *aliases: str) -> int:
+    """A shape count of the config (heads, layers, sizes): present and a whole number >= 1.
+
+    Raises:
+        UserError: missing, not a whole number, or < 1 (a config with 0 heads would divide by zero later).
+    """
+    v = _need(cfg, key, why, *aliases)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
+        raise UserError(f"config has {key}={v!r}; the planner needs a whole number >= 1 for {why}")
+    return int(v)
+
+
 def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | None = None) -> dict:
     """The :class:`kit.plan.spec.ArchSpec` keyword arguments of a ``transformers`` config object, a dict, or a path
     to ``config.json`` (or a directory holding one). See :func:`kit.plan.spec.spec_from_config` for the families
@@ -140,10 +152,10 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
     name = name or cfg.get("_name_or_path") or cfg.get("model_type") or "config"
     mt = str(cfg.get("model_type", ""))
-    h = int(_need(cfg, "hidden_size", "every weight shape", "d_model", "n_embd"))
-    L = int(_need(cfg, "num_hidden_layers", "the layer count", "n_layer", "num_layers"))
-    nh = int(_need(cfg, "num_attention_heads", "the attention shapes", "n_head"))
-    V = int(_need(cfg, "vocab_size", "the embedding size"))
+    h = _count(cfg, "hidden_size", "every weight shape", "d_model", "n_embd")
+    L = _count(cfg, "num_hidden_layers", "the layer count", "n_layer", "num_layers")
+    nh = _count(cfg, "num_attention_heads", "the attention shapes", "n_head")
+    V = _count(cfg, "vocab_size", "the embedding size")
     mla = cfg.get("kv_lora_rank") is not None
     kw: dict = dict(
         name=str(name),
@@ -160,16 +172,23 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
         kw.update(
             attention="mla",
             q_lora_rank=cfg.get("q_lora_rank"),
-            kv_lora_rank=int(_need(cfg, "kv_lora_rank", "the MLA latent cache")),
-            qk_rope_head_dim=int(_need(cfg, "qk_rope_head_dim", "the MLA latent cache")),
-            qk_nope_head_dim=int(_need(cfg, "qk_nope_head_dim", "the MLA query/key shapes")),
-            v_head_dim=int(_need(cfg, "v_head_dim", "the MLA value shapes")),
+            kv_lora_rank=_count(cfg, "kv_lora_rank", "the MLA latent cache"),
+            qk_rope_head_dim=_count(cfg, "qk_rope_head_dim", "the MLA latent cache"),
+            qk_nope_head_dim=_count(cfg, "qk_nope_head_dim", "the MLA query/key shapes"),
+            v_head_dim=_count(cfg, "v_head_dim", "the MLA value shapes"),
         )
     else:
-        nkv = cfg.get("num_key_value_heads")
+        nkv = (
+            _count(cfg, "num_key_value_heads", "the KV-cache shape")
+            if cfg.get("num_key_value_heads") is not None
+            else nh
+        )
+        hd = _count(cfg, "head_dim", "the attention shapes") if cfg.get("head_dim") is not None else h // nh
+        if hd < 1:
+            raise UserError(f"config has hidden_size={h} < num_attention_heads={nh}: no head_dim; give head_dim")
         kw.update(
-            num_kv_heads=int(nkv) if nkv is not None else nh,
-            head_dim=int(cfg.get("head_dim") or h // nh),
+            num_kv_heads=nkv,
+            head_dim=hd,
             qk_norm=mt.startswith("qwen3"),
             attention_sinks=mt == "gpt_oss",
         )

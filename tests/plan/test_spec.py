@@ -294,3 +294,22 @@ def test_weight_dtypes_parse_and_reject():
     with pytest.raises(UserError, match="unknown parameter group 'expert'"):
         parse_weight_dtypes({"expert": "fp8"})
     assert get_spec("llama-3.1-8b", "default=fp8").dtypes()["attn"] == "fp8"
+
+
+IMPOSSIBLE = [("num_attention_heads", 0), ("num_key_value_heads", 0), ("hidden_size", -4), ("num_hidden_layers", 2.5),
+              ("head_dim", 0), ("vocab_size", "many")]  # fmt: skip
+
+
+@pytest.mark.parametrize("field,value", IMPOSSIBLE)
+def test_a_config_with_impossible_shapes_is_a_user_error(tmp_path, field, value):
+    """A config.json with 0 heads (or any non-positive or fractional shape count) is one clear error, not a
+    ZeroDivisionError deep in the planner."""
+    import json
+
+    from kit.plan.spec import spec_from_config
+
+    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+           "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000, field: value}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"config has {field}="):
+        spec_from_config(tmp_path)
