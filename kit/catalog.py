@@ -288,7 +288,7 @@ def load_catalog(extra_accelerators: str | Path | None = None, extra_prices: str
 
     Raises:
         CatalogError: a file fails validation (names the file, row and column), is a directory or cannot be parsed
-        as CSV (names the file). FileNotFoundError: a path is missing.
+            as CSV (names the file). FileNotFoundError: a path is missing.
     """
     shipped_acc, shipped_prices = _shipped()
     acc = shipped_acc.copy()

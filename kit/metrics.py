@@ -16,8 +16,8 @@ Served, per request (t0 = request sent, after the concurrency-slot wait ``client
     ttft_ms  = first token-bearing chunk − t0;   e2el_ms = last token-bearing chunk − t0
     tpot_ms  = (e2el_ms − ttft_ms) / (output_tokens − 1), only when output_tokens > 1 (else missing)
     chunk_gaps_ms = gaps between consecutive token-bearing chunks
-    itl_ms   = each chunk gap split evenly over the tokens that chunk carried (token-normalised); the first
-               chunk's k − 1 extra tokens are 0-ms entries, so a request's mean ITL = its TPOT
+    itl_ms   = each chunk gap split evenly over the tokens that chunk carried (token-normalised)
+    itl_ms   also holds the first chunk's k − 1 extra tokens as 0-ms entries, so a request's mean ITL = its TPOT
 
 Served, aggregates: request_throughput = completed / duration_s; output_tok_s = Σ out / duration_s;
 total_tok_s = (Σ in + Σ out) / duration_s; goodput_rps = #requests meeting every SLO (inclusive) / duration_s

@@ -310,18 +310,3 @@ def preset_table():
             }
         )
     return pd.DataFrame(rows)
-
-
-__all__ = [
-    "PRESETS",
-    "DEFAULT_PRESET",
-    "Preset",
-    "get_config",
-    "build_model",
-    "load_checkpoint",
-    "save_checkpoint",
-    "count_params",
-    "param_bytes",
-    "max_positions",
-    "preset_table",
-]

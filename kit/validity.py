@@ -20,7 +20,7 @@ import math
 
 import pandas as pd
 
-#: largest |server − client| / client output-token difference a valid row may have (1 %)
+#: largest abs(server − client) / client output-token difference a valid row may have (1 %)
 TOKEN_TOLERANCE = 0.01
 
 

@@ -197,7 +197,7 @@ class PowerSampler:
 
     Raises:
         UserError: ``period_s`` not > 0, an unknown ``source``, ``library`` without its source (an unreadable
-        device is not an error: the columns then say "not available" and why).
+            device is not an error: the columns then say "not available" and why).
     """
 
     def __init__(

@@ -292,7 +292,7 @@ def run_kv_stress(config: StressConfig, out_dir: str | Path, *, runner=None, **r
         ``attrs["smallest_failed"]`` (tokens or None) and ``attrs["check"]`` (the correctness check or None).
 
     Raises:
-        UserError / OutputPathError before any work; KeyboardInterrupt after the finished probes are saved.
+            UserError / OutputPathError before any work; KeyboardInterrupt after the finished probes are saved.
     """
     from kit.measure.stress_check import run_check
 

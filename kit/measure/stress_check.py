@@ -24,7 +24,7 @@ log = logging.getLogger("kit")
 
 #: dtype → (atol, rtol) for logits of a whole forward (many ops, two different attention paths: masked static
 #: cache vs causal): looser than torch.testing.assert_close's one-op defaults. Measured on the CPU presets at 1,024
-#: tokens: float32 max |diff| 1e-6 on logits of magnitude ~1; bfloat16 0 (same rounding on both paths).
+#: tokens: float32 max abs(diff) 1e-6 on logits of magnitude ~1; bfloat16 0 (same rounding on both paths).
 LOGIT_TOL: dict[str, tuple[float, float]] = {
     "float32": (1e-4, 1e-4),
     "float16": (1e-2, 1e-2),
@@ -88,7 +88,7 @@ def run_check(backend, out_dir: Path) -> dict:
     level = logging.INFO if res["ok"] else logging.WARNING
     log.log(
         level,
-        "cached decode vs uncached forward at %d tokens: max |diff| %.3g (tolerance %g + %g x |ref|): %s",
+        "cached decode vs uncached forward at %d tokens: max abs(diff) %.3g (tolerance %g + %g x |ref|): %s",
         res["context_len"],
         res["max_abs_err"],
         res["atol"],

@@ -368,8 +368,8 @@ def run_sweep(
         DataFrame in the :mod:`kit.results` schema (also in ``out_dir/results.parquet``).
 
     Raises:
-        UserError / OutputPathError before any work for bad settings. KeyboardInterrupt is re-raised after
-        the finished points are saved.
+            UserError / OutputPathError before any work for bad settings. KeyboardInterrupt is re-raised after
+            the finished points are saved.
     """
     check_out_dir(out_dir)
     return run_grid(EngineBackend(config, runner, work_dir=out_dir), out_dir, **run_options)

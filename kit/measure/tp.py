@@ -112,7 +112,7 @@ def run_tp_point(
         timeout_s: the whole point's limit (load + measure), s.
 
     Raises:
-        torch.OutOfMemoryError: a rank ran out of memory. RankError: a rank failed (named, with its message),
+            torch.OutOfMemoryError: a rank ran out of memory. RankError: a rank failed (named, with its message),
             hung past ``timeout_s``. KeyboardInterrupt: after every rank is stopped.
     """
     work_dir = Path(work_dir)

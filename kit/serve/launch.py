@@ -176,7 +176,7 @@ class Server:
         stopped before the exception propagates. Returns self.
 
         Raises:
-            InputNotFoundError, ServerError, ServerTimeoutError: see :meth:`start` and :meth:`wait_ready`.
+                InputNotFoundError, ServerError, ServerTimeoutError: see :meth:`start` and :meth:`wait_ready`.
         """
         self.start()
         try:

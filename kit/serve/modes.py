@@ -108,7 +108,7 @@ def run_mode(
 
     Raises:
         UserError: an invalid mode or config, a model list that failed (``model_error``) for a search, a rate
-        search without a finite ``request_rate``. KeyboardInterrupt: Ctrl-C, after finished points are saved.
+            search without a finite ``request_rate``. KeyboardInterrupt: Ctrl-C, after finished points are saved.
     """
     mode.validate()
     concs = [int(c) for c in concurrencies]

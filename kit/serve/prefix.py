@@ -170,7 +170,7 @@ class FreshServedBackend(ServedBackend):
     Args:
         prefix_fractions: fractions of each prompt shared within a group (each in [0, 1]).
         group_size: requests per sharing group (>= 1).
-        other arguments: :class:`kit.serve.sweep.ServedBackend` (``workload`` must be None).
+        kwargs: the arguments of :class:`kit.serve.sweep.ServedBackend` (``workload`` must be None).
 
     Raises:
         UserError: a fraction outside [0, 1], group_size < 1, an explicit workload, or ServedBackend's errors.

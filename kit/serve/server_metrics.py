@@ -17,7 +17,7 @@ Columns: counters as deltas over the point (``x_server_prompt_tokens``, ``x_serv
 ``x_server_prefix_cache_hit_rate`` = hits / queries; ``x_server_spec_acceptance_rate`` = accepted / draft tokens
 (SGLang: its gauge); ``x_server_spec_mean_acceptance_length`` = 1 + accepted tokens / drafts (vLLM's definition,
 the bonus token included; SGLang: its gauge); ``x_server_output_tokens_ratio`` = server / client output tokens and
-``x_server_output_tokens_diff_frac`` = |server − client| / client. Counters count every request the server
+``x_server_output_tokens_diff_frac`` = abs(server − client) / client. Counters count every request the server
 served in the window, warm-up ones and other clients' included: pass the client's count over the same requests.
 """
 

@@ -141,7 +141,7 @@ class SessionBackend(ServedBackend):
 
     Args:
         turns: turns per conversation (>= 1). think_time_s: pause between a reply and the next turn (s, >= 0).
-        other arguments: :class:`kit.serve.sweep.ServedBackend`.
+        kwargs: the arguments of :class:`kit.serve.sweep.ServedBackend`.
 
     Raises:
         UserError: turns < 1, think_time_s < 0, or ServedBackend's errors.

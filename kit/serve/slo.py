@@ -120,7 +120,7 @@ def slo_search(
 
     Raises:
         UserError: an unknown axis, no SLO in ``cfg``, a fraction outside (0, 1], start/max_load out of range, an
-        invalid ``cfg``, or no model id. KeyboardInterrupt: Ctrl-C, after the finished probes are saved.
+            invalid ``cfg``, or no model id. KeyboardInterrupt: Ctrl-C, after the finished probes are saved.
     """
     if axis not in AXES:
         raise UserError(f"search axis {axis!r}; allowed: {list(AXES)}")

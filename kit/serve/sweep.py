@@ -108,7 +108,7 @@ def run_load_point(
 
     Raises:
         UserError: an invalid ``cfg`` or ``extra["n_gpus"]`` (not an integer >= 1); OutputPathError: ``out_dir`` is
-        a file (all before any network work).
+            a file (all before any network work).
     """
     cfg.validate()
     if (extra or {}).get("n_gpus") is not None:
@@ -309,7 +309,7 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
 
     Raises:
         UserError: no concurrency, one < 1, or an invalid ``cfg``; OutputPathError: ``out_dir`` is a file (both
-        before any network work). KeyboardInterrupt: Ctrl-C, after the finished points are saved.
+            before any network work). KeyboardInterrupt: Ctrl-C, after the finished points are saved.
     """
     out = check_out_dir(out_dir)
     run_options, backend_options = split_run_options(options)

@@ -52,8 +52,8 @@ def load_trace(path: str | Path) -> list[TraceEntry]:
 
     Raises:
         InputNotFoundError: no such file. UserError: a line that is not a JSON object with a numeric
-        ``timestamp`` >= 0 and integer ``input_length`` / ``output_length`` >= 1 (the message names file and
-        line), or a trace with no entry.
+            ``timestamp`` >= 0 and integer ``input_length`` / ``output_length`` >= 1 (the message names file and
+            line), or a trace with no entry.
     """
     p = Path(path)
     if not p.is_file():

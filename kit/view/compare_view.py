@@ -44,7 +44,7 @@ def compare_frame(
         price_basis, tok_s_per_gpu, usd_per_mtok, tok_per_usd, tok_s_basis; formulas in :mod:`kit.metrics`).
 
     Raises:
-        UserError (a ValueError): no sets, a price <= 0, or an unknown ``tok_s_col``.
+            UserError (a ValueError): no sets, a price <= 0, or an unknown ``tok_s_col``.
     """
     from kit.catalog import DEFAULT_BASIS, load_catalog
     from kit.plan.cost import add_cost_columns

@@ -58,7 +58,7 @@ def run_notebook(
 
     Raises:
         ValueError: a parameter name not declared in the notebook (lists the declared ones).
-        papermill.PapermillExecutionError: a cell raised. papermill's dead-kernel / timeout errors likewise.
+            papermill.PapermillExecutionError: a cell raised. papermill's dead-kernel / timeout errors likewise.
     """
     import papermill as pm
 
