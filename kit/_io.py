@@ -69,12 +69,20 @@ def check_out_dir(path: str | Path, what: str = "output directory", example: str
     return d
 
 
+def _file_mode() -> int:
+    """0666 minus this process's umask: the mode ``open()`` would give a new file."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, :func:`os.replace`); creates the
     parent directory. Returns the path."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    os.chmod(tmp, _file_mode())  # mkstemp makes 0600; results are meant to be shared like any file written here
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -106,6 +114,7 @@ def atomic_write_with(path: str | Path, write) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     os.close(fd)
+    os.chmod(tmp, _file_mode())
     try:
         write(tmp)
         with open(tmp, "rb+") as f:

@@ -184,10 +184,19 @@ def config_from_args(cls, args: argparse.Namespace, **overrides):
     return cls(**kw)
 
 
+class KitArgumentParser(argparse.ArgumentParser):
+    """argparse with the kit's error convention: a bad option is ONE line on stderr naming the option, the value
+    and what is allowed (``kit sweep: error: argument --kv: 'abc' is not an integer ...``), exit 2 — not the
+    whole usage block (``--help`` shows that)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argparse parser. With ``only`` (a subcommand) its module is imported and builds the full parser; without,
     every subcommand is listed with its help line only (``kit --help``, a missing or unknown command)."""
-    parser = argparse.ArgumentParser(prog="kit", description="LLM inference performance exploration kit.")
+    parser = KitArgumentParser(prog="kit", description="LLM inference performance exploration kit.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (mod, help_line) in COMMANDS.items():

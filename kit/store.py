@@ -32,7 +32,7 @@ import pandas as pd
 
 from kit._io import atomic_write_bytes
 from kit.errors import OutputPathError, UserError
-from kit.results import save_results, to_frame, validate_record
+from kit.results import row_problems, save_results, to_frame, validate_record
 
 log = logging.getLogger("kit")
 
@@ -70,6 +70,10 @@ def read_log(path: str | Path) -> list[dict]:
             continue
         if not isinstance(rec, dict):
             log.warning("%s:%d: not a JSON object; skipped", path, i)
+            continue
+        missing = [k for k in ("point_id", "backend", "status") if not isinstance(rec.get(k), str)]
+        if missing:  # not a record the kit wrote (edited by hand, or another file): never a row, least of all ok
+            log.warning("%s:%d: not a kit point record (no string %s); skipped", path, i, ", ".join(missing))
             continue
         out.append(rec)
     return out
@@ -166,6 +170,8 @@ class ResultStore:
         except OSError as e:
             raise _os_error(self.dir, e) from None
         self.log = self.dir / LOG_NAME
+        if self.log.exists() and not self.log.is_file():
+            raise OutputPathError(f"{self.log} is not a file; this is not a kit run directory (give another --out)")
         self.metadata = metadata or {}
         repair_log(self.log)
         self._records = read_log(self.log) if self.log.exists() else []
@@ -187,8 +193,12 @@ class ResultStore:
         return list(self._records)
 
     def finished_ids(self, statuses=("ok", "oom")) -> set[str]:
-        """point_ids already recorded with one of ``statuses`` (errors are retried on resume)."""
-        return {r.get("point_id") for r in self._records if r.get("status") in statuses}
+        """point_ids whose latest record has one of ``statuses`` (errors are retried on resume). An ``ok`` record
+        that carries a problem flag (:data:`kit.results.PROBLEM_FLAGS`, e.g. a served point that failed its
+        validity checks) does not count as finished: it is measured again, like an error."""
+        latest = {r.get("point_id"): r for r in self._records}
+        return {pid for pid, r in latest.items()
+                if r.get("status") in statuses and not (r.get("status") == "ok" and row_problems(r))}  # fmt: skip
 
     def append(self, rec: dict) -> pd.DataFrame:
         """Validate, append to the log (flush + fsync), then refresh Parquet + sidecar; returns every row so far.
@@ -254,7 +264,7 @@ class ResultStore:
             "status": "killed",
             "error": f"the process died while measuring this point (started {doc.get('started')}, pid "
             f"{doc.get('pid')}): killed by the OS (out of host memory?) or crashed; skipped on resume "
-            "unless retried explicitly",
+            "unless --retry-killed (retry_killed=True)",
         }
         self.append(rec)
         self.mark_finished()

@@ -32,9 +32,31 @@ def test_store_appends_and_sets_a_torn_line_aside(tmp_path, caplog):
 
 def test_unreadable_lines_are_skipped_with_the_file_and_line_named(tmp_path, caplog):
     log = tmp_path / "points.jsonl"
-    log.write_bytes(b'{"point_id": "a", "status": "ok"}\n\xff\xfe not utf-8\n[1, 2]\n{"point_id": "b"}\n')
+    rec = b'{"point_id": "%s", "status": "ok", "backend": "engine"}\n'
+    log.write_bytes(rec % b"a" + b'\xff\xfe not utf-8\n[1, 2]\n{"status": "ok"}\n{"point_id": 5, "status": "ok"}\n'
+                    + rec % b"b")  # fmt: skip
     assert [r["point_id"] for r in read_log(log)] == ["a", "b"]
     assert f"{log}:2: unreadable line skipped" in caplog.text and f"{log}:3: not a JSON object" in caplog.text
+    # records the kit did not write never become rows (least of all ok ones)
+    assert f"{log}:4: not a kit point record (no string point_id, backend)" in caplog.text
+    assert f"{log}:5: not a kit point record (no string point_id, backend)" in caplog.text
+
+
+def test_a_flagged_ok_point_is_not_finished_and_files_are_readable_by_others(tmp_path):
+    import stat
+
+    s = ResultStore(tmp_path)
+    s.append(_rec(point_id="clean"))
+    s.append(_rec(point_id="flagged", x_valid=False))
+    assert s.finished_ids() == {"clean"}  # measured again on resume, like an error
+    for name in ("results.parquet", "results.json", "points.jsonl"):
+        assert (tmp_path / name).stat().st_mode & stat.S_IROTH, name  # not mkstemp's 0600
+
+
+def test_a_points_log_that_is_a_directory_is_refused(tmp_path):
+    (tmp_path / "points.jsonl").mkdir()
+    with pytest.raises(OutputPathError, match="points.jsonl is not a file"):
+        ResultStore(tmp_path)
 
 
 def test_store_refuses_a_file_and_file_errors_are_one_line_naming_the_path(tmp_path, monkeypatch):

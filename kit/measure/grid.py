@@ -187,6 +187,7 @@ def run_grid(
         store.recover_killed(backend.kind, run_id)
         finished = tuple(s for s in FINISHED_STATUSES if s != "killed" or not retry_killed)
         done = store.finished_ids(finished) if resume else set()
+        store.flush()  # results.parquet + results.json rebuilt from the log now, even when nothing is left to do
         todo = [p for p in points if p.point_id not in done]
         if len(todo) < len(points):
             msg = (
@@ -195,10 +196,14 @@ def run_grid(
             )
             if progress:
                 tqdm.write(msg)
-            log.info(msg)
+            else:
+                log.info(msg)
         bar = tqdm(total=len(todo), desc=backend.description, disable=not progress, unit="pt")
         stack.callback(bar.close)
         stack.enter_context(backend.session())
+        # any way out of this process that runs code (Ctrl-C, SIGTERM, a bug) is not the OS killing a point: the
+        # in-flight marker goes, and that point is measured again on resume (only a real kill leaves it behind)
+        stack.callback(store.mark_finished)
         for point in todo:
             guard.check()  # a Ctrl-C swallowed by a finaliser during the last point still stops the grid here
             if should_stop is not None and should_stop():
@@ -209,7 +214,6 @@ def run_grid(
             try:
                 rec = backend.measure(point)
             except KeyboardInterrupt:
-                store.mark_finished()  # interrupted, not killed: measured again on resume
                 raise
             except Exception as e:  # recorded, the grid continues
                 if is_out_of_memory(e):

@@ -36,6 +36,7 @@ class InterruptGuard:
         self.requested = False
         self._installed = False
         self._prev_handler = None
+        self._prev_term = None
         self._prev_hook = None
 
     def request(self) -> None:
@@ -64,6 +65,11 @@ class InterruptGuard:
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler
         ):
             self._prev_handler = signal.signal(signal.SIGINT, self._handler)
+            # SIGTERM (kill, timeout, a cancelled CI job) stops the run like Ctrl-C: finished points are saved and
+            # the point in flight is not mistaken for one the OS killed
+            self._prev_term = None
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                self._prev_term = signal.signal(signal.SIGTERM, self._handler)
             self._prev_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
             self._installed = True
         return self
@@ -71,5 +77,7 @@ class InterruptGuard:
     def __exit__(self, *exc) -> None:
         if self._installed:
             signal.signal(signal.SIGINT, self._prev_handler)
+            if self._prev_term is not None:
+                signal.signal(signal.SIGTERM, self._prev_term)
             sys.unraisablehook = self._prev_hook
             self._installed = False
