@@ -78,10 +78,17 @@ def _file_mode() -> int:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, :func:`os.replace`); creates the
-    parent directory. Returns the path."""
+    parent directory. Returns the path.
+
+    Raises:
+        OutputPathError: the directory cannot be created or written (one line naming the path).
+    """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as e:
+        raise OutputPathError(f"cannot write {p}: {e.strerror or e}") from None
     os.chmod(tmp, _file_mode())  # mkstemp makes 0600; results are meant to be shared like any file written here
     try:
         with os.fdopen(fd, "wb") as f:

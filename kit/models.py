@@ -87,6 +87,12 @@ def is_checkpoint_dir(model: str | os.PathLike) -> bool:
     return p.is_dir() and (p / "config.json").exists()
 
 
+def has_weights(path: str | os.PathLike) -> bool:
+    """True if the checkpoint directory ``path`` holds weight files (``*.safetensors`` or ``*.bin``)."""
+    p = Path(path)
+    return any(p.glob("*.safetensors")) or any(p.glob("*.bin"))
+
+
 def check_custom_code(path: str | os.PathLike, trust_remote_code: bool = False) -> None:
     """Refuse a checkpoint that needs its own Python code (``auto_map`` in config.json) unless the user trusts it.
 
@@ -263,7 +269,7 @@ def load_checkpoint(
     p = Path(path)
     if not is_checkpoint_dir(p):
         raise UserError(f"checkpoint path {str(p)!r} is not a directory with config.json")
-    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+    if not has_weights(p):
         raise UserError(f"checkpoint directory {str(p)!r} has config.json but no *.safetensors weights")
     check_custom_code(p, trust_remote_code)
     m = AutoModelForCausalLM.from_pretrained(

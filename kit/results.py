@@ -286,6 +286,13 @@ def save_results(
     return path
 
 
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise UserError(f"{path} is not a readable results Parquet file ({str(e).splitlines()[0][:200]})") from None
+
+
 def load_results(path: str | Path) -> pd.DataFrame:
     """Load results written by :func:`save_results` or a run directory (Parquet, or the JSONL log if newer).
 
@@ -303,15 +310,18 @@ def load_results(path: str | Path) -> pd.DataFrame:
             df = to_frame(read_log(log))
             side = path / "results.json"
         elif pq.exists():
-            df, side = coerce(pd.read_parquet(pq)), pq.with_suffix(".json")
+            df, side = coerce(_read_parquet(pq)), pq.with_suffix(".json")
         else:
             raise InputNotFoundError(f"no results.parquet or points.jsonl in {path}")
     elif path.exists():
-        df, side = coerce(pd.read_parquet(path)), path.with_suffix(".json")
+        df, side = coerce(_read_parquet(path)), path.with_suffix(".json")
     else:
         raise InputNotFoundError(f"results file {path} does not exist")
     if side.exists():
-        doc = json.loads(side.read_text())
+        try:
+            doc = json.loads(side.read_text())
+        except (OSError, ValueError):  # a damaged sidecar loses the metadata, never the rows
+            doc = {}
         df.attrs["metadata"] = doc.get("metadata", {})
         df.attrs["runs"] = doc.get("runs") or ([df.attrs["metadata"]] if df.attrs["metadata"] else [])
     return df

@@ -229,7 +229,7 @@ class PowerSampler:
         self.reader, why = open_reader(self.source, self.devices, self.library, self.rapl_root)
         if self.reader is None:
             self.status = f"not available: {why}"
-            log.info("power: %s", self.status)
+            log.debug("power: %s", self.status)  # said once per row (x_power_status), not per point on the console
         else:
             self.status = f"ok: {self.reader.name} ({', '.join(self.reader.names)})"
             self.samples = {n: [] for n in self.reader.names}

@@ -143,6 +143,8 @@ class SweepConfig:
     def validate(self) -> SweepConfig:
         """Check every setting before any work; raise ValueError naming the bad value and what is allowed."""
         cfg = models.get_config(self.model, self.trust_remote_code)  # unknown preset → UserError listing presets
+        if models.is_checkpoint_dir(self.model) and not models.has_weights(self.model):
+            raise UserError(f"model={self.model!r} has config.json but no *.safetensors (or *.bin) weights")
         for name in ("dtypes", "kv_lens", "concurrencies"):
             v = getattr(self, name)
             if isinstance(v, (str, int)) or not list(v):
@@ -281,7 +283,7 @@ class EngineBackend:
             else:
                 n, why, busy = hardware.cpu_threads_for_timing()
                 if busy >= hardware.BUSY_CORE_FRACTION:
-                    log.warning("busy machine: %s; timings use %d torch threads (override with --threads)", why, n)
+                    log.warning("busy machine: %s; timings use %d torch thread(s) (override with --threads)", why, n)
             torch.set_num_threads(n)
             self.thread_columns = {"x_threads": n, "x_threads_reason": why}
         try:

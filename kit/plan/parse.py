@@ -124,7 +124,12 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
             p = p / "config.json"
         if not p.exists():
             raise InputNotFoundError(f"config file {str(p)!r} does not exist")
-        cfg = json.loads(p.read_text())
+        try:
+            cfg = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise UserError(f"config file {str(p)!r} is not readable JSON ({type(e).__name__}: {e})") from None
+        if not isinstance(cfg, dict):
+            raise UserError(f"config file {str(p)!r} holds a JSON {type(cfg).__name__}; a config is a JSON object")
         name = name or p.parent.name
     elif isinstance(config, dict):
         cfg = dict(config)

@@ -119,12 +119,19 @@ def connect(path: str | Path = DEFAULT_DB, read_only: bool = False):
         raise InputNotFoundError(f"no history database at {p} (create one with `kit history add RUN_DIR --db {p}`)")
     if not read_only:
         p.parent.mkdir(parents=True, exist_ok=True)
+    if p.is_file() and p.stat().st_size and p.read_bytes()[8:12] != b"DUCK":  # DuckDB's file header magic
+        raise UserError(f"{p} is not a DuckDB history database (give --db a new path or a kit history file)")
     try:
-        con = duckdb.connect(str(p), read_only=read_only)
+        # never fetch or load extensions: a foreign file must not make DuckDB reach the network
+        no_ext = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+        con = duckdb.connect(str(p), read_only=read_only, config=no_ext)
     except (duckdb.IOException, duckdb.InvalidInputException) as e:
         raise UserError(f"cannot open history database {p}: {str(e).splitlines()[0]}") from None
     if not read_only:
         con.execute(_SCHEMA)
+    elif not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchone()[0]:
+        con.close()
+        raise UserError(f"{p} is a DuckDB file but not a kit history (no runs table); add a run to it first")
     return con
 
 

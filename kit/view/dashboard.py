@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import secrets
 import shlex
 import signal
@@ -214,8 +215,12 @@ def _raise_interrupt(signum, _frame):
 
 def _cli_dashboard(args: argparse.Namespace) -> int:
     cfg = config_from_args(SweepConfig, args)
-    if args.cull_idle < 1:
+    if not (args.cull_idle >= 1 and math.isfinite(args.cull_idle)):
         raise UserError(f"--cull-idle {args.cull_idle}: give a number of seconds >= 1")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port {args.port}: give a TCP port 0..65535 (0: any free port)")
+    if not (args.ready_timeout > 0 and math.isfinite(args.ready_timeout)):
+        raise UserError(f"--ready-timeout {args.ready_timeout}: give a number of seconds > 0")
     nb = write_notebook(args.out, cfg)
     port = args.port or free_port()
     if args.print_command:  # the token is made per launch; it is not part of the command
