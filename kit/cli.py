@@ -184,7 +184,7 @@ def config_from_args(cls, args: argparse.Namespace, **overrides):
     return cls(**kw)
 
 
-class KitArgumentParser(argparse.ArgumentParser):
+class _OneLineParser(argparse.ArgumentParser):
     """argparse with the kit's error convention: a bad option is ONE line on stderr naming the option, the value
     and what is allowed (``kit sweep: error: argument --kv: 'abc' is not an integer ...``), exit 2 — not the
     whole usage block (``--help`` shows that)."""
@@ -196,7 +196,7 @@ class KitArgumentParser(argparse.ArgumentParser):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argparse parser. With ``only`` (a subcommand) its module is imported and builds the full parser; without,
     every subcommand is listed with its help line only (``kit --help``, a missing or unknown command)."""
-    parser = KitArgumentParser(prog="kit", description="LLM inference performance exploration kit.")
+    parser = _OneLineParser(prog="kit", description="LLM inference performance exploration kit.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (mod, help_line) in COMMANDS.items():

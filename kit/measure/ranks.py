@@ -115,9 +115,15 @@ def _tail(text: str, n: int = 12) -> str:
 _PEER_GONE = ("connection closed", "connection reset", "broken pipe", "peer", "timed out", "watchdog")
 
 
+#: lines a dying process prints after its real error (C++ runtime at exit, library warnings): never the cause
+_EXIT_NOISE = ("terminate called", "Aborted", "[W", "Warning:", "warnings.warn")
+
+
 def _last_error(text: str) -> str:
-    """The last line of a rank's output that reads as an error (the exception line of a traceback)."""
+    """The last line of a rank's output that reads as an error (the exception line of a traceback, or a
+    ``SystemExit`` message), skipping what a dying process prints after it (:data:`_EXIT_NOISE`)."""
     lines = [ln.split("]: ", 1)[-1].strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(_EXIT_NOISE)]
     for ln in reversed(lines):
         if "Error" in ln or "Exception" in ln or "error" in ln:
             return ln
