@@ -246,7 +246,7 @@ def run_metadata(**extra) -> dict:
         "schema_version": SCHEMA_VERSION,
         # unique per run: two runs started in the same second (tiny sweeps, CI jobs) are still two runs
         "run_id": f"{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}",
-        "created_utc": now.isoformat(timespec="seconds"),
+        "created_utc": now.isoformat(timespec="microseconds"),  # orders runs started in the same second
         "kit_version": __version__,
         "git_commit": _git_commit(),
         "torch_version": torch.__version__,

@@ -345,7 +345,7 @@ def list_runs(db: str | Path) -> pd.DataFrame:
 
 def commit_order(runs: pd.DataFrame) -> list[str]:
     """Commits in the order their first run was made (the x axis of the history plots)."""
-    return list(runs.sort_values("created_utc").drop_duplicates("commit")["commit"])
+    return list(runs.sort_values("created_utc", kind="stable").drop_duplicates("commit")["commit"])
 
 
 def resolve(runs: pd.DataFrame, ref: str) -> list[str]:
