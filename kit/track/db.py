@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import subprocess
 from dataclasses import dataclass
 from importlib import metadata as _md
@@ -200,6 +201,25 @@ def _price(r: dict, usd_per_gpu_hr: float | None, basis: str | None) -> tuple[fl
     return None, None
 
 
+def _created_utc(meta: dict, rec: dict) -> str | None:
+    """When a run started, as ISO 8601 UTC to the microsecond (what orders the history): the sidecar's
+    ``created_utc``, else the time its ``run_id`` begins with (``YYYYmmddTHHMMSS-...``), else the row's timestamp.
+    One format for every run, so the database's text order is time order."""
+    for value in (meta.get("created_utc"), rec.get("run_id"), rec.get("timestamp")):
+        if not value:
+            continue
+        text = str(value)
+        head = text.split("-")[0] if re.fullmatch(r"\d{8}T\d{6}(-.*)?", text) else text
+        try:
+            t = _dt.datetime.strptime(head, "%Y%m%dT%H%M%S") if head != text else _dt.datetime.fromisoformat(text)
+        except ValueError:
+            continue
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=_dt.timezone.utc)
+        return t.astimezone(_dt.timezone.utc).isoformat(timespec="microseconds")
+    return None
+
+
 def _row_tuple(r: dict, run_key: str, ok: bool, price: tuple, run_dir: Path) -> tuple:
     tok = _num(r.get("output_tok_s") if r.get("backend") == "openai" else r.get("decode_tok_s"))
     usd, basis = price
@@ -298,7 +318,7 @@ def add_run(
                         provenance.tag,
                         str(run_dir.resolve()),
                         meta.get("host"),
-                        rec.get("run_id") or meta.get("created_utc"),
+                        _created_utc(meta, rec),
                         now,
                         rec.get("device") or dev.get("platform"),
                         rec.get("device_name") or dev.get("name"),

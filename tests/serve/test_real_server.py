@@ -6,10 +6,12 @@ transformers serve streams ``data:`` events without a final ``[DONE]``, sends us
 chunks are decoded text, not tokens. One server per module (start-up ~10 s); the last test kills it mid-run.
 """
 
+import json
 import os
 import signal
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -56,14 +58,22 @@ def test_completions_and_chat_stream(server, tmp_path):
         assert row["x_input_tokens_total"] >= 3 * 32 * (0.9 if endpoint == "completions" else 1.0)
 
 
-def test_concurrency_sweep_throughput_rises(server, tmp_path):
+def _max_in_flight(detail) -> int:
+    """Most requests in flight at once, from a point's detail file (each request's sent_s / end_s)."""
+    reqs = [json.loads(line) for line in detail.read_text().splitlines()]
+    return max(sum(1 for o in reqs if o["sent_s"] <= r["sent_s"] < o["end_s"]) for r in reqs)
+
+
+def test_concurrency_sweep_keeps_that_many_in_flight(server, tmp_path):
+    # Throughput rising with concurrency is a speed figure (the served benchmarks print it); what a test can hold
+    # on a shared CPU is that each point really kept its concurrency in flight against the real server.
     srv, _, tok = server
-    # (concurrency 2, not 1, as the low point: transformers' CB on CPU is very slow with one request in flight)
     cfg = LoadConfig(url=srv.url, isl=32, osl=24, num_requests=8, warmup_requests=2)
     df = run_served_sweep(cfg, [2, 8], tmp_path, tokenizer=tok, progress=False)
     assert (df["failed"] == 0).all() and (df["completed"] == 8).all()
-    tps = df.set_index("concurrency")["output_tok_s"]
-    assert tps[8] > 1.5 * tps[2], tps.to_dict()  # continuous batching: more in flight, more tok/s
+    assert (df["output_tok_s"] > 0).all()
+    flight = {int(r.concurrency): _max_in_flight(Path(r.x_detail_file)) for r in df.itertuples()}
+    assert flight == {2: 2, 8: 8}, flight
     assert R.load_results(tmp_path)["backend"].eq("openai").all()
 
 

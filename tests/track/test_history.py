@@ -162,3 +162,24 @@ def test_provenance_from_a_git_checkout(tmp_path):
     assert git_provenance(repo).dirty is True
     with pytest.raises(Exception, match="not a git checkout"):
         git_provenance(tmp_path)
+
+
+def test_runs_started_in_the_same_second_keep_their_order(tmp_path):
+    # the run ids' random tails sort against time (ffff first, 0000 second): the history orders by the sidecars'
+    # microsecond created_utc, and a run without one by its run id's time, in the same ISO format
+    from kit.results import save_results
+    from kit.track.simulate import to_frame
+
+    db = tmp_path / "h.duckdb"
+    rng = np.random.default_rng(2)
+    starts = [("first", "20261201T120000-ffffffff", "2026-12-01T12:00:00.100000+00:00")]
+    starts += [("second", "20261201T120000-00000000", "2026-12-01T12:00:00.900000+00:00")]
+    starts += [("third", "20261201T120001-77777777", None)]
+    for sha, run_id, created in starts:
+        recs = [{**r, "run_id": run_id} for r in simulated_records(rng, run_id=run_id, runs=1)]
+        meta = {"run_id": run_id, "host": "h", "created_utc": created}
+        save_results(to_frame(recs), tmp_path / sha, metadata=meta, runs=[meta])
+        add_run(db, tmp_path / sha, Provenance(sha))
+    runs = list_runs(db)
+    assert list(runs.commit) == ["first", "second", "third"]
+    assert list(runs.created_utc)[2] == "2026-12-01T12:00:01.000000+00:00"
