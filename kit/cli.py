@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import math
 import os
 import sys
 
@@ -88,6 +89,49 @@ def int_list_arg(minimum: int | None = 1, example: str = "128,512"):
     return parse
 
 
+def number_arg(kind: type = float, *, minimum=None, above=None, maximum=None, unit: str = ""):
+    """An argparse ``type=``: a finite ``kind`` (int or float) with optional bounds — at least ``minimum``, more
+    than ``above``, at most ``maximum``. A bad value is one message naming it and what is allowed (argparse
+    prefixes the option): ``'nan' is not a finite number``, ``'-1' must be >= 0 ($/GPU-hour)``."""
+    what = "an integer" if kind is int else "a finite number"
+    tail = f" ({unit})" if unit else ""
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}{tail}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}{tail}")
+        for ok, rule in ((minimum is None or v >= minimum, f">= {minimum}"), (above is None or v > above,
+                         f"> {above}"), (maximum is None or v <= maximum, f"<= {maximum}")):  # fmt: skip
+            if not ok:
+                raise argparse.ArgumentTypeError(f"{text!r} must be {rule}{tail}")
+        return v
+
+    parse.__name__ = kind.__name__  # argparse's fallback wording, should a message ever be missing
+    return parse
+
+
+def _user_type(parse):
+    """``parse`` as an argparse ``type=`` whose ValueError message is the one argparse prints (not "invalid
+    <function name> value")."""
+    if isinstance(parse, type) or getattr(parse, "_kit_arg", False):
+        return parse
+
+    def wrapped(text: str):
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError:
+            raise
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    wrapped._kit_arg = True
+    wrapped.__name__ = getattr(parse, "__name__", "value")
+    return wrapped
+
+
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Appends "(default: …)" to an option's help unless its help already names a default, or the default is
     None / False (nothing to show)."""
@@ -134,7 +178,7 @@ def config_flag(cls, name: str) -> str:
 def _scalar_type(annotation: str):
     """int / float / str / bool of a field annotation string such as ``"int | None"``."""
     names = {a.strip() for a in str(annotation).split("|")} - {"None"}
-    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+    for name, typ in (("bool", bool), ("int", number_arg(int)), ("float", number_arg(float)), ("str", str)):
         if names == {name}:
             return typ
     return None
@@ -150,7 +194,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] 
             continue
         flag = config_flag(cls, f.name)
         default = getattr(d, f.name)
-        typ = m.get("parse") or _scalar_type(f.type)
+        typ = _user_type(m["parse"]) if m.get("parse") else _scalar_type(f.type)
         if typ is bool:
             parser.add_argument(
                 flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction, help=m["help"]

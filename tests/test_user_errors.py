@@ -21,6 +21,16 @@ def _one_line_exit_2(argv, capsys, match):
     (["sweep", "--kv", "1,,2"], "has an empty item"),
     (["serve-bench", "--url", "http://127.0.0.1:1", "--concurrency", "0"], "argument --concurrency"),
     (["plan", "--model", "llama-3.1-8b", "--context", "0"], "argument --context"),
+    # numbers: NaN/inf and out-of-range values are refused by the option itself, naming it
+    (["dashboard", "--ready-timeout", "nan", "--print-command"], "argument --ready-timeout: 'nan' is not a finite"),
+    (["plan", "--model", "kimi-k3", "--overhead-ms", "nan"], "argument --overhead-ms: 'nan' is not a finite number"),
+    (["comm", "--timeout-s", "inf"], "argument --timeout-s: 'inf' is not a finite number"),
+    (["sweep", "--decode-steps", "1.5"], "argument --decode-steps: '1.5' is not an integer"),
+    (["comm", "--min-bytes", "1x"], "argument --min-bytes: size '1x' must be a number of bytes"),  # not "parse_bytes"
+    (["history", "compare", "a", "b", "--fdr", "0"], "argument --fdr: '0' must be in (0, 1)"),
+    (["history", "compare", "a", "b", "--confidence", "nan"], "argument --confidence: 'nan' must be in (0, 1)"),
+    (["history", "add", "r", "--commit", "x", "--usd-per-gpu-hr", "-1"], "'-1' must be > 0 ($/GPU-hour)"),
+    (["history", "add", "r", "--commit", "x", "--basis", "nosuch"], "argument --basis: invalid choice: 'nosuch'"),
 ])  # fmt: skip
 def test_option_errors_are_one_line_not_the_usage_block(argv, match, capsys):
     _one_line_exit_2(argv, capsys, match)
@@ -49,9 +59,24 @@ def test_files_that_are_not_what_they_claim_are_user_errors(tmp_path, capsys):
         (["history", "list", "--db", str(tmp_path / "s.db")], "is not a DuckDB history database"),
         (["history", "list", "--db", str(tmp_path / "empty.duckdb")], "not a kit history"),
         (["dashboard", "--port", "70000", "--print-command", "--out", str(tmp_path / "d")], "--port 70000"),
-        (["dashboard", "--ready-timeout", "nan", "--print-command", "--out", str(tmp_path / "d")], "--ready-timeout"),
     ]  # fmt: skip
     for argv, match in cases:
         rc, err = _rc_and_err(argv, capsys)
         assert rc == 2 and len(err) == 1 and match in err[0], (argv, err)
     assert not (tmp_path / "o").exists()
+
+
+def test_values_the_library_refuses_name_themselves(tmp_path, capsys):
+    cases = [
+        (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--overhead-ms", "-1"], "overhead_ms=-1.0 must be"),
+        (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--gpus", "1000000"], "more than kimi-k3's 93 layers"),
+        (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--spec-accept", "2"], "spec_accept=2.0 needs spec_k"),
+        (["comm", "--timeout-s", "0", "--out", str(tmp_path / "c")], "timeout_s=0.0 must be a number of seconds > 0"),
+        (["comm", "--accelerator", "nosuch", "--out", str(tmp_path / "c")], "unknown accelerator 'nosuch'; known:"),
+        (["serve-bench", "--url", "http://127.0.0.1:1", "--accelerator", "nosuch", "--out", str(tmp_path / "s")],
+         "unknown accelerator 'nosuch'"),
+    ]  # fmt: skip
+    for argv, match in cases:
+        rc, err = _rc_and_err(argv, capsys)
+        assert rc == 2 and len(err) == 1 and match in err[0], (argv, err)
+    assert not (tmp_path / "c" / "results.parquet").exists()

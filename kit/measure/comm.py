@@ -127,6 +127,14 @@ class CommConfig:
             raise UserError(f"nproc × nnodes = {self.world}: a collective needs at least 2 ranks")
         if self.backend not in (None, "gloo", "nccl"):
             raise UserError(f"backend={self.backend!r}; allowed: gloo, nccl (nccl is RCCL on ROCm)")
+        for name in ("timeout_s", "join_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                raise UserError(f"{name}={v!r} must be a number of seconds > 0")
+        if self.accelerator:
+            from kit.catalog import load_catalog
+
+            self.accelerator = load_catalog().resolve(self.accelerator)  # UnknownNameError lists the known ones
         return self
 
 

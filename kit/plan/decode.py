@@ -37,11 +37,16 @@ def check_spec(spec_k, spec_accept) -> tuple[int, float]:
         UserError: k not a non-negative integer, or accept outside [1, k + 1].
     """
     if not spec_k:
+        if spec_accept is not None:
+            raise UserError(
+                f"spec_accept={spec_accept!r} needs spec_k (draft tokens per verify step, e.g. --spec-k 1): "
+                "without it speculative decoding is off"
+            )
         return 0, 1.0
     if isinstance(spec_k, bool) or not isinstance(spec_k, int) or spec_k < 0:
         raise UserError(f"spec_k={spec_k!r} must be a non-negative integer (draft tokens per verify step)")
     a = float(spec_accept if spec_accept is not None else min(DEFAULT_SPEC_ACCEPT, spec_k + 1))
-    if not 1.0 <= a <= spec_k + 1:
+    if not 1.0 <= a <= spec_k + 1:  # (NaN fails too)
         raise UserError(
             f"spec_accept={spec_accept!r} must be in [1, k + 1 = {spec_k + 1}] (mean tokens emitted per verify step)"
         )

@@ -64,6 +64,11 @@ def parallel_layout(
     tp, pp = check_pos_int("tp", tp), check_pos_int("pp", pp)
     if tp * pp != n_gpus:
         raise UserError(f"tp={tp} × pp={pp} must equal n_gpus={n_gpus}")
+    if pp > spec.num_layers:
+        raise UserError(
+            f"n_gpus={n_gpus} with tp={tp} needs pp={pp} pipeline stages, more than {spec.name}'s "
+            f"{spec.num_layers} layers (a stage holds at least one layer); use at most {tp * spec.num_layers} GPUs"
+        )
     check_heads_split(spec, tp)
     if ep is not None and not spec.is_moe:
         if check_pos_int("ep", ep) != 1:

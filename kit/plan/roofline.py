@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -129,8 +130,8 @@ def predict_point(
         if overhead_ms is None
         else float(overhead_ms)
     )
-    if ovh < 0:
-        raise UserError(f"overhead_ms={overhead_ms!r} must be >= 0")
+    if not ovh >= 0 or not math.isfinite(ovh):
+        raise UserError(f"overhead_ms={overhead_ms!r} must be a finite number >= 0 (ms per decode step)")
     att = check_pos_int("attend_len", attend_len) if attend_len is not None else C
     d = decode_step(spec, dev, B, att, (tp, ep, pp), dts, kv_dtype, state_dtype, act_dtype, compute_dtype, eb, ef,
                     ovh, spec_k, spec_accept, draft_layers)  # fmt: skip

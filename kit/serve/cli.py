@@ -130,6 +130,10 @@ def _cli_serve_bench(args) -> int:
     if args.workload:
         cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
     cfg.validate()
+    if args.accelerator:  # a catalog name: the rows' price and tok/s/GPU columns look it up
+        from kit.catalog import load_catalog
+
+        args.accelerator = load_catalog().resolve(args.accelerator)
     secrets = cfg.secrets()
 
     def note(text: str) -> None:  # on stderr: with --json, stdout holds the JSON object only

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from kit.cli import DefaultsHelpFormatter
+from kit.catalog import load_catalog
+from kit.cli import DefaultsHelpFormatter, number_arg
 from kit.track.compare import DEFAULT_CONFIDENCE, DEFAULT_FDR, DEFAULT_TOLERANCE
 from kit.track.db import DEFAULT_DB
 
@@ -16,12 +17,18 @@ def _db_arg(p) -> None:
     p.add_argument("--db", default=DEFAULT_DB, help="the history database file (DuckDB)")
 
 
-def _fraction(text: str) -> float:
+def _fraction(text: str, *, zero_ok: bool = False) -> float:
     try:
         v = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 0.03 or 3%)") from None
+    if not ((0.0 <= v if zero_ok else 0.0 < v) and v < 1.0):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text!r} must be in {'[0' if zero_ok else '(0'}, 1) (e.g. 0.05 or 5%)")
     return v
+
+
+def _tolerance(text: str) -> float:
+    return _fraction(text, zero_ok=True)
 
 
 def add_cli(sub) -> None:
@@ -41,8 +48,14 @@ def add_cli(sub) -> None:
     a.add_argument("--dirty", action="store_true", default=None, help="the checkout had uncommitted changes")
     a.add_argument("--tag", help="a tag naming the commit (e.g. v1.2); compare accepts it")
     a.add_argument("--git", default=".", help="git checkout to read commit, branch, dirty flag and tag from")
-    a.add_argument("--usd-per-gpu-hr", type=float, help="price of the $ columns, $/GPU-hour (basis 'user')")
-    a.add_argument("--basis", default="tco", help="catalog price basis when the rows carry no price")
+    a.add_argument(
+        "--usd-per-gpu-hr",
+        type=number_arg(float, above=0, unit="$/GPU-hour"),
+        help="price of the $ columns, $/GPU-hour (basis 'user')",
+    )
+    a.add_argument(
+        "--basis", default="tco", choices=load_catalog().bases, help="catalog price basis when the rows carry no price"
+    )
     _db_arg(a)
     a.set_defaults(func=_cli_add)
 
@@ -58,7 +71,7 @@ def add_cli(sub) -> None:
     )
     c.add_argument("base", metavar="BASE", help="commit (or prefix), tag or run id")
     c.add_argument("head", metavar="HEAD", help="commit (or prefix), tag or run id")
-    c.add_argument("--tolerance", type=_fraction, default=DEFAULT_TOLERANCE, help="band of no regression (±)")
+    c.add_argument("--tolerance", type=_tolerance, default=DEFAULT_TOLERANCE, help="band of no regression (±)")
     c.add_argument("--confidence", type=_fraction, default=DEFAULT_CONFIDENCE, help="level of each interval")
     c.add_argument("--fdr", type=_fraction, default=DEFAULT_FDR, help="false-discovery rate over all points")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -280,7 +280,8 @@ def add_run(
         ``{"runs": [run_key, ...], "rows_added": n, "rows_known": m, "samples_added": k}``.
 
     Raises:
-        InputNotFoundError: no results in ``run_dir``. UserError: no commit given, or the database is locked.
+        InputNotFoundError: no results in ``run_dir``. UserError: no commit given, the database is locked, or a
+        run of ``run_dir`` is already stored under another commit.
     """
     if not provenance.commit:
         raise UserError("no commit: pass --commit SHA or --git PATH (a checkout of the stack under test)")
@@ -303,6 +304,12 @@ def add_run(
             price = _price(rec, usd_per_gpu_hr, basis)
             if run_key not in keys:
                 keys.append(run_key)
+                had = con.execute("SELECT commit FROM runs WHERE run_key = ?", [run_key]).fetchone()
+                if had and had[0] != provenance.commit:
+                    raise UserError(
+                        f"run {rec.get('run_id')} of {run_dir} is already in {db} under commit {had[0]}, not "
+                        f"{provenance.commit}: a run measures one commit (nothing was added)"
+                    )
                 dev = meta.get("device") if isinstance(meta.get("device"), dict) else {}
                 driver = " ".join(
                     f"{k} {meta[f'torch_{k.lower()}']}" for k in ("CUDA", "HIP") if meta.get(f"torch_{k.lower()}")

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from kit._io import check_out_dir, free_port
-from kit.cli import DefaultsHelpFormatter, add_config_args, config_from_args
+from kit.cli import DefaultsHelpFormatter, add_config_args, config_from_args, number_arg
 from kit.errors import UserError
 from kit.measure.sweep import SweepConfig
 from kit.serve.launch import Server
@@ -197,7 +197,12 @@ def add_cli(sub) -> None:
     add_config_args(p, SweepConfig)
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port on 127.0.0.1 (0: any free port)")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for the runs and voila.log (created)")
-    p.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for Voila to answer")
+    p.add_argument(
+        "--ready-timeout",
+        type=number_arg(float, above=0, unit="s"),
+        default=READY_TIMEOUT_S,
+        help="seconds to wait for Voila to answer",
+    )
     p.add_argument(
         "--cull-idle",
         type=int,

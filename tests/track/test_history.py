@@ -32,6 +32,9 @@ def test_same_run_twice_is_stored_once_with_raw_samples(history, tmp_path):
     db, runs = history
     again = add_run(db, runs[0][1], Provenance("c01"))
     assert again["rows_added"] == 0 and again["rows_known"] == 12
+    with pytest.raises(UserError, match="already in .* under commit c01, not c99"):  # not silently "under c99"
+        add_run(db, runs[0][1], Provenance("c99"))
+    assert "c99" not in set(list_runs(db).commit)
     con = duckdb.connect(str(db), read_only=True)
     try:
         n_rows = con.execute("SELECT count(*) FROM rows").fetchone()[0]
