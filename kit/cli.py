@@ -89,11 +89,13 @@ def int_list_arg(minimum: int | None = 1, example: str = "128,512"):
     return parse
 
 
-def number_arg(kind: type = float, *, minimum=None, above=None, maximum=None, unit: str = ""):
-    """An argparse ``type=``: a finite ``kind`` (int or float) with optional bounds — at least ``minimum``, more
-    than ``above``, at most ``maximum``. A bad value is one message naming it and what is allowed (argparse
-    prefixes the option): ``'nan' is not a finite number``, ``'-1' must be >= 0 ($/GPU-hour)``."""
-    what = "an integer" if kind is int else "a finite number"
+def number_arg(kind: type = float, *, minimum=None, above=None, maximum=None, unit: str = "", finite: bool = True):
+    """An argparse ``type=``: an int or float (``kind``), never NaN, finite unless ``finite=False`` (then ``inf``
+    passes to the config's own check, for settings where it has a meaning, e.g. ``--request-rate inf``), with
+    optional bounds — at least ``minimum``, more than ``above``, at most ``maximum``. A bad value is one message
+    naming it and what is allowed (argparse prefixes the option): ``'nan' is not a finite number``, ``'-1' must be
+    >= 0 ($/GPU-hour)``."""
+    what = "an integer" if kind is int else "a finite number" if finite else "a number"
     tail = f" ({unit})" if unit else ""
 
     def parse(text: str):
@@ -101,7 +103,7 @@ def number_arg(kind: type = float, *, minimum=None, above=None, maximum=None, un
             v = kind(text)
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}{tail}") from None
-        if not math.isfinite(v):
+        if math.isnan(v) or (finite and math.isinf(v)):
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}{tail}")
         for ok, rule in ((minimum is None or v >= minimum, f">= {minimum}"), (above is None or v > above,
                          f"> {above}"), (maximum is None or v <= maximum, f"<= {maximum}")):  # fmt: skip
@@ -178,7 +180,12 @@ def config_flag(cls, name: str) -> str:
 def _scalar_type(annotation: str):
     """int / float / str / bool of a field annotation string such as ``"int | None"``."""
     names = {a.strip() for a in str(annotation).split("|")} - {"None"}
-    for name, typ in (("bool", bool), ("int", number_arg(int)), ("float", number_arg(float)), ("str", str)):
+    for name, typ in (
+        ("bool", bool),
+        ("int", number_arg(int)),
+        ("float", number_arg(float, finite=False)),
+        ("str", str),
+    ):
         if names == {name}:
             return typ
     return None

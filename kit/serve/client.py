@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 from kit import metrics as M
 from kit.errors import UserError
+from kit.serve.http1 import StreamConnection, StreamError, StreamPool, build_request
 from kit.serve.redact import endpoint_url, redact_url, scrub, secrets_of
 from kit.serve.sse import MAX_EVENT_BYTES, EventTooLarge, SSEParser, StreamCapture
 from kit.serve.texts import describe_exception, short_error, timeout_text
@@ -149,7 +150,7 @@ def request_headers(api_key_env: str | None = DEFAULT_API_KEY_ENV, url: str | No
 
 
 async def stream_request(
-    session,
+    pool: StreamPool,
     url: str,
     body: dict,
     headers: dict,
@@ -160,12 +161,14 @@ async def stream_request(
     max_event_bytes: int = MAX_EVENT_BYTES,
     secrets: tuple[str, ...] = (),
 ) -> StreamCapture:
-    """Send one streaming request and capture every event's arrival time. Never raises for server faults.
+    """Send one streaming request over a connection of ``pool`` (:class:`kit.serve.http1.StreamPool`) and capture
+    every event's arrival time. Never raises for server faults.
 
     Redirects are not followed (the numbers must describe the server the user named): a 3xx is a failed request
-    naming where it pointed. The response headers must arrive within ``first_byte_timeout_s`` (default
+    naming where it pointed. The response head must arrive within ``first_byte_timeout_s`` (default
     ``stall_timeout_s``), every later read within ``stall_timeout_s``, the whole request within ``timeout_s``
-    (all s). An SSE event over ``max_event_bytes`` fails the request. Error texts carry the redacted URL
+    (all s). An SSE event over ``max_event_bytes`` fails the request. A kept-alive connection that the server
+    closed before answering is replaced once by a new one. Error texts carry the redacted URL
     (:func:`kit.serve.redact.redact_url`) and have ``secrets`` masked.
 
     Returns:
@@ -173,80 +176,92 @@ async def stream_request(
         an error event (any shape, :func:`kit.serve.sse.classify_event`), a timeout, an oversized event, a broken
         or truncated stream, or a failed connection.
     """
-    import aiohttp
-
     cap = StreamCapture()
     parser = SSEParser(max_event_bytes)
     first_byte = stall_timeout_s if first_byte_timeout_s is None else first_byte_timeout_s
     connect_s = min(30.0, timeout_s, first_byte)
-    # no per-read timer (aiohttp's sock_read re-arms one on every read): the stall watchdog of _read_events
-    tmo = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_s)
     shown = redact_url(url)
-    phase = "headers"
+    phase = "connect"
+    conn = None
+
+    def sink(raw: bytes, now: float) -> None:  # in the connection's data_received: per read, not per event
+        cap.add_events(parser.feed(raw), now)
+
     cap.t_send = time.perf_counter()
     try:
-        ctx = session.post(url, json=body, headers=headers, timeout=tmo, allow_redirects=False)
-        resp = await asyncio.wait_for(ctx, first_byte)
-        phase = "body"
-        async with resp:
-            cap.http_status = resp.status
-            if 300 <= resp.status < 400:
-                where = redact_url(resp.headers.get("Location", "(no Location)"))
+        key, request = build_request(url, json.dumps(body).encode(), headers)
+        async with asyncio.timeout(timeout_s):
+            for attempt in (0, 1):
+                phase = "connect"
+                conn = pool.take(key)
+                reused = conn is not None
+                if conn is None:
+                    conn = await pool.connect(key, connect_s)
+                phase = "headers"
+                conn.start(request, sink)
+                try:
+                    status, resp_headers = await asyncio.wait_for(asyncio.shield(conn.head), first_byte)
+                    break
+                except StreamError as e:
+                    pool.release(conn)
+                    if not (reused and e.kind == "disconnected" and attempt == 0):
+                        raise
+            phase = "body"
+            cap.http_status = status
+            await _wait_body(conn, stall_timeout_s)
+            if 300 <= status < 400:
+                where = redact_url(resp_headers.get("location", "(no Location)"))
                 cap.error = (
-                    f"HTTP {resp.status} redirect to {where} not followed (the kit sends requests only to the "
+                    f"HTTP {status} redirect to {where} not followed (the kit sends requests only to the "
                     "URL it was given; pass the final URL)"
                 )
-            elif resp.status != 200:
-                text = (await asyncio.wait_for(resp.content.read(2000), stall_timeout_s)).decode("utf-8", "replace")
-                cap.error = f"HTTP {resp.status}: {text[:500]}"
+            elif status != 200:
+                cap.error = f"HTTP {status}: {conn.error_body.decode('utf-8', 'replace')[:500]}"
             else:
-                await _read_events(resp, cap, parser, stall_timeout_s)
-    except asyncio.TimeoutError as e:  # also aiohttp's connect / socket-read timeouts (subclasses)
+                cap.add_events(parser.close(), time.perf_counter())
+                cap.finish()
+    except asyncio.TimeoutError:
         el = time.perf_counter() - cap.t_send
-        if isinstance(e, aiohttp.ConnectionTimeoutError) or "connection timeout" in str(e).lower():
-            phase = "connect"
         limit = {"connect": connect_s, "headers": first_byte}.get(phase, stall_timeout_s)
         cap.error = timeout_text(phase, shown, el, timeout_s, limit)
     except EventTooLarge as e:
         cap.error = f"{e}; the request is counted as failed ({shown})"
-    except aiohttp.ClientPayloadError as e:
-        cap.error = f"broken stream: {str(e).strip() or describe_exception(e)} ({shown})"
-    except aiohttp.ServerDisconnectedError as e:
-        cap.error = f"server disconnected: {str(e).strip() or describe_exception(e)} ({shown})"
-    except aiohttp.ClientConnectorError as e:
-        cap.error = f"connection failed: {str(e).strip() or describe_exception(e)} ({shown})"
-    except (aiohttp.ClientError, OSError, ValueError) as e:
+    except StreamError as e:
+        what = {"broken": "broken stream", "disconnected": "server disconnected", "connect": "connection failed"}
+        cap.error = f"{what[e.kind]}: {e} ({shown})"
+    except (OSError, ValueError) as e:
         cap.error = f"{describe_exception(e)} ({shown})"
+    finally:
+        if conn is not None:
+            if cap.error is not None and not conn.done.done():
+                conn.keep_alive = False
+            pool.release(conn)
     cap.t_end = time.perf_counter()
     cap.error = scrub(cap.error, secrets)
     return cap
 
 
-async def _read_events(resp, cap: StreamCapture, parser: SSEParser, stall_timeout_s: float) -> None:
-    """The hot loop: per network read, one time stamp, one split, one pass (:mod:`kit.serve.sse`). A stall
-    (no data for ``stall_timeout_s``) raises ``TimeoutError``; its watchdog is one timer that wakes at most
-    once per ``stall_timeout_s`` (not one re-armed per read)."""
+async def _wait_body(conn: StreamConnection, stall_timeout_s: float) -> None:
+    """Until the response body has ended. A stall (no read for ``stall_timeout_s``) raises ``TimeoutError``; its
+    watchdog is one timer that wakes at most once per ``stall_timeout_s`` (not one re-armed per read)."""
+    if conn.done.done():
+        return conn.done.result()
     loop = asyncio.get_running_loop()
-    last = time.perf_counter()
     async with asyncio.timeout(None) as guard:
 
         def check() -> None:
             nonlocal handle
-            idle = time.perf_counter() - last
+            idle = time.perf_counter() - conn.last_read
             if idle >= stall_timeout_s:
-                guard.reschedule(loop.time())  # fires now: TimeoutError at the read being awaited
+                guard.reschedule(loop.time())  # fires now: TimeoutError at the await below
             else:
                 handle = loop.call_later(stall_timeout_s - idle, check)
 
         handle = loop.call_later(stall_timeout_s, check)
         try:
-            async for raw in resp.content.iter_any():
-                last = time.perf_counter()
-                cap.add_events(parser.feed(raw), last)
+            await asyncio.shield(conn.done)
         finally:
             handle.cancel()
-    cap.add_events(parser.close(), time.perf_counter())
-    cap.finish()
 
 
 def _tokens_per_chunk(cap: StreamCapture, count_tokens) -> tuple[list[int] | None, str]:

@@ -24,6 +24,7 @@ from kit.errors import UserError
 from kit.measure.grid import GridPoint
 from kit.serve.aggregate import aggregate
 from kit.serve.client import get_model_id, request_record, token_counter
+from kit.serve.http1 import StreamPool
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.prefix import build_prefix_workload, point_seed
 from kit.serve.sweep import ServedBackend, write_detail
@@ -52,7 +53,6 @@ async def run_sessions_async(
     Raises:
         UserError: think_time_s < 0, no conversation, or no model id.
     """
-    import aiohttp
 
     if not (think_time_s >= 0) or not messages:
         raise UserError(f"think_time_s={think_time_s} (>= 0); {len(messages)} conversations (>= 1)")
@@ -79,7 +79,7 @@ async def run_sessions_async(
                     return
                 history.append({"role": "assistant", "content": "".join(cap.chunk_texts)})
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with StreamPool() as session:
         t_run = time.perf_counter()
         await asyncio.gather(*(conversation(s, session, t_run) for s in range(len(messages))))
     count = token_counter(tokenizer)

@@ -25,6 +25,7 @@ from kit.errors import InputNotFoundError, UserError
 from kit.measure.grid import GridPoint
 from kit.serve.aggregate import aggregate
 from kit.serve.client import get_model_id, request_record, stream_request, token_counter
+from kit.serve.http1 import StreamPool
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.prefix import ID_RANGE, point_seed
 from kit.serve.sweep import ServedBackend, served_point_id, write_detail
@@ -115,7 +116,6 @@ async def replay_async(
     Raises:
         UserError: ``time_scale`` not > 0, entries and workload of different lengths, or no model id.
     """
-    import aiohttp
 
     if not (time_scale > 0) or len(entries) != len(workload) or not entries:
         raise UserError(f"time_scale={time_scale} (> 0); {len(entries)} entries for {len(workload)} requests")
@@ -132,7 +132,7 @@ async def replay_async(
         body = cfg.request_body(model, workload[i])
         caps[i] = await stream_one(session, cfg, url, body, headers)
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with StreamPool() as session:
         t_run = time.perf_counter()
         await asyncio.gather(*(one(i, session, t_run) for i in range(len(entries))))
     count = token_counter(tokenizer)

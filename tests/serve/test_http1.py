@@ -1,0 +1,212 @@
+"""The streamed requests' HTTP/1.1 client (kit.serve.http1) against a raw asyncio server that writes exactly the
+bytes a test gives it: every framing (chunked split at every byte, Content-Length, close-delimited, interim 1xx,
+trailers), bad framing, keep-alive reuse and a kept-alive connection the server dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from kit.serve.client import stream_request
+from kit.serve.http1 import StreamConnection, StreamError, StreamPool, build_request
+
+HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def events(*texts, usage=True) -> bytes:
+    out = b""
+    for t in texts:
+        out += b"data: " + json.dumps({"id": "c", "choices": [{"index": 0, "text": t}]}).encode() + b"\n\n"
+    if usage:
+        u = {"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": len(texts)}}
+        out += b"data: " + json.dumps(u).encode() + b"\n\ndata: [DONE]\n\n"
+    return out
+
+
+def chunked(body: bytes, size: int = 7) -> bytes:
+    frames = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in frames) + b"0\r\n\r\n"
+
+
+class Collect:
+    def __init__(self):
+        self.data, self.stamps = b"", []
+
+    def __call__(self, raw: bytes, now: float) -> None:
+        self.data += raw
+        self.stamps.append(now)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def serve(responses: list, *, close_after: bool = False):
+    """A server answering each request on a connection with the next item of ``responses`` (bytes, or a list
+    of bytes pieces written one by one); ``close_after`` closes each connection after its one response."""
+    seen = {"conns": 0, "requests": []}
+
+    async def handle(reader, writer):
+        seen["conns"] += 1
+        try:
+            while responses:
+                head = await reader.readuntil(b"\r\n\r\n")
+                n = int([ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")][0][15:])
+                seen["requests"].append(head + await reader.readexactly(n))
+                resp = responses.pop(0)
+                for piece in resp if isinstance(resp, list) else [resp]:
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0)
+                if close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return srv, f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/v1/completions", seen
+
+
+async def one(pool, url, **kw):
+    return await stream_request(pool, url, {"model": "m", "stream": True}, {"Accept": "text/event-stream"}, 5, 2, **kw)
+
+
+@pytest.mark.parametrize("size", [1, 3, 64, 4096])
+def test_chunked_split_at_every_boundary_gives_the_same_events(size):
+    body = events("a", "b", "c")
+    raw = HEAD_CHUNKED + chunked(body, size)
+
+    async def main():
+        pieces = [raw[i : i + 5] for i in range(0, len(raw), 5)]  # reads cut through sizes, CRLFs and data
+        srv, url, _ = await serve([pieces])
+        async with srv, StreamPool() as pool:
+            return await one(pool, url)
+
+    cap = run(main())
+    assert cap.error is None and cap.chunk_texts == ["a", "b", "c"] and cap.usage["completion_tokens"] == 3
+
+
+def test_every_body_framing_and_interim_responses():
+    body = events("x", "y")
+    framings = [
+        b"HTTP/1.1 100 Continue\r\n\r\n" + HEAD_CHUNKED + chunked(body),
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+        HEAD_CHUNKED + chunked(body)[:-2] + b"X-Trailer: 1\r\n\r\n",
+    ]
+    for raw in framings:
+
+        async def main(raw=raw):
+            srv, url, _ = await serve([raw])
+            async with srv, StreamPool() as pool:
+                return await one(pool, url)
+
+        cap = run(main())
+        assert cap.error is None and cap.chunk_texts == ["x", "y"], (raw[:40], cap.error)
+
+    async def until_close():  # no length, no chunking: the body ends when the server closes
+        srv, url, _ = await serve([b"HTTP/1.1 200 OK\r\n\r\n" + body], close_after=True)
+        async with srv, StreamPool() as pool:
+            return await one(pool, url)
+
+    cap = run(until_close())
+    assert cap.error is None and cap.chunk_texts == ["x", "y"]
+
+
+def test_broken_framing_and_cut_streams_are_failed_requests():
+    cases = [
+        (HEAD_CHUNKED + b"zz\r\nabc\r\n", "broken stream: bad chunked encoding"),
+        (HEAD_CHUNKED + b"3\r\nabcXY", "broken stream: bad chunked encoding (no CRLF"),
+        (HEAD_CHUNKED + chunked(events("a"))[:30], "broken stream: the connection closed before the end"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\ndata: x", "broken stream"),
+        (b"SPDY/3 200 OK\r\n\r\n", "not an HTTP/1.x response"),
+        (b"", "server disconnected: the server closed the connection before a response"),
+    ]
+    for raw, match in cases:
+
+        async def main(raw=raw):
+            srv, url, _ = await serve([raw], close_after=True)
+            async with srv, StreamPool() as pool:
+                return await one(pool, url)
+
+        cap = run(main())
+        assert cap.error is not None and match in cap.error, (raw[:40], cap.error)
+
+
+def test_error_status_keeps_its_body_and_redirects_are_not_followed():
+    async def main():
+        srv, url, _ = await serve([
+            b"HTTP/1.1 422 Unprocessable\r\nContent-Length: 19\r\n\r\n{\"detail\":\"no eos\"}",
+            b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://elsewhere/v1\r\nContent-Length: 0\r\n\r\n",
+        ])  # fmt: skip
+        async with srv, StreamPool() as pool:
+            return await one(pool, url), await one(pool, url)
+
+    err, redirect = run(main())
+    assert err.http_status == 422 and err.error == 'HTTP 422: {"detail":"no eos"}'
+    assert "HTTP 307 redirect to http://elsewhere/v1 not followed" in redirect.error
+
+
+def test_keep_alive_reuses_one_connection_and_replaces_a_dropped_one():
+    body = HEAD_CHUNKED + chunked(events("k"))
+
+    async def reuse():
+        srv, url, seen = await serve([body, body, body])
+        async with srv, StreamPool() as pool:
+            caps = [await one(pool, url) for _ in range(3)]
+        return caps, seen
+
+    caps, seen = run(reuse())
+    assert all(c.error is None for c in caps) and seen["conns"] == 1 and len(seen["requests"]) == 3
+    assert b"Host: 127.0.0.1:" in seen["requests"][0] and b"Content-Length:" in seen["requests"][0]
+
+    async def dropped():  # the server closes each connection after one response: the idle one is dead
+        srv, url, seen = await serve([body, body], close_after=True)
+        async with srv, StreamPool() as pool:
+            first = await one(pool, url)
+            await asyncio.sleep(0.05)  # the close reaches the pool's idle connection
+            return first, await one(pool, url), seen
+
+    first, second, seen = run(dropped())
+    assert first.error is None and second.error is None and seen["conns"] == 2
+
+
+def test_a_stalled_body_times_out_and_its_connection_is_not_reused():
+    async def main():
+        srv, url, seen = await serve([[HEAD_CHUNKED + chunked(events("s"))[:20]], HEAD_CHUNKED + chunked(events("t"))])
+        async with srv, StreamPool() as pool:
+            stalled = await stream_request(pool, url, {}, {}, 5, 0.3)
+            return stalled, await one(pool, url), seen
+
+    stalled, after, seen = run(main())
+    assert "stalled (no data for 0.3 s)" in stalled.error, stalled.error
+    assert after.error is None and seen["conns"] == 2  # a fresh connection, not the half-read one
+
+
+def test_user_info_becomes_basic_auth_and_bad_urls_are_refused():
+    key, req = build_request("https://ann:pw@example.com:8443/v1/x?a=1", b"{}", {"Accept": "text/event-stream"})
+    assert key == ("https", "example.com", 8443)
+    assert req.startswith(b"POST /v1/x?a=1 HTTP/1.1\r\nHost: example.com:8443\r\n")
+    assert b"Authorization: Basic YW5uOnB3\r\n" in req and b"ann" not in req.split(b"\r\n")[1]
+    _, req = build_request("http://ann:pw@h/v1", b"", {"Authorization": "Bearer k"})
+    assert b"Basic" not in req and b"Bearer k" in req
+    with pytest.raises(ValueError, match="not an http"):
+        build_request("ftp://h/x", b"", {})
+
+
+def test_a_refused_connection_is_a_connect_error():
+    async def main():
+        srv = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        srv.close()
+        await srv.wait_closed()
+        async with StreamPool() as pool:
+            with pytest.raises(StreamError) as e:
+                await pool.connect(("http", "127.0.0.1", port), 2)
+            return e.value
+
+    err = run(main())
+    assert err.kind == "connect" and "cannot connect to 127.0.0.1" in str(err)
+    assert issubclass(StreamConnection, asyncio.Protocol)
