@@ -2,6 +2,7 @@
 
 import json
 import sqlite3
+import time
 
 import duckdb
 import pytest
@@ -77,8 +78,14 @@ def test_values_the_library_refuses_name_themselves(tmp_path, capsys):
         (["comm", "--accelerator", "nosuch", "--out", str(tmp_path / "c")], "unknown accelerator 'nosuch'; known:"),
         (["serve-bench", "--url", "http://127.0.0.1:1", "--accelerator", "nosuch", "--out", str(tmp_path / "s")],
          "unknown accelerator 'nosuch'"),
+        (["serve-bench", "--url", "http://127.0.0.1:1", "--turns", "0", "--out", str(tmp_path / "s")],
+         "--turns 0 must be an integer >= 1"),  # alone, and before the model listing (no 30 s wait)
+        (["serve-bench", "--url", "http://127.0.0.1:99999", "--out", str(tmp_path / "s")],
+         "its port must be an integer in 1-65535"),
     ]  # fmt: skip
+    t = time.perf_counter()
     for argv, match in cases:
         rc, err = _rc_and_err(argv, capsys)
         assert rc == 2 and len(err) == 1 and match in err[0], (argv, err)
     assert not (tmp_path / "c" / "results.parquet").exists()
+    assert time.perf_counter() - t < 25  # no case waited for a model listing (30 s each)

@@ -289,7 +289,8 @@ def run_kv_stress(config: StressConfig, out_dir: str | Path, *, runner=None, **r
 
     Returns:
         The probes' rows in probe order (the latest row of each), results schema; ``attrs["largest_ok"]`` and
-        ``attrs["smallest_failed"]`` (tokens or None) and ``attrs["check"]`` (the correctness check or None).
+        ``attrs["smallest_failed"]`` (tokens or None), ``attrs["max_context"]`` (the search's limit) and
+        ``attrs["check"]`` (the correctness check or None).
 
     Raises:
             UserError / OutputPathError before any work; KeyboardInterrupt after the finished probes are saved.
@@ -318,7 +319,8 @@ def run_kv_stress(config: StressConfig, out_dir: str | Path, *, runner=None, **r
         df = load_results(out)
         df = df[df["point_id"].isin(probed)].drop_duplicates("point_id", keep="last")
         df = df.sort_values("point_id", key=lambda ids: ids.map({p: i for i, p in enumerate(probed)}))
-    df.attrs.update(largest_ok=search.lo, smallest_failed=search.hi, done=search.next() is None, check=check)
+    df.attrs.update(largest_ok=search.lo, smallest_failed=search.hi, done=search.next() is None, check=check,
+                    max_context=config.max_context)  # fmt: skip
     atomic_write_text(out / "stress.json", json.dumps(df.attrs, indent=2, default=str))
     return df
 
@@ -367,6 +369,9 @@ def stress_summary(df: pd.DataFrame) -> str:
     if lo is None:
         return f"no context decoded: the smallest probe, {hi:,} tokens, did not ({_status_at(df, hi)}){cut}"
     stop = "" if hi is None else f"; {hi:,} tokens did not ({_status_at(df, hi)})"
+    top = df.attrs.get("max_context")
+    if hi is None and top is not None and lo >= top:
+        stop = " (the --max-context limit: larger contexts were not tried; raise --max-context to search further)"
     return f"largest context that decodes: {lo:,} tokens{stop}{cut}"
 
 

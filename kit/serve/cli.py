@@ -18,7 +18,7 @@ from kit.serve.client import DEFAULT_API_KEY_ENV, get_model_id, load_tokenizer
 from kit.serve.limits import MAX_CONCURRENCY, check_number
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.modes import ServedMode, run_mode
-from kit.serve.redact import scrub
+from kit.serve.redact import endpoint_url, redact_url, scrub
 from kit.serve.sweep import DEFAULT_CONCURRENCIES
 from kit.serve.texts import short_error
 from kit.serve.workload import WORKLOAD_PRESETS
@@ -130,6 +130,7 @@ def _cli_serve_bench(args) -> int:
     if args.workload:
         cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
     cfg.validate()
+    mode = config_from_args(ServedMode, args).validate()  # before any network work, like the load settings
     if args.accelerator:  # a catalog name: the rows' price and tok/s/GPU columns look it up
         from kit.catalog import load_catalog
 
@@ -141,7 +142,8 @@ def _cli_serve_bench(args) -> int:
 
     model_error = None
     if not cfg.model:  # listed once here (the tokenizer needs it too), not again by the sweep
-        note(f"listing models at {cfg.shown_url}/v1/models (up to {cfg.models_timeout_s:g} s)")
+        where = redact_url(endpoint_url(cfg.url, "/v1/models"))  # the path before any query string
+        note(f"listing models at {where} (up to {cfg.models_timeout_s:g} s)")
         try:
             cfg.model = run_coro(get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s))
         except UserError as e:
@@ -171,7 +173,7 @@ def _cli_serve_bench(args) -> int:
             print(scrub(summary_line(row), secrets), flush=True)
 
     df, search = run_mode(
-        config_from_args(ServedMode, args),
+        mode,
         cfg,
         args.concurrency,
         out,

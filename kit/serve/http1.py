@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ssl as _ssl
+import ssl
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -271,7 +271,7 @@ class StreamPool:
     """Keep-alive :class:`StreamConnection` s per (scheme, host, port), for one load run; ``async with`` closes
     them all. ``ssl_context``: for ``https://`` (default: ssl's default context, certificates verified)."""
 
-    def __init__(self, ssl_context: _ssl.SSLContext | None = None):
+    def __init__(self, ssl_context: ssl.SSLContext | None = None):
         self._ssl = ssl_context
         self._idle: dict[tuple, list[StreamConnection]] = {}
         self._open: set[StreamConnection] = set()
@@ -299,13 +299,13 @@ class StreamPool:
         scheme, host, port = key
         ctx = None
         if scheme == "https":
-            ctx = self._ssl or _ssl.create_default_context()
+            ctx = self._ssl or ssl.create_default_context()
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(lambda: StreamConnection(key), host, port, ssl=ctx), timeout_s
             )
-        except (OSError, _ssl.SSLError) as e:
+        except (OSError, ssl.SSLError) as e:
             raise StreamError("connect", f"cannot connect to {host}:{port}: {e.strerror or e}") from None
         self._open.add(conn)
         return conn

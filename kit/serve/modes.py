@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kit.cli import config_field
+from kit.cli import config_field, config_flag
 from kit.errors import UserError
 from kit.measure.grid import run_grid, split_run_options
 from kit.serve.load import LoadConfig
@@ -76,15 +76,15 @@ class ServedMode:
         modes = [n for n, on in (("--search", self.search), ("--trace", self.trace), ("--turns", self.turns > 1)) if on]
         if len(modes) > 1:
             raise UserError(f"{' and '.join(modes)} cannot be combined; choose one")
-        if int(self.turns) < 1 or not (self.think_time_s >= 0) or not (self.time_scale > 0):
-            raise UserError(
-                f"turns={self.turns} (>= 1), think_time_s={self.think_time_s} (>= 0), "
-                f"time_scale={self.time_scale} (> 0)"
-            )
-        if int(self.prefix_group_size) < 1 or not 0 < self.slo_fraction <= 1:
-            raise UserError(
-                f"prefix_group_size={self.prefix_group_size} (>= 1), slo_fraction={self.slo_fraction} (0, 1]"
-            )
+        for name, ok, allowed in (
+            ("turns", int(self.turns) >= 1, "an integer >= 1"),
+            ("think_time_s", self.think_time_s >= 0, ">= 0 s"),
+            ("time_scale", self.time_scale > 0, "> 0"),
+            ("prefix_group_size", int(self.prefix_group_size) >= 1, "an integer >= 1"),
+            ("slo_fraction", 0 < self.slo_fraction <= 1, "in (0, 1]"),
+        ):  # each bad value named alone (NaN fails every comparison)
+            if not ok:
+                raise UserError(f"{config_flag(ServedMode, name)} {getattr(self, name)!r} must be {allowed}")
         fr = [float(f) for f in self.prefix_fraction]
         if (self.trace or self.turns > 1) and fr != [0.0] or (self.search and len(fr) > 1):
             raise UserError(

@@ -280,8 +280,8 @@ def add_run(
         ``{"runs": [run_key, ...], "rows_added": n, "rows_known": m, "samples_added": k}``.
 
     Raises:
-        InputNotFoundError: no results in ``run_dir``. UserError: no commit given, the database is locked, or a
-        run of ``run_dir`` is already stored under another commit.
+        InputNotFoundError: no results in ``run_dir``.
+        UserError: no commit given, the database is locked, or a run of ``run_dir`` is stored under another commit.
     """
     if not provenance.commit:
         raise UserError("no commit: pass --commit SHA or --git PATH (a checkout of the stack under test)")

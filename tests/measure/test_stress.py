@@ -75,7 +75,10 @@ def test_stress_reaches_max_context_with_kv_bytes_as_predicted(tmp_path):
     stored = load_results(tmp_path)
     assert len(stored) == 3 and set(stored.backend) == {"engine"} and (stored.tpot_n == 2).all()
     assert json.loads((tmp_path / "stress.json").read_text())["largest_ok"] == 256
-    assert stress_summary(df) == "largest context that decodes: 256 tokens"
+    assert stress_summary(df) == (
+        "largest context that decodes: 256 tokens (the --max-context limit: larger contexts were not tried; "
+        "raise --max-context to search further)"
+    )
 
 
 def test_mla_kv_bytes_match_the_planner_within_one_percent(tmp_path):
