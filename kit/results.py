@@ -241,7 +241,7 @@ def run_metadata(**extra) -> dict:
 
     from kit import __version__
 
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     meta = {
         "schema_version": SCHEMA_VERSION,
         # unique per run: two runs started in the same second (tiny sweeps, CI jobs) are still two runs

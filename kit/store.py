@@ -42,7 +42,7 @@ INFLIGHT_NAME = ".inflight.json"
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def _os_error(path: Path, e: OSError) -> OutputPathError:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import ast
 import json
 import re
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT = ROOT / "kit"

@@ -240,7 +240,7 @@ def calibrate(
         "catalog_name": info.catalog_name,
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
-        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "quick": quick,
         "mem_bw_gb_s": bw["copy_gb_s"],
         "mem_read_gb_s": bw["read_gb_s"],

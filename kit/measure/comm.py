@@ -194,7 +194,7 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
     points = [{"op": op, "size_bytes": s} for op in cfg.ops for s in cfg.sizes()]
     if cfg.model:
         points += decode_points(cfg.model, cfg.batch, cfg.world)
-    run_id = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    run_id = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%f")
     work = out / "runs" / run_id
     work.mkdir(parents=True, exist_ok=True)
     rows_path = work / "rows.jsonl"
@@ -251,7 +251,7 @@ def save_comm_calibration(df: pd.DataFrame, path: str | Path) -> Path:
     from kit._io import check_out_file
 
     p = check_out_file(path, "save_links")
-    doc = {"created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "links": fit_links(df)}
+    doc = {"created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "links": fit_links(df)}
     atomic_write_text(p, json.dumps(doc, indent=2))
     return Path(p)
 

@@ -220,7 +220,7 @@ async def stream_request(
             else:
                 cap.add_events(parser.close(), time.perf_counter())
                 cap.finish()
-    except asyncio.TimeoutError:
+    except TimeoutError:
         el = time.perf_counter() - cap.t_send
         limit = {"connect": connect_s, "headers": first_byte}.get(phase, stall_timeout_s)
         cap.error = timeout_text(phase, shown, el, timeout_s, limit)
@@ -388,7 +388,7 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
         raise
     except ValueError as e:  # a body that is not JSON
         raise fail(f"not a JSON model list: {describe_exception(e)}") from None
-    except asyncio.TimeoutError:
+    except TimeoutError:
         el = time.perf_counter() - t0
         raise UserError(
             scrub(

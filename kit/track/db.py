@@ -215,8 +215,8 @@ def _created_utc(meta: dict, rec: dict) -> str | None:
         except ValueError:
             continue
         if t.tzinfo is None:
-            t = t.replace(tzinfo=_dt.timezone.utc)
-        return t.astimezone(_dt.timezone.utc).isoformat(timespec="microseconds")
+            t = t.replace(tzinfo=_dt.UTC)
+        return t.astimezone(_dt.UTC).isoformat(timespec="microseconds")
     return None
 
 
@@ -295,7 +295,7 @@ def add_run(
     con = connect(db)
     added = known = n_samples = 0
     keys: list[str] = []
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     try:
         con.execute("BEGIN TRANSACTION")
         for rec, is_ok in zip(records, ok):

@@ -135,7 +135,7 @@ def simulated_history(
     """``commits`` simulated runs ``out_root/c01 ...``: from commit ``slow_at`` on (1-based), the ``affected``
     points are ``slowdown`` slower. Returns ``[(commit name, run dir), ...]`` (names ``c01``, ``c02``, ...)."""
     rng = np.random.default_rng(seed)
-    t0 = _dt.datetime(2025, 1, 1, tzinfo=_dt.timezone.utc)
+    t0 = _dt.datetime(2025, 1, 1, tzinfo=_dt.UTC)
     out = []
     for i in range(1, commits + 1):
         factors = {p: 1.0 + slowdown for p in affected} if i >= slow_at else {}

@@ -1,7 +1,6 @@
 """kit.serve.client: SSE parsing, event classification, request records (cases E1-E2, exact time stamps), the
 request body and headers, the model listing's errors, error texts."""
 
-import asyncio
 import json
 import time
 
@@ -163,7 +162,7 @@ def test_model_listing_timeout_is_descriptive_and_honours_timeout_s(silent_serve
     msg = str(ei.value)
     assert f"{url}/v1/models" in msg and "timed out after 0." in msg and "within the 0.5 s" in msg
     assert "TimeoutError: )" not in msg
-    assert describe_exception(asyncio.TimeoutError()) == "TimeoutError: no details"
+    assert describe_exception(TimeoutError()) == "TimeoutError: no details"
 
 
 def test_short_error():

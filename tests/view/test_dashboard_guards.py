@@ -138,7 +138,7 @@ async def _control_client_then_leave(ws_url: str, headers: dict) -> list[str]:
             while time.monotonic() - t0 < 20 and not any("update_states" in m for m in seen):
                 try:
                     r = await asyncio.wait_for(ws.receive(), 1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
                 if r.type == aiohttp.WSMsgType.BINARY:
                     seen.append(r.data.decode("utf-8", "replace"))
