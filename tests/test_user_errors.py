@@ -76,6 +76,7 @@ def test_values_the_library_refuses_name_themselves(tmp_path, capsys):
         (["comm", "--timeout-s", "inf", "--out", str(tmp_path / "c")], "timeout_s=inf must be a number of seconds"),
         (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--overhead-ms", "inf"], "overhead_ms=inf must be"),
         (["comm", "--accelerator", "nosuch", "--out", str(tmp_path / "c")], "unknown accelerator 'nosuch'; known:"),
+        (["comm", "--nproc", "99", "--out", str(tmp_path / "c")], "nproc=99: at most"),  # not 99 processes at once
         (["serve-bench", "--url", "http://127.0.0.1:1", "--accelerator", "nosuch", "--out", str(tmp_path / "s")],
          "unknown accelerator 'nosuch'"),
         (["serve-bench", "--url", "http://127.0.0.1:1", "--turns", "0", "--out", str(tmp_path / "s")],

@@ -67,6 +67,10 @@ def _ops_arg(text) -> list[str]:
     return ops
 
 
+#: the most gloo (CPU) ranks per usable core ``kit comm`` starts on one node
+MAX_CPU_RANKS_PER_CORE = 4
+
+
 @dataclass
 class CommConfig:
     """The settings of ``kit comm`` (each field's ``help`` is also the CLI's)."""
@@ -127,6 +131,7 @@ class CommConfig:
             raise UserError(f"nproc × nnodes = {self.world}: a collective needs at least 2 ranks")
         if self.backend not in (None, "gloo", "nccl"):
             raise UserError(f"backend={self.backend!r}; allowed: gloo, nccl (nccl is RCCL on ROCm)")
+        self._check_nproc()
         for name in ("timeout_s", "join_timeout_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
@@ -136,6 +141,26 @@ class CommConfig:
 
             self.accelerator = load_catalog().resolve(self.accelerator)  # UnknownNameError lists the known ones
         return self
+
+    def _check_nproc(self) -> None:
+        """Ranks on this node: nccl one per visible GPU at most; gloo at most :data:`MAX_CPU_RANKS_PER_CORE` per
+        usable core (each rank is a Python process with torch loaded, ~0.25 GB)."""
+        import os
+
+        if self.dist_backend() == "nccl":
+            import torch
+
+            n = torch.cuda.device_count()
+            if self.nproc > n:
+                raise UserError(f"nproc={self.nproc}: nccl runs one rank per GPU and {n} GPU(s) are visible here")
+            return
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        top = max(8, MAX_CPU_RANKS_PER_CORE * cores)
+        if self.nproc > top:
+            raise UserError(
+                f"nproc={self.nproc}: at most {top} gloo ranks on this node's {cores} usable core(s) "
+                f"({MAX_CPU_RANKS_PER_CORE} per core, 8 at least); more only oversubscribe it"
+            )
 
 
 def decode_points(model, batch: int, world: int) -> list[dict]:
