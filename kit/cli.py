@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sys
+import warnings
 
 from kit.errors import KitError, UserError
 
@@ -270,8 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(only)
     args = parser.parse_args(argv)
     logging.basicConfig(format=f"kit {args.command}: %(message)s", level=logging.INFO)
+
+    def one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+        # a warning is one line naming the command, not Python's file:line and source excerpt
+        print(f"kit {args.command}: warning: {message}", file=sys.stderr)
+
     try:
-        rc = args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line_warning
+            rc = args.func(args)
     except KitError as e:
         print(f"kit {args.command}: error: {e}", file=sys.stderr)
         return 2

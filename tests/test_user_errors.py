@@ -5,6 +5,7 @@ import sqlite3
 import time
 
 import duckdb
+import numpy as np
 import pytest
 
 from kit import cli
@@ -77,6 +78,11 @@ def test_values_the_library_refuses_name_themselves(tmp_path, capsys):
         (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--overhead-ms", "inf"], "overhead_ms=inf must be"),
         (["comm", "--accelerator", "nosuch", "--out", str(tmp_path / "c")], "unknown accelerator 'nosuch'; known:"),
         (["comm", "--nproc", "99", "--out", str(tmp_path / "c")], "nproc=99: at most"),  # not 99 processes at once
+        (["comm", "--save-links", str(tmp_path), "--out", str(tmp_path / "c")], "--save-links"),  # before measuring
+        (["comm", "--nnodes", "2", "--rdzv-endpoint", "h:99999", "--out", str(tmp_path / "c")], "port in 1-65535"),
+        (["serve-bench", "--url", "http://127.0.0.1:0", "--out", str(tmp_path / "s")], "port must be an integer"),
+        (["plan", "--model", "kimi-k3", "--price", "inf"], "--price inf must be > 0"),
+        (["history", "list", "--db", str(tmp_path)], "is a directory; give a file path"),
         (["serve-bench", "--url", "http://127.0.0.1:1", "--accelerator", "nosuch", "--out", str(tmp_path / "s")],
          "unknown accelerator 'nosuch'"),
         (["serve-bench", "--url", "http://127.0.0.1:1", "--turns", "0", "--out", str(tmp_path / "s")],
@@ -90,3 +96,29 @@ def test_values_the_library_refuses_name_themselves(tmp_path, capsys):
         assert rc == 2 and len(err) == 1 and match in err[0], (argv, err)
     assert not (tmp_path / "c" / "results.parquet").exists()
     assert time.perf_counter() - t < 25  # no case waited for a model listing (30 s each)
+
+
+def test_wrong_tables_and_disjoint_runs_in_the_history_are_user_errors(tmp_path, capsys):
+    import pandas as pd
+
+    pd.DataFrame({"a": [1, 2]}).to_parquet(tmp_path / "other.parquet")
+    db = str(tmp_path / "h.duckdb")
+    rc, err = _rc_and_err(["history", "add", str(tmp_path / "other.parquet"), "--commit", "x", "--db", db], capsys)
+    assert rc == 2 and len(err) == 1 and "not a kit results file (no point_id, status, backend column)" in err[0], err
+    from kit.track.db import Provenance, add_run
+    from kit.track.simulate import simulated_records, write_simulated_run
+
+    rng = np.random.default_rng(0)
+    a = simulated_records(rng, run_id="2025-01-01T00:00:00+00:00", runs=1, points=[(64, 1)])
+    b = simulated_records(rng, run_id="2025-01-02T00:00:00+00:00", runs=1, points=[(128, 4)])
+    add_run(db, write_simulated_run(tmp_path / "a", a), Provenance("aaaa1"))
+    add_run(db, write_simulated_run(tmp_path / "b", b), Provenance("bbbb2"))
+    rc, err = _rc_and_err(["history", "compare", "aaaa1", "bbbb2", "--db", db], capsys)
+    assert rc == 2 and "no point in common" in err[0], err  # not "no regression"
+
+
+def test_a_library_warning_is_one_line_naming_the_command(capsys):
+    assert cli.main(["plan", "--model", "llama-3.1-8b", "--accelerator", "h100", "--gpus", "3"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[0].startswith("kit plan: warning: llama-3.1-8b: 32 attention heads are not divisible by tp=3")
+    assert not any(".py:" in line for line in err), err  # no file:line, no source excerpt

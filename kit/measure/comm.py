@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from kit import dtypes
-from kit._io import atomic_write_text, check_out_dir
+from kit._io import atomic_write_text, check_out_dir, check_out_file
 from kit.cli import DefaultsHelpFormatter, add_config_args, config_field, config_from_args
 from kit.errors import UserError
 from kit.measure.ranks import run_ranks
@@ -132,6 +132,12 @@ class CommConfig:
         if self.backend not in (None, "gloo", "nccl"):
             raise UserError(f"backend={self.backend!r}; allowed: gloo, nccl (nccl is RCCL on ROCm)")
         self._check_nproc()
+        if self.rdzv_endpoint:
+            host, _, port = str(self.rdzv_endpoint).rpartition(":")
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise UserError(f"rdzv_endpoint={self.rdzv_endpoint!r} must be host:port with a port in 1-65535")
+        if self.save_links:
+            check_out_file(self.save_links, "--save-links", "links.json")  # before measuring, like --out
         for name in ("timeout_s", "join_timeout_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
@@ -273,9 +279,7 @@ def fit_links(df: pd.DataFrame) -> dict:
 
 def save_comm_calibration(df: pd.DataFrame, path: str | Path) -> Path:
     """Write :func:`fit_links` of ``df`` as JSON (read by :func:`kit.plan.comm.apply_comm_calibration`)."""
-    from kit._io import check_out_file
-
-    p = check_out_file(path, "save_links")
+    p = check_out_file(path, "--save-links", "links.json")
     doc = {"created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "links": fit_links(df)}
     atomic_write_text(p, json.dumps(doc, indent=2))
     return Path(p)

@@ -99,7 +99,7 @@ class PlanConfig:
             )
         if self.gpus is not None and self.gpus < 1:
             raise UserError(f"--gpus {self.gpus} must be >= 1")
-        if self.price is not None and not self.price > 0:
+        if self.price is not None and not 0 < self.price < float("inf"):
             raise UserError(f"--price {self.price} must be > 0 ($/GPU-hour)")
         return self
 

@@ -148,7 +148,9 @@ def check_url(url) -> None:
 
     ok = isinstance(url, str) and url.startswith(("http://", "https://"))
     try:
-        ok = ok and bool(urlsplit(url).hostname) and (urlsplit(url).port or 0) >= 0
+        ok = ok and bool(urlsplit(url).hostname)
+        if ok and urlsplit(url).port == 0:
+            raise ValueError("port 0")
     except ValueError as e:
         if ok and "port" in str(e).lower():  # urllib: "Port out of range 0-65535", "Port could not be cast ..."
             raise UserError(f"url={redact_url(url)!r}: its port must be an integer in 1-65535") from None

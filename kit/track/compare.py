@@ -183,7 +183,8 @@ def compare(
         a :class:`Comparison`; ``.exit_code`` is 1 when a point regressed.
 
     Raises:
-        UserError: a setting out of range, or BASE and HEAD name the same runs. UnknownNameError: a bad ref.
+        UserError: a setting out of range, BASE and HEAD name the same runs, or they share no point.
+        UnknownNameError: a bad ref.
     """
     for name, v, lo, hi in (("tolerance", tolerance, 0, 1), ("confidence", confidence, 0.5, 1), ("fdr", fdr, 0, 1)):
         if not (isinstance(v, (int, float)) and lo <= v < hi):
@@ -194,6 +195,12 @@ def compare(
         raise UserError(f"BASE {base!r} and HEAD {head!r} name the same run(s) {sorted(set(bk) & set(hk))}")
     rows = load_rows(db, bk + hk)
     rows["side"] = np.where(rows.run_key.isin(bk), "base", "head")
+    common = set(rows.point_key[rows.side == "base"]) & set(rows.point_key[rows.side == "head"])
+    if not common:
+        raise UserError(
+            f"BASE {base!r} and HEAD {head!r} have no point in common (different models, grids or backends): "
+            "nothing to compare"
+        )
     return compare_frames(rows, load_samples(db, list(rows.row_key)), base, head, tolerance, confidence, fdr)
 
 

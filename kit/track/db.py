@@ -116,6 +116,8 @@ def connect(path: str | Path = DEFAULT_DB, read_only: bool = False):
     import duckdb
 
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"--db {p} is a directory; give a file path (e.g. {p / 'history.duckdb'})")
     if read_only and not p.is_file():
         raise InputNotFoundError(f"no history database at {p} (create one with `kit history add RUN_DIR --db {p}`)")
     if not read_only:
