@@ -23,6 +23,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from kit.errors import UserError
+
 
 @dataclass
 class SimModel:
@@ -35,6 +37,16 @@ class SimModel:
     block_tokens: int = 16
     tokens_per_chunk: int = 1
     model_id: str = "sim"
+
+    def __post_init__(self):
+        for name in ("ttft_base_ms", "prefill_ms_per_token", "tpot_base_ms", "tpot_per_request_ms"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 <= v < float("inf")):
+                raise UserError(f"{name}={v!r} must be a finite number of ms >= 0")
+        for name in ("block_tokens", "tokens_per_chunk"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"{name}={v!r} must be an integer >= 1")
 
 
 def prompt_tokens(body: dict) -> list:
@@ -162,12 +174,19 @@ def main(argv=None) -> int:
     import argparse
     from dataclasses import fields
 
+    from kit.cli import number_arg
+
     ap = argparse.ArgumentParser(description="simulated OpenAI-compatible server (known latency model)")
-    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--port", type=number_arg(int, minimum=0, maximum=65535), default=0, help="0: any free port")
     for f in fields(SimModel):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        typ = number_arg(type(f.default), minimum=0) if isinstance(f.default, (int, float)) else type(f.default)
+        ap.add_argument("--" + f.name.replace("_", "-"), type=typ, default=f.default)
     a = vars(ap.parse_args(argv))
-    srv = SimServer(SimModel(**{f.name: a[f.name] for f in fields(SimModel)})).start(a["port"])
+    try:
+        model = SimModel(**{f.name: a[f.name] for f in fields(SimModel)})
+    except UserError as e:
+        ap.error(str(e))
+    srv = SimServer(model).start(a["port"])
     print(f"READY {srv.url}", flush=True)
     try:
         threading.Event().wait()

@@ -118,6 +118,7 @@ def _cli_list(args) -> int:
         "tag",
         "created_utc",
         "device_name",
+        "backends",
         "rows",
         "ok_rows",
         "replicates",

@@ -355,7 +355,8 @@ def add_run(
 
 def list_runs(db: str | Path) -> pd.DataFrame:
     """One row per run, oldest first: run_key, commit, branch, dirty, tag, created_utc, device_name, rows,
-    replicates, versions (JSON), price.
+    ok_rows, backends (engine, openai, planner — a planner run is a prediction, not a measurement), replicates,
+    versions (JSON), price.
 
     Raises:
         InputNotFoundError: no database at ``db``.
@@ -364,7 +365,8 @@ def list_runs(db: str | Path) -> pd.DataFrame:
     try:
         return con.execute(
             "SELECT r.run_key, r.run_id, r.commit, r.branch, r.dirty, r.tag, r.created_utc, r.device, r.device_name, "
-            "r.driver, count(w.row_key) AS rows, sum(CASE WHEN w.ok THEN 1 ELSE 0 END) AS ok_rows, "
+            "r.driver, count(w.row_key) AS rows, CAST(sum(CASE WHEN w.ok THEN 1 ELSE 0 END) AS INTEGER) AS ok_rows, "
+            "string_agg(DISTINCT w.backend, ',' ORDER BY w.backend) AS backends, "
             "count(DISTINCT w.replicate) AS replicates, r.usd_per_gpu_hr, r.price_basis, r.versions, r.source "
             "FROM runs r LEFT JOIN rows w USING (run_key) GROUP BY ALL ORDER BY r.created_utc, r.run_key"
         ).df()
