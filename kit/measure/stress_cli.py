@@ -98,8 +98,11 @@ def _cli(args: argparse.Namespace) -> int:
         print(
             f"TPOT fit over {fit['n']} ok probes: {fit['intercept_ms']:.3g} ms + "
             f"{fit['slope_ns_per_token']:.3g} ns per token of context"
-            + (" (a negative intercept: the probes' TPOT is noise-dominated; read the figure, not the fit)"
-               if fit["intercept_ms"] < 0 else "")  # fmt: skip
+            + (
+                " (a negative intercept: the probes' TPOT is noise-dominated; read the figure, not the fit)"
+                if fit["intercept_ms"] < 0
+                else ""
+            )  # fmt: skip
         )
     check = df.attrs.get("check")
     if check:
