@@ -94,7 +94,12 @@ class CommConfig:
     batch: int = config_field(1, help="decode batch B for --model")
     accelerator: str | None = config_field(None, help="catalog accelerator whose planner figure to print beside")
     save_links: str | None = config_field(None, help="write the fitted link α/busbw here (for kit plan)")
-    out: str = config_field("results/comm", help="output directory (rows appended; plots written)")
+    out: str = config_field("results/comm", help="output directory (rows stored; plots written)")
+    resume: bool = config_field(
+        True,
+        help="skip (collective, size) points already stored in OUT, on one node (--no-resume measures all again; "
+        "the earlier files move to OUT/previous/)",
+    )
     fail_rank: int | None = config_field(None, cli=False, help="a rank that exits early (tests)")
 
     @property
@@ -183,14 +188,21 @@ def decode_points(model, batch: int, world: int) -> list[dict]:
     ]
 
 
+def comm_point_id(point: dict, cfg: CommConfig) -> str:
+    """The stored identity of one probe point: collective, size (B), ranks, nodes, dtype, backend and decode term
+    (a re-run with the same settings finds it and skips it)."""
+    size = int(point.get("requested_bytes", point["size_bytes"]))  # the size asked for (a rank may round it)
+    key = [point["op"], size, cfg.world, cfg.nnodes, cfg.dtype, cfg.dist_backend()]
+    return hashlib.sha1(json.dumps([*key, point.get("decode_term")]).encode()).hexdigest()[:16]
+
+
 def _record(row: dict, cfg: CommConfig, run_id: str) -> dict:
-    key = [row["op"], row["size_bytes"], row["n_ranks"], cfg.dtype, cfg.nnodes, row.get("decode_term")]
     from kit.hardware import detect
 
     info = detect("cuda" if row["backend"] == "nccl" else "cpu")
     return {
         "run_id": run_id,
-        "point_id": hashlib.sha1(json.dumps([run_id, *key]).encode()).hexdigest()[:16],
+        "point_id": comm_point_id(row, cfg),
         "backend": "comm",
         "status": "ok",
         "model": row.get("model"),
@@ -225,6 +237,24 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
     points = [{"op": op, "size_bytes": s} for op in cfg.ops for s in cfg.sizes()]
     if cfg.model:
         points += decode_points(cfg.model, cfg.batch, cfg.world)
+    wanted = {comm_point_id(p, cfg) for p in points}
+    if cfg.nnodes == 1:  # (across nodes every node must call the same collectives: all are measured)
+        with run_lock(out):
+            if not cfg.resume:
+                from kit.measure.grid import archive_previous
+
+                archive_previous(out)
+            done = ResultStore(out).finished_ids(("ok",)) if (out / "points.jsonl").exists() else set()
+        todo = [p for p in points if comm_point_id(p, cfg) not in done]
+        if len(todo) < len(points):
+            log.info("resuming: %d of %d points already stored in %s (--no-resume to measure all again)",
+                     len(points) - len(todo), len(points), out)  # fmt: skip
+        if not todo:
+            from kit.results import load_results
+
+            df = load_results(out)
+            return df[df["point_id"].isin(wanted)].drop_duplicates("point_id", keep="last").reset_index(drop=True)
+        points = todo
     run_id = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%f")
     work = out / "runs" / run_id
     work.mkdir(parents=True, exist_ok=True)
@@ -251,7 +281,7 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
 
         return to_frame([])
     df = load_results(out)
-    return df[df["run_id"] == run_id].reset_index(drop=True)
+    return df[df["point_id"].isin(wanted)].drop_duplicates("point_id", keep="last").reset_index(drop=True)
 
 
 def fit_links(df: pd.DataFrame) -> dict:

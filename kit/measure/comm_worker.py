@@ -95,7 +95,8 @@ def main(argv: list[str]) -> int:
     for point in cfg["points"]:
         row = measure(point["op"], int(point["size_bytes"]), cfg, dev, gpu)
         if out is not None:
-            out.write(json.dumps({**point, **row, "backend": backend}) + "\n")
+            row = {**point, **row, "requested_bytes": int(point["size_bytes"]), "backend": backend}
+            out.write(json.dumps(row) + "\n")
             out.flush()
             os.fsync(out.fileno())
     dist.barrier()

@@ -80,6 +80,16 @@ def test_two_gloo_ranks_probe_every_collective_and_size(tmp_path):
 
     for png in save_comm_plots(df, out):
         assert png.stat().st_size > 10_000
+    # a re-run with the same settings measures nothing (no rank starts) and returns the stored rows; one more size
+    # measures only that size; --no-resume moves the earlier files to previous/ and measures all again
+    again = run_comm(max_bytes=256, iters=3, warmup=1, out=str(out), model="llama-3.1-8b", batch=2)
+    assert sorted(again.point_id) == sorted(df.point_id) and len(list((out / "runs").iterdir())) == 1
+    more = run_comm(max_bytes=512, iters=3, warmup=1, out=str(out), ops=["all_reduce"])
+    assert len(more) == 7 and (more.x_size_bytes == 512).sum() == 1 and len(list((out / "runs").iterdir())) == 2
+    run_id = more.loc[more.x_size_bytes == 512, "run_id"].iloc[0]
+    assert (more.loc[more.x_size_bytes < 512, "run_id"] != run_id).all()
+    fresh = run_comm(max_bytes=8, iters=2, warmup=0, out=str(out), ops=["all_reduce"], resume=False)
+    assert len(fresh) == 1 and len(load_results(out)) == 1 and any((out / "previous").iterdir())
 
 
 @pytest.mark.slow
