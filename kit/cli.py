@@ -14,6 +14,7 @@ import importlib
 import logging
 import math
 import os
+import re
 import sys
 import warnings
 
@@ -259,6 +260,27 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    out: set[str] = set()
+    for action in parser._actions:
+        out.update(action.option_strings)
+        for sub in (getattr(action, "choices", None) or {}).values() if isinstance(action.choices, dict) else ():
+            out |= _option_strings(sub)
+    return out
+
+
+def _as_flag(message: str, parser: argparse.ArgumentParser) -> str:
+    """A library message that starts with a setting's field name (``decode_steps=0 must be ...``) names the
+    command's option instead (``--decode-steps 0 must be ...``) when the command has that option."""
+    m = re.match(r"([a-z][a-z0-9_]*)=(\S+?)([;,]?\s|$)", message)
+    if not m:
+        return message
+    flag = "--" + m.group(1).replace("_", "-")
+    if flag not in _option_strings(parser) or flag in message:
+        return message
+    return f"{flag} {m.group(2)}{m.group(3)}{message[m.end() :]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``kit <command> ...``; returns the exit code.
 
@@ -281,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = one_line_warning
             rc = args.func(args)
     except KitError as e:
-        print(f"kit {args.command}: error: {e}", file=sys.stderr)
+        print(f"kit {args.command}: error: {_as_flag(str(e), parser)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # commands that keep partial results say so themselves and return 130
         out = getattr(args, "out", None)

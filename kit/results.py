@@ -299,7 +299,7 @@ def load_results(path: str | Path) -> pd.DataFrame:
     ``df.attrs["metadata"]`` carries the sidecar's metadata (the latest run's), ``df.attrs["runs"]`` every run's.
 
     Raises:
-        FileNotFoundError: nothing loadable at ``path``, or a table without the kit's point_id/status/backend.
+        FileNotFoundError: nothing loadable at ``path``.
     """
     path = Path(path)
     if path.is_dir():
@@ -317,9 +317,6 @@ def load_results(path: str | Path) -> pd.DataFrame:
         df, side = coerce(_read_parquet(path)), path.with_suffix(".json")
     else:
         raise InputNotFoundError(f"results file {path} does not exist")
-    missing = [c for c in ("point_id", "status", "backend") if c not in df.columns]
-    if len(df) and missing:
-        raise InputNotFoundError(f"{path} is not a kit results file (no {', '.join(missing)} column)")
     if side.exists():
         try:
             doc = json.loads(side.read_text())

@@ -71,7 +71,7 @@ def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path):
         (["--concurrency", "-2"], "concurrency -2"),
         (["--kv", "100000"], "at most 16384 positions"),
         (["--dtype", "float8"], "dtype 'float8'"),
-        (["--device", "tpu"], "device='tpu'"),
+        (["--device", "tpu"], "--device 'tpu'"),
         (["--accelerator", "nope"], "unknown accelerator 'nope'"),
         (["--model", "./no/such/ckpt"], "does not exist"),
         (["--threads", "0"], "threads=0"),

@@ -70,14 +70,14 @@ def test_files_that_are_not_what_they_claim_are_user_errors(tmp_path, capsys):
 
 def test_values_the_library_refuses_name_themselves(tmp_path, capsys):
     cases = [
-        (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--overhead-ms", "-1"], "overhead_ms=-1.0 must be"),
+        (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--overhead-ms", "-1"], "--overhead-ms -1.0 must be"),
         (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--gpus", "1000000"], "more than kimi-k3's 93 layers"),
-        (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--spec-accept", "2"], "spec_accept=2.0 needs spec_k"),
-        (["comm", "--timeout-s", "0", "--out", str(tmp_path / "c")], "timeout_s=0.0 must be a number of seconds > 0"),
-        (["comm", "--timeout-s", "inf", "--out", str(tmp_path / "c")], "timeout_s=inf must be a number of seconds"),
-        (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--overhead-ms", "inf"], "overhead_ms=inf must be"),
+        (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--spec-accept", "2"], "--spec-accept 2.0 needs"),
+        (["comm", "--timeout-s", "0", "--out", str(tmp_path / "c")], "--timeout-s 0.0 must be a number of seconds > 0"),
+        (["comm", "--timeout-s", "inf", "--out", str(tmp_path / "c")], "--timeout-s inf must be a number of seconds"),
+        (["plan", "--model", "kimi-k3", "--accelerator", "B300", "--overhead-ms", "inf"], "--overhead-ms inf must be"),
         (["comm", "--accelerator", "nosuch", "--out", str(tmp_path / "c")], "unknown accelerator 'nosuch'; known:"),
-        (["comm", "--nproc", "99", "--out", str(tmp_path / "c")], "nproc=99: at most"),  # not 99 processes at once
+        (["comm", "--nproc", "99", "--out", str(tmp_path / "c")], "--nproc 99: at most"),  # not 99 processes at once
         (["comm", "--save-links", str(tmp_path), "--out", str(tmp_path / "c")], "--save-links"),  # before measuring
         (["comm", "--nnodes", "2", "--rdzv-endpoint", "h:99999", "--out", str(tmp_path / "c")], "port in 1-65535"),
         (["serve-bench", "--url", "http://127.0.0.1:0", "--out", str(tmp_path / "s")], "port must be an integer"),
@@ -104,7 +104,7 @@ def test_wrong_tables_and_disjoint_runs_in_the_history_are_user_errors(tmp_path,
     pd.DataFrame({"a": [1, 2]}).to_parquet(tmp_path / "other.parquet")
     db = str(tmp_path / "h.duckdb")
     rc, err = _rc_and_err(["history", "add", str(tmp_path / "other.parquet"), "--commit", "x", "--db", db], capsys)
-    assert rc == 2 and len(err) == 1 and "not a kit results file (no point_id, status, backend column)" in err[0], err
+    assert rc == 2 and len(err) == 1 and "not a kit results file (no point_id, status or backend column)" in err[0], err
     from kit.track.db import Provenance, add_run
     from kit.track.simulate import simulated_records, write_simulated_run
 

@@ -291,6 +291,9 @@ def add_run(
     df = load_results(run_dir)
     if df.empty:
         raise InputNotFoundError(f"{run_dir} holds no rows")
+    if not {"point_id", "status", "backend"} & set(df.columns):
+        raise InputNotFoundError(f"{run_dir} is not a kit results file (no point_id, status or backend column)")
+    df = df.assign(status=df["status"]) if "status" in df.columns else df.assign(status="ok")
     metas = {m.get("run_id") or m.get("created_utc"): m for m in df.attrs.get("runs", [])}
     ok = ok_mask(df)
     records = json.loads(df.to_json(orient="records", date_format="iso"))

@@ -98,7 +98,7 @@ def test_require_missing_library_is_a_problem(capsys):
         (["--library", "sglang=x"], r"--library 'sglang=x': use NAME=MODULE with NAME one of"),
         (["--library", "sgl_kernel"], r"use NAME=MODULE"),
         (["--require", "vllm"], r"--require 'vllm': unknown library; known"),
-        (["--device", "tpu"], r"device='tpu' is not allowed"),
+        (["--device", "tpu"], r"--device 'tpu' is not allowed"),
         (["--compile-timeout", "0"], r"--compile-timeout must be > 0"),
     ],
 )

@@ -375,7 +375,7 @@ def test_cli_serve_bench(scripted, tmp_path):
     assert "resuming: 2 of 2 points already recorded" in again.stderr + again.stdout
     assert "0 measured now, 2 recorded earlier" in again.stdout
     bad = _serve_bench("--url", "localhost:1")
-    assert bad.returncode == 2 and "url='localhost:1'" in bad.stderr
+    assert bad.returncode == 2 and "--url 'localhost:1'" in bad.stderr
 
 
 def test_cli_json_and_exit_code(scripted, tmp_path):

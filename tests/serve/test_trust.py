@@ -162,10 +162,10 @@ def test_cli_numbers_out_of_range_are_one_line_errors(capsys):
         (["--isl", "2000000"], "isl=2000000"),
         (["--n-gpus", "-2"], "--n-gpus"),
         (["--n-gpus", "0"], "--n-gpus"),
-        (["--burstiness", "nan"], "burstiness"),
-        (["--request-rate", "-1"], "request_rate"),
-        (["--timeout-s", "inf"], "timeout_s"),
-        (["--max-event-bytes", "5"], "max_event_bytes"),
+        (["--burstiness", "nan"], "--burstiness"),
+        (["--request-rate", "-1"], "--request-rate -1"),
+        (["--timeout-s", "inf"], "--timeout-s inf"),
+        (["--max-event-bytes", "5"], "--max-event-bytes 5"),
         (["--concurrency", "100000"], "--concurrency"),
     ):
         rc, out, err = _cli([*base, *extra], capsys)
