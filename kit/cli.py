@@ -107,10 +107,12 @@ def number_arg(kind: type = float, *, minimum=None, above=None, maximum=None, un
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}{tail}") from None
         if math.isnan(v) or (finite and math.isinf(v)):
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}{tail}")
-        for ok, rule in ((minimum is None or v >= minimum, f">= {minimum}"), (above is None or v > above,
-                         f"> {above}"), (maximum is None or v <= maximum, f"<= {maximum}")):  # fmt: skip
-            if not ok:
-                raise argparse.ArgumentTypeError(f"{text!r} must be {rule}{tail}")
+        if minimum is not None and not v >= minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}{tail}")
+        if above is not None and not v > above:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > {above}{tail}")
+        if maximum is not None and not v <= maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be <= {maximum}{tail}")
         return v
 
     parse.__name__ = kind.__name__  # argparse's fallback wording, should a message ever be missing
@@ -120,18 +122,15 @@ def number_arg(kind: type = float, *, minimum=None, above=None, maximum=None, un
 def _user_type(parse):
     """``parse`` as an argparse ``type=`` whose ValueError message is the one argparse prints (not "invalid
     <function name> value")."""
-    if isinstance(parse, type) or getattr(parse, "_kit_arg", False):
+    if isinstance(parse, type):
         return parse
 
     def wrapped(text: str):
         try:
             return parse(text)
-        except argparse.ArgumentTypeError:
-            raise
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 
-    wrapped._kit_arg = True
     wrapped.__name__ = getattr(parse, "__name__", "value")
     return wrapped
 
@@ -261,11 +260,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``parser`` and of its subcommands' parsers."""
     out: set[str] = set()
     for action in parser._actions:
         out.update(action.option_strings)
-        for sub in (getattr(action, "choices", None) or {}).values() if isinstance(action.choices, dict) else ():
-            out |= _option_strings(sub)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _option_strings(sub)
     return out
 
 

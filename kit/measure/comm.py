@@ -222,14 +222,15 @@ def _record(row: dict, cfg: CommConfig, run_id: str) -> dict:
 
 
 def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
-    """Run the probes (see the module docstring) and return this run's rows (a :mod:`kit.results` frame; empty
-    on a node other than 0). Rows rank 0 finished are stored in ``cfg.out`` even when the run fails.
+    """Run the probes (see the module docstring) and return the rows of every requested point, measured now or
+    stored by an earlier run with the same settings (a :mod:`kit.results` frame; empty on a node other than 0).
+    Rows rank 0 finished are stored in ``cfg.out`` even when the run fails.
 
     Raises:
         UserError: bad settings (:meth:`CommConfig.validate`), a bad output path.
         RankError: a rank died, the rendezvous did not complete, or the run passed ``timeout_s``.
     """
-    from kit.results import run_metadata
+    from kit.results import run_metadata, to_frame
     from kit.store import ResultStore, run_lock
 
     cfg = (cfg or CommConfig(**kw)).validate()
@@ -250,10 +251,7 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
             log.info("resuming: %d of %d points already stored in %s (--no-resume to measure all again)",
                      len(points) - len(todo), len(points), out)  # fmt: skip
         if not todo:
-            from kit.results import load_results
-
-            df = load_results(out)
-            return df[df["point_id"].isin(wanted)].drop_duplicates("point_id", keep="last").reset_index(drop=True)
+            return _stored_rows(out, wanted)
         points = todo
     run_id = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%f")
     work = out / "runs" / run_id
@@ -274,14 +272,17 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
                 for r in rows:
                     store.append(_record(r, cfg, run_id))
             log.info("comm: %d rows stored in %s", len(rows), out)
+    if not rows:
+        return to_frame([])
+    return _stored_rows(out, wanted)
+
+
+def _stored_rows(out: Path, point_ids: set[str]) -> pd.DataFrame:
+    """The latest stored row of each of ``point_ids`` in the run directory ``out``."""
     from kit.results import load_results
 
-    if not rows:
-        from kit.results import to_frame
-
-        return to_frame([])
     df = load_results(out)
-    return df[df["point_id"].isin(wanted)].drop_duplicates("point_id", keep="last").reset_index(drop=True)
+    return df[df["point_id"].isin(point_ids)].drop_duplicates("point_id", keep="last").reset_index(drop=True)
 
 
 def fit_links(df: pd.DataFrame) -> dict:

@@ -148,13 +148,13 @@ def check_url(url) -> None:
 
     ok = isinstance(url, str) and url.startswith(("http://", "https://"))
     try:
-        ok = ok and bool(urlsplit(url).hostname)
-        if ok and urlsplit(url).port == 0:
-            raise ValueError("port 0")
-    except ValueError as e:
-        if ok and "port" in str(e).lower():  # urllib: "Port out of range 0-65535", "Port could not be cast ..."
-            raise UserError(f"url={redact_url(url)!r}: its port must be an integer in 1-65535") from None
-        ok = False
+        parts = urlsplit(url) if ok else None
+        ok = ok and bool(parts.hostname)
+        port = parts.port if ok else None  # urllib raises for a port out of 0-65535 or not a number
+    except ValueError as e:  # urllib: "Port out of range 0-65535", "Port could not be cast ...", a bad IPv6 host
+        ok, port = "port" in str(e).lower(), 0
+    if ok and port == 0:
+        raise UserError(f"url={redact_url(url)!r}: its port must be an integer in 1-65535")
     if not ok:
         raise UserError(
             f"url={redact_url(str(url))!r} must be http:// or https:// with a host, e.g. http://127.0.0.1:8000"

@@ -210,11 +210,10 @@ def _created_utc(meta: dict, rec: dict) -> str | None:
     for value in (meta.get("created_utc"), rec.get("run_id"), rec.get("timestamp")):
         if not value:
             continue
-        text = str(value)
-        head = text.split("-")[0] if re.fullmatch(r"\d{8}T\d{6}(-.*)?", text) else text
+        compact = re.match(r"(\d{8}T\d{6})(-|$)", str(value))  # a run id: YYYYmmddTHHMMSS-<random>
         try:
-            t = _dt.datetime.strptime(head, "%Y%m%dT%H%M%S") if head != text else _dt.datetime.fromisoformat(text)
-        except ValueError:
+            t = _dt.datetime.strptime(compact[1], "%Y%m%dT%H%M%S") if compact else _dt.datetime.fromisoformat(value)
+        except (TypeError, ValueError):
             continue
         if t.tzinfo is None:
             t = t.replace(tzinfo=_dt.UTC)
@@ -293,7 +292,8 @@ def add_run(
         raise InputNotFoundError(f"{run_dir} holds no rows")
     if not {"point_id", "status", "backend"} & set(df.columns):
         raise InputNotFoundError(f"{run_dir} is not a kit results file (no point_id, status or backend column)")
-    df = df.assign(status=df["status"]) if "status" in df.columns else df.assign(status="ok")
+    if "status" not in df.columns:
+        df = df.assign(status="ok")
     metas = {m.get("run_id") or m.get("created_utc"): m for m in df.attrs.get("runs", [])}
     ok = ok_mask(df)
     records = json.loads(df.to_json(orient="records", date_format="iso"))
