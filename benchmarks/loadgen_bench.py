@@ -5,20 +5,27 @@ The scripted SSE server (tests/sse_server.py ``--raw-fast``: a minimal asyncio H
 frame per SSE event) runs as a separate process pinned to one core; every client run is its own process pinned to
 another core. Two regimes, each at several stream counts (``--concurrency``, default 1,16,64):
 
-- ``flood``: the server writes one-token chunks back to back; several events arrive per network read, as from a
-  fast server under load. The client's capacity is ``chunks/CPU-s``.
-- ``paced``: every stream gets one chunk every ``--gap-ms`` (default 5 ms: 64 streams = 12.8k chunks/s); what
-  matters is how late the client's event loop wakes (``lag p50/p99``, the self-check probe of
-  kit.serve.selfcheck): a late loop time-stamps chunks late.
+- ``flood``: the server writes one-token chunks back to back, ``--frames-per-write`` frames (default 16) per
+  socket write, so several events arrive per network read, as from a fast server under load, and the client is
+  the bottleneck at every stream count. The client's capacity is ``chunks/CPU-s``. With one frame per write
+  (``--frames-per-write 1``) this server's own per-send cost caps it near 200k frames/s on one core: a client
+  that keeps up then reads one or two frames per wake-up and its chunks/CPU-s measures the server's rate and
+  the cost of waking, not the client (the ``srv CPU`` column shows such a cell: near 1.0).
+- ``paced``: every stream gets one chunk every ``--gap-ms`` (default 5 ms: 64 streams = 12.8k chunks/s), each
+  frame its own write; what matters is how late the client's event loop wakes (``lag p50/p99``, the self-check
+  probe of kit.serve.selfcheck): a late loop time-stamps chunks late.
 
-Runs are interleaved (each repeat goes through every regime and stream count once, in a rotated order), so a
-machine that gets busier mid-benchmark spreads over every cell instead of biasing one. With ``--compare DIR``
-(a directory holding another ``kit`` package, e.g. ``git archive HEAD kit | tar -x -C DIR``) each cell is also
-run with that tree, alternating which goes first, and the table shows both side by side with the ratio.
+A run has ``--requests-per-conc`` x streams requests, and flood runs at least ``--flood-min-chunks`` chunks
+(default 200k), so a run's fixed costs (event loop, connections, records) do not dominate a 10 ms run. Runs are
+interleaved (each repeat goes through every regime and stream count once, in a rotated order), so a machine
+that gets busier mid-benchmark spreads over every cell instead of biasing one. With ``--compare DIR`` (a
+directory holding another ``kit`` package, e.g. ``git archive HEAD kit | tar -x -C DIR``) each cell is also run
+with that tree, alternating which goes first, and the table shows both side by side with the ratio.
 
 Columns (medians over ``--repeats`` runs, n = runs): ``chunks/s`` (token-bearing chunks / wall time), ``CPU``
-(client CPU time / wall time; 1.0 = its core was saturated), ``chunks/CPU-s`` (chunks / client CPU seconds),
-``lag p50`` / ``lag p99`` (ms, event-loop lag during the run), ``fail`` (failed requests, summed).
+(client CPU time / wall time; 1.0 = its core was saturated), ``srv CPU`` (the server process's CPU / wall time,
+from /proc, NaN elsewhere), ``chunks/CPU-s`` (chunks / client CPU seconds), ``lag p50`` / ``lag p99`` (ms,
+event-loop lag during the run), ``fail`` (failed requests, summed).
 
 Usage: ``python benchmarks/loadgen_bench.py [--concurrency 1,16,64] [--repeats 3] [--compare /tmp/kit_before]``
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -48,13 +56,23 @@ def start_server(core: int | None) -> tuple[subprocess.Popen, str]:
     return p, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far, from /proc (NaN where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def worker(spec: dict) -> dict:
     """One client run in this process (the kit imported from ``spec["root"]``): the figures as a dict."""
     sys.path.insert(0, spec["root"])
     from kit.serve.load import LoadConfig, run_coro, run_load_async
     from kit.serve.workload import RequestInput
 
-    extra = {"gap_ms": spec["gap_ms"]} if spec["gap_ms"] else {}
+    extra = {"gap_ms": spec["gap_ms"]} if spec["gap_ms"] else {"frames_per_write": spec["frames_per_write"]}
     cfg = LoadConfig(
         url=spec["url"],
         model="fast",
@@ -69,13 +87,15 @@ def worker(spec: dict) -> dict:
     )
     wl = [RequestInput("x", 1, spec["chunks"])]
     run_coro(run_load_async(cfg.__class__(**{**cfg.__dict__, "num_requests": 2}), wl))  # warm-up (imports, pool)
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    srv0, cpu0, t0 = process_cpu_s(spec["server_pid"]), time.process_time(), time.perf_counter()
     recs, info = run_coro(run_load_async(cfg, wl, tokenizer=None))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    srv = (process_cpu_s(spec["server_pid"]) - srv0) / wall
     n_chunks = sum(r.get("n_chunks") or 0 for r in recs)
     return {
         "chunks_s": n_chunks / wall,
         "cpu_frac": cpu / wall,
+        "srv_frac": srv,
         "chunks_per_cpu_s": n_chunks / cpu if cpu else float("nan"),
         "lag_p50": info["x_loop_lag_ms_p50"],
         "lag_p99": info["x_loop_lag_ms_p99"],
@@ -100,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--paced-chunks", type=int, default=200, help="chunks per request, paced regime")
     ap.add_argument("--gap-ms", type=float, default=5.0, help="gap between a stream's chunks, paced regime")
     ap.add_argument("--requests-per-conc", type=int, default=4, help="requests per run = this x concurrency")
+    ap.add_argument("--flood-min-chunks", type=int, default=200_000, help="at least this many chunks per flood run")
+    ap.add_argument("--frames-per-write", type=int, default=16, help="frames per server socket write, flood regime")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compare", default=None, help="a directory holding another kit package (e.g. before)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -119,7 +141,8 @@ def main(argv=None) -> int:
     proc, url = start_server(server_core)
     print(
         f"client runs on core {client_core}, scripted server on core {server_core}; flood {a.chunks} chunks/request, "
-        f"paced {a.paced_chunks} chunks/request every {a.gap_ms:g} ms; {a.requests_per_conc} x streams requests per "
+        f"{a.frames_per_write} frames per write, at least {a.flood_min_chunks} chunks per run; paced "
+        f"{a.paced_chunks} chunks/request every {a.gap_ms:g} ms; {a.requests_per_conc} x streams requests per "
         f"run; {a.repeats} interleaved repeats; trees: {', '.join(f'{k}={v}' for k, v in trees.items())}",
         flush=True,
     )
@@ -134,7 +157,11 @@ def main(argv=None) -> int:
                         "root": trees[name],
                         "url": url,
                         "conc": c,
-                        "requests": a.requests_per_conc * c,
+                        "requests": a.requests_per_conc * c
+                        if reg == "paced"
+                        else max(a.requests_per_conc * c, math.ceil(a.flood_min_chunks / a.chunks)),
+                        "frames_per_write": a.frames_per_write,
+                        "server_pid": proc.pid,
                         "chunks": a.chunks if reg == "flood" else a.paced_chunks,
                         "gap_ms": 0.0 if reg == "flood" else a.gap_ms,
                     }
@@ -142,9 +169,9 @@ def main(argv=None) -> int:
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(10)
-    keys = ("chunks_s", "cpu_frac", "chunks_per_cpu_s", "lag_p50", "lag_p99")
+    keys = ("chunks_s", "cpu_frac", "srv_frac", "chunks_per_cpu_s", "lag_p50", "lag_p99")
     print(
-        f"{'regime':>6} {'streams':>7} {'tree':>6} {'chunks/s':>9} {'CPU':>5} {'chunks/CPU-s':>12} "
+        f"{'regime':>6} {'streams':>7} {'tree':>6} {'chunks/s':>9} {'CPU':>5} {'srv CPU':>7} {'chunks/CPU-s':>12} "
         f"{'lag p50':>8} {'lag p99':>8} {'fail':>4} {'n':>2}"
     )
     for reg, c in cells:
@@ -154,12 +181,13 @@ def main(argv=None) -> int:
             med[name] = {k: statistics.median(r[k] for r in runs) for k in keys}
             m = med[name]
             print(
-                f"{reg:>6} {c:>7} {name:>6} {m['chunks_s']:>9.0f} {m['cpu_frac']:>5.2f} {m['chunks_per_cpu_s']:>12.0f} "
+                f"{reg:>6} {c:>7} {name:>6} {m['chunks_s']:>9.0f} {m['cpu_frac']:>5.2f} {m['srv_frac']:>7.2f} "
+                f"{m['chunks_per_cpu_s']:>12.0f} "
                 f"{m['lag_p50']:>8.2f} {m['lag_p99']:>8.2f} {sum(r['failed'] for r in runs):>4} {len(runs):>2}"
             )
         if len(trees) == 2:
             ratio = med["now"]["chunks_per_cpu_s"] / med["before"]["chunks_per_cpu_s"]
-            print(f"{'':>6} {'':>7} {'ratio':>6} {'':>9} {'':>5} {ratio:>11.2f}x")
+            print(f"{'':>6} {'':>7} {'ratio':>6} {'':>9} {'':>5} {'':>7} {ratio:>11.2f}x")
     print("lag in ms; chunks/CPU-s is the client's capacity on one core whoever was the bottleneck")
     return 0
 

@@ -36,6 +36,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -184,9 +185,7 @@ async def stream_request(
     phase = "connect"
     conn = None
 
-    def sink(raw: bytes, now: float) -> None:  # in the connection's data_received: per read, not per event
-        cap.add_events(parser.feed(raw), now)
-
+    sink = partial(cap.add_read, parser)  # called in the connection's data_received: per read, not per event
     cap.t_send = time.perf_counter()
     try:
         key, request = build_request(url, json.dumps(body).encode(), headers)

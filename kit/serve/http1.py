@@ -1,8 +1,9 @@
 """The HTTP/1.1 client of the load generator's streamed requests, on asyncio's Protocol API.
 
 Why its own: the time stamps. Each network read of a streamed response is handled in the event loop's own
-callback (:meth:`StreamConnection.data_received`): one clock read, the chunked framing removed, the bytes handed
-to the caller's sink (the SSE parser) — no Future completed and no task woken per read, which is what a
+callback (:meth:`StreamConnection.data_received`): one clock read, the chunked framing removed (a read of whole
+frames split once, every frame's size checked against its data), the bytes handed to the caller's sink (the
+SSE parser) — no Future completed and no task woken per read, which is what a
 ``StreamReader``-based client (aiohttp's) pays on every read. On a paced stream (one event per read) that is the
 client's whole per-chunk cost; ``benchmarks/loadgen_bench.py`` prints the figures. aiohttp stays for everything
 that is not a streamed request (model listing, metrics scrapes).
@@ -21,6 +22,7 @@ import base64
 import ssl
 import time
 from collections.abc import Callable
+from itertools import repeat
 from urllib.parse import urlsplit
 
 from kit import __version__
@@ -168,6 +170,28 @@ class StreamConnection(asyncio.Protocol):
     def _chunked(self, data: bytes, now: float) -> None:
         if self._buf:
             data, self._buf = self._buf + data, b""
+        elif not self._left and self._state == _CHUNKED and data[-2:] == b"\r\n":
+            # fast path: a read of whole frames "size CRLF data CRLF ...", split once; exact, because every size
+            # must equal the length of the data after it (a frame whose data holds a CRLF fails that check and
+            # the read takes the general path, as does a read with the last frame, size 0)
+            parts = data.split(b"\r\n")
+            if len(parts) == 3:  # one frame (a paced stream's read)
+                try:
+                    size = int(parts[0], 16)
+                except ValueError:
+                    size = 0
+                if size and size == len(parts[1]):
+                    self._sink(parts[1], now)
+                    return
+            elif len(parts) & 1:
+                datas = parts[1::2]
+                try:
+                    sizes = list(map(int, parts[0:-1:2], repeat(16)))
+                except ValueError:
+                    sizes = None
+                if sizes == list(map(len, datas)) and 0 not in sizes:
+                    self._sink(b"".join(datas) if len(datas) > 1 else datas[0], now)
+                    return
         out = []
         pos, n = 0, len(data)
         find = data.find

@@ -4,18 +4,23 @@ role-only, finish, error) and :class:`StreamCapture`, what one streamed request 
 them is :func:`kit.serve.client.stream_request`.
 
 The work is per network read, not per event (a read from a fast server holds hundreds of events): a read is
-split into events once, stamped once (every event of a read arrived when its last byte did), and its JSON is
-parsed in one pass. An event that repeats the byte layout of the stream's previous plain token chunk with only
-the text changed (the usual shape: one id, one model, one choice per stream) is taken without a JSON parse; this
-is exact, not a guess (see :meth:`StreamCapture.add_events`). An event larger than ``max_event_bytes`` ends the
-request as failed (:class:`EventTooLarge`), so an endless line cannot grow the client's memory.
+stamped once (every event of a read arrived when its last byte did). Once a stream's layout is known (the bytes
+around the text of a plain token chunk: one id, one model, one choice, the usual shape), a read made only of
+such events is taken with one regular-expression pass (:meth:`StreamCapture.add_read`); any other read is split
+into events once and each event that repeats the layout with only the text changed is taken without a JSON
+parse, the rest parsed. Both shortcuts are exact, not guesses (see :meth:`StreamCapture.add_events`). An event
+larger than ``max_event_bytes`` ends the request as failed (:class:`EventTooLarge`), so an endless line cannot
+grow the client's memory.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import methodcaller
 from typing import Any
 
 #: default cap on one SSE event (or an unfinished line) in bytes: 4 MiB; a bigger event fails the request
@@ -23,6 +28,10 @@ MAX_EVENT_BYTES = 4 * 2**20
 #: finish reasons that mean the server gave up on the request (vLLM "abort"/"error", SGLang's abort)
 FAILED_FINISH = ("error", "abort")
 _DECODER = json.JSONDecoder()
+_DECODE = methodcaller("decode", "utf-8", "replace")
+#: the text of a fast-path event: no quote, backslash or control character (JSON would escape them)
+_PLAIN_TEXT = rb'([^"\\\x00-\x1f]+)'
+_PLAIN_RX = re.compile(_PLAIN_TEXT)
 
 
 class EventTooLarge(Exception):
@@ -172,6 +181,36 @@ class StreamCapture:
     n_events: int = 0
     _pre: bytes = field(default=b"", repr=False)
     _suf: bytes = field(default=b"", repr=False)
+    _rx: re.Pattern | None = field(default=None, repr=False)
+    _fixed: int = field(default=0, repr=False)
+
+    def add_read(self, parser: SSEParser, raw: bytes, now: float) -> None:
+        """Record the SSE bytes of one network read that arrived at ``now`` (s), parsed by ``parser``.
+
+        Fast path, once the stream's layout is known (see :meth:`add_events`): a read made only of whole events
+        ``data: <prefix><text><suffix>`` + blank line, with nothing held from earlier reads, is taken with one
+        regular-expression pass; that the matches tile the whole read (their lengths add up to it) is what makes
+        it exact. Any other read goes through ``parser`` and :meth:`add_events`.
+
+        Raises:
+            EventTooLarge: from ``parser`` (see :class:`SSEParser`).
+        """
+        rx = self._rx
+        if rx is not None and not parser._tail and len(raw) <= parser.max_event_bytes:
+            texts = rx.findall(raw)
+            n = len(texts)
+            if n == 1:
+                if len(texts[0]) + self._fixed == len(raw):
+                    self.n_events += 1
+                    self.chunk_times.append(now)
+                    self.chunk_texts.append(texts[0].decode("utf-8", "replace"))
+                    return
+            elif n and n * self._fixed + sum(map(len, texts)) == len(raw):
+                self.n_events += n
+                self.chunk_times.extend(repeat(now, n))
+                self.chunk_texts.extend(map(_DECODE, texts))
+                return
+        self.add_events(parser.feed(raw), now)
 
     def add_events(self, payloads: Sequence, now: float) -> None:
         """Record the complete events of one network read that arrived at ``now`` (s).
@@ -179,13 +218,14 @@ class StreamCapture:
         ``[DONE]`` is not parsed as JSON; only token-bearing chunks get a time stamp; the first error (an error
         event in any shape, see :func:`classify_event`; bad JSON) is kept. Fast path: once a plain token chunk
         (one text field, no usage, finish or error) has been parsed, its bytes before and after the text are the
-        stream's layout; a later payload made of that prefix, a text without ``"`` or ``\\``, and that suffix is
-        the same JSON with another text, so it is taken as such without parsing (exact).
+        stream's layout; a later payload made of that prefix, a text without ``"``, ``\\`` or a control character,
+        and that suffix is the same JSON with another text, so it is taken as such without parsing (exact).
         """
         self.n_events += len(payloads)
         pre, suf = self._pre, self._suf
         lp, ls = len(pre), len(suf)
         times, texts = self.chunk_times, self.chunk_texts
+        plain = _PLAIN_RX.fullmatch
         for p in payloads:
             if type(p) is not bytes:
                 if isinstance(p, ErrorEvent):
@@ -194,7 +234,7 @@ class StreamCapture:
                 p = p.encode()
             if lp and p.startswith(pre) and p.endswith(suf) and len(p) > lp + ls:
                 mid = p[lp : len(p) - ls]
-                if b'"' not in mid and b"\\" not in mid:
+                if plain(mid):
                     times.append(now)
                     texts.append(mid.decode("utf-8", "replace"))
                     continue
@@ -238,11 +278,14 @@ class StreamCapture:
     def _learn(self, p: bytes, text: str) -> None:
         """Take the layout of a plain token chunk (its bytes around the text) for the fast path."""
         tb = text.encode()
-        for key in (b'"text":"', b'"content":"'):
+        for key in (b'"text":"', b'"content":"', b'"text": "', b'"content": "'):
             mark = key + tb + b'"'
             i = p.find(mark)
             if i >= 0 and p.find(mark, i + 1) < 0 and p.count(key) == 1:
                 self._pre, self._suf = p[: i + len(key)], p[i + len(key) + len(tb) :]
+                head, tail = b"data: " + self._pre, self._suf + b"\n\n"
+                self._rx = re.compile(re.escape(head) + _PLAIN_TEXT + re.escape(tail))
+                self._fixed = len(head) + len(tail)
                 return
 
     def _error_event(self, data: str) -> None:

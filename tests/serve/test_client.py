@@ -260,6 +260,76 @@ def test_reads_split_anywhere_give_the_same_capture_as_one_event_per_read():
         assert (cap.done, cap.finish_reason, cap.usage, cap.error) == (True, "length", {"x": 1}, None)
 
 
+def _capture_state(cap: StreamCapture) -> tuple:
+    return (
+        cap.chunk_times,
+        cap.chunk_texts,
+        cap.chunk_usage,
+        cap.chunk_token_ids,
+        cap.n_events,
+        cap.usage,
+        cap.finish_reason,
+        cap.done,
+        cap.error,
+    )
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_per_read_fast_path_records_exactly_what_the_event_parser_does(chat):
+    """StreamCapture.add_read (one regular-expression pass over a read once the stream's layout is known) against
+    the parser + add_events path, on the same reads with the same stamps: plain texts, texts JSON must escape
+    (quote, backslash, newline, a raw control character the fast path must not take), non-ASCII, an empty
+    text, a mid-stream usage chunk, a chunk with another layout, an error event, CRLF line ends, and every read
+    cut (whole events, events split across reads, one byte at a time)."""
+
+    def ev(text, **extra):
+        if chat:
+            choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": None}
+        return {"id": "c1", "object": "x", "model": "m", "choices": [choice], **extra}
+
+    texts = ["a", "bb", " the", "é", "日本", 'q"uote', "back\\slash", "new\nline", "", "t", "t"]
+    payloads = [ev(t) for t in texts] + [ev("u", usage={"completion_tokens": 9})]
+    payloads += [ev(t) for t in ("v", "w")] + [{"id": "other", "choices": [{"index": 0, "text": "x"}]}]
+    raw_ctrl = json.dumps(ev("CTRL")).replace("CTRL", "c\u0001").encode().replace(b"\\u0001", b"\x01")
+    body = _stream_bytes(payloads) + b"data: " + raw_ctrl + b"\n\n" + _stream_bytes([ev("y"), ev("z")] * 20)
+    body += b'event: error\ndata: {"message": "late"}\n\n' + _stream_bytes([ev("after"), "[DONE]"])
+    body += _stream_bytes([ev("crlf")]).replace(b"\n\n", b"\r\n\r\n")
+    for cut in (1, 5, 64, 211, 1000, len(body)):
+        reads = [body[i : i + cut] for i in range(0, len(body), cut)]
+        ref, pr = StreamCapture(), SSEParser()
+        fast, pf = StreamCapture(), SSEParser()
+        for k, r in enumerate(reads):
+            ref.add_events(pr.feed(r), float(k))
+            fast.add_read(pf, r, float(k))
+        ref.add_events(pr.close(), 99.0)
+        fast.add_events(pf.close(), 99.0)
+        assert _capture_state(fast) == _capture_state(ref), cut
+    assert fast._rx is not None  # the layout was learnt, so the fast path ran
+    assert "\x01" not in "".join(ref.chunk_texts)  # a raw control character: a malformed event (strict JSON), not text
+    assert ref.error.startswith("malformed event (not JSON)") and ref.done and "after" in ref.chunk_texts
+
+
+def test_whole_event_reads_take_the_fast_path_and_a_held_tail_does_not():
+    ev = {"id": "c", "choices": [{"index": 0, "text": "t"}]}
+    cap, parser = StreamCapture(), SSEParser()
+    cap.add_read(parser, sse_bytes(ev), 1.0)  # learns the layout
+    calls = []
+    parser.feed = lambda raw, _feed=parser.feed: calls.append(raw) or _feed(raw)
+    cap.add_read(parser, sse_bytes({**ev, "choices": [{"index": 0, "text": "ab"}]}) * 3, 2.0)
+    assert calls == [] and cap.chunk_texts == ["t", "ab", "ab", "ab"] and cap.chunk_times == [1.0, 2.0, 2.0, 2.0]
+    whole = sse_bytes(ev)
+    cap.add_read(parser, whole[:10], 3.0)  # half an event: held by the parser
+    cap.add_read(parser, whole[10:] + whole, 4.0)  # the rest and a whole one: through the parser (a tail is held)
+    assert len(calls) == 2 and cap.chunk_texts[-2:] == ["t", "t"] and cap.chunk_times[-2:] == [4.0, 4.0]
+    from kit.serve.sse import EventTooLarge
+
+    big = sse_bytes({**ev, "choices": [{"index": 0, "text": "x" * 200}]})  # the stream's layout, one long text
+    with pytest.raises(EventTooLarge):  # a read over the event cap goes to the parser, which refuses it
+        cap.add_read(SSEParser(max_event_bytes=64), big, 5.0)
+
+
 def test_an_oversized_event_or_endless_line_fails_with_bounded_memory():
     from kit.serve.sse import MAX_EVENT_BYTES, EventTooLarge
 

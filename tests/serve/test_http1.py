@@ -210,3 +210,56 @@ def test_a_refused_connection_is_a_connect_error():
     err = run(main())
     assert err.kind == "connect" and "cannot connect to 127.0.0.1" in str(err)
     assert issubclass(StreamConnection, asyncio.Protocol)
+
+
+class _Transport:
+    def __init__(self):
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def _fed(reads: list[bytes]):
+    """A StreamConnection given ``reads`` (after a chunked 200 head) directly, one data_received each: what its
+    sink got per read, and the connection."""
+
+    async def go():
+        conn = StreamConnection(("http", "x", 80))
+        conn.connection_made(_Transport())
+        sink = Collect()
+        conn.start(b"", sink)
+        conn.data_received(HEAD_CHUNKED)
+        for r in reads:
+            conn.data_received(r)
+        return sink, conn
+
+    return asyncio.run(go())
+
+
+def test_whole_frame_reads_decode_exactly_as_the_general_path():
+    """Reads made of whole frames take the split-once path; every grouping of the frames, whatever their data
+    holds (CRLF inside a frame's data, a lone CR or LF, upper-case hex, a chunk extension, the last frame), gives
+    the same body as the byte-by-byte general path."""
+    datas = [b"data: a\n\n", b"x\r\ny", b"\r\n", b"\r", b"\n", b"p" * 300, b"data: b\n\n"]
+    frames = [b"%x\r\n%s\r\n" % (len(d), d) for d in datas]
+    frames.insert(2, b"%X;ext=1\r\n%s\r\n" % (len(b"Z" * 171), b"Z" * 171))  # upper-case hex and an extension
+    frames.append(b"0\r\n\r\n")
+    whole = b"".join(frames)
+    want = b"".join(datas[:2]) + b"Z" * 171 + b"".join(datas[2:])
+    ref, conn = _fed([whole[i : i + 1] for i in range(len(whole))])
+    assert ref.data == want and conn.done.done() and conn.reusable
+    for group in (1, 2, 3, len(frames)):
+        reads = [b"".join(frames[i : i + group]) for i in range(0, len(frames), group)]
+        sink, conn = _fed(reads)
+        assert sink.data == want and conn.done.done() and conn.reusable, group
+        assert len(sink.stamps) <= len(reads)  # one sink call per read at most
+
+
+def test_a_whole_frame_read_with_a_wrong_size_is_broken_framing():
+    sink, conn = _fed([b"5\r\nabcdefg\r\n"])  # the size says 5, the data runs on
+    assert conn.done.done() and isinstance(conn.done.exception(), StreamError)
+    assert conn.transport.aborted and b"fg" not in sink.data

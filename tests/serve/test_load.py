@@ -165,6 +165,45 @@ def test_model_listing_failure_returns_failed_records():
 
 
 # ---------------------------------------------------------------- the client self-check
+def test_the_lag_probe_samples_an_idle_loop_less_often_and_keeps_10_ms_entries(monkeypatch):
+    """An idle client is sampled every 40 ms (a wake-up costs a virtual machine's process tens of µs of CPU),
+    each wake standing for four 10 ms entries; a busy or late one every 10 ms; a stall that ends an idle interval
+    counts once, as with fixed 10 ms sampling. Driven by a scripted clock: (lag ms, client CPU fraction) per wake."""
+    from types import SimpleNamespace
+
+    from kit.serve import selfcheck
+
+    script = [(0.3, 0.01)] * 4 + [(200.0, 1.0)] + [(0.5, 0.5)] * 2 + [(0.2, 0.0)] * 3
+    clock = SimpleNamespace(t=0.0, cpu=0.0)
+    slept = []
+
+    class Done(Exception):
+        pass
+
+    async def fake_sleep(d):
+        if not script:
+            raise Done
+        lag, frac = script.pop(0)
+        slept.append(round(d * 1000))
+        clock.t += d + lag / 1000
+        clock.cpu += frac * (d + lag / 1000)
+
+    monkeypatch.setattr(
+        selfcheck, "time", SimpleNamespace(perf_counter=lambda: clock.t, process_time=lambda: clock.cpu)
+    )
+    monkeypatch.setattr(selfcheck.asyncio, "sleep", fake_sleep)
+    probe = LoopProbe()
+    with pytest.raises(Done):
+        probe._run().send(None)
+    assert slept == [10, 40, 40, 40, 40, 10, 10, 10, 40, 40]  # idle: 40 ms; after the stall and while busy: 10 ms
+    assert probe.n_wakes == 10
+    assert probe.lags_ms == pytest.approx([0.3] + [0.3] * 12 + [0.3] * 3 + [200.0] + [0.5, 0.5, 0.2] + [0.2] * 8)
+    with pytest.raises(ValueError, match="idle_interval_s"):
+        LoopProbe(0.01, 0.025)
+    with pytest.raises(ValueError, match="interval_s"):
+        LoopProbe(0.0)
+
+
 def test_selfcheck_judges_only_runs_with_successful_streams():
     async def busy(n_streamed):
         probe = LoopProbe()

@@ -77,4 +77,5 @@ def test_warmup_hands_over_without_draining():
     row = aggregate(records, cfg, info) | steady_columns(records, cfg)
     assert row["completed"] == 12 and row["x_ttft_n"] == 12
     assert 0 < row["x_steady_n"] < 12 and row["x_steady_ttft_n"] == row["x_steady_n"]
-    assert row["x_steady_tpot_ms_p50"] >= 3.0 and not math.isnan(row["x_steady_output_tok_s"])
+    # the server paces 3 ms per token; a first chunk stamped late on a busy machine shortens a request's TPOT a little
+    assert row["x_steady_tpot_ms_p50"] >= 2.9 and not math.isnan(row["x_steady_output_tok_s"])
