@@ -8,9 +8,9 @@ another core. Two regimes, each at several stream counts (``--concurrency``, def
 - ``flood``: the server writes one-token chunks back to back, ``--frames-per-write`` frames (default 16) per
   socket write, so several events arrive per network read, as from a fast server under load, and the client is
   the bottleneck at every stream count. The client's capacity is ``chunks/CPU-s``. With one frame per write
-  (``--frames-per-write 1``) this server's own per-send cost caps it near 200k frames/s on one core: a client
-  that keeps up then reads one or two frames per wake-up and its chunks/CPU-s measures the server's rate and
-  the cost of waking, not the client (the ``srv CPU`` column shows such a cell: near 1.0).
+  (``--frames-per-write 1``) this server's own per-send cost caps it at 200–300k frames/s on one core (a 2-core
+  KVM guest): a client that keeps up then reads one or two frames per wake-up and its chunks/CPU-s measures the
+  server's rate and the cost of waking, not the client (the ``srv CPU`` column shows such a cell: near 0.9).
 - ``paced``: every stream gets one chunk every ``--gap-ms`` (default 5 ms: 64 streams = 12.8k chunks/s), each
   frame its own write; what matters is how late the client's event loop wakes (``lag p50/p99``, the self-check
   probe of kit.serve.selfcheck): a late loop time-stamps chunks late.

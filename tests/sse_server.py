@@ -311,8 +311,8 @@ async def _raw_fast(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
     chunked-encoding frame per SSE event (no aiohttp overhead, so the client, not this server, is the
     bottleneck). A body field ``gap_ms`` paces the chunks (one every ``gap_ms``, on a fixed schedule, each frame
     its own write); without it they are written back to back (flood), ``frames_per_write`` frames per write
-    (default 1: one socket send per frame caps this server near its own per-send cost, ~200k frames/s on one
-    core, which a fast client keeps up with at one stream)."""
+    (default 1: one socket send per frame caps this server at its own per-send cost, 200–300k frames/s on one
+    core of a small virtual machine, which a fast client keeps up with)."""
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")

@@ -78,7 +78,9 @@ class StressConfig:
     )
     max_probes: int = config_field(40, help="stop after this many probes")
     check_context: int = config_field(
-        1024, help="first check that a cached decode step equals an uncached forward at this context (0: skip)"
+        1024,
+        help="first check that a cached decode step equals an uncached forward at this context (0: skip; at most "
+        "--max-context)",
     )
     seed: int = config_field(0, help="seed for weights, token ids and the synthetic KV")
     threads: int | None = config_field(None, help="CPU only: torch threads (default: one per free core)")
@@ -123,6 +125,9 @@ class StressConfig:
             if self.max_context > cap:
                 log.info("%s: contexts capped at %d (its %d positions; --extend-positions)", self.model, cap, limit)
                 self.max_context = cap
+        if self.check_context > self.max_context:  # the check never runs past the longest probe (or the model)
+            log.info("correctness check at %d tokens (--max-context), not %d", self.max_context, self.check_context)
+            self.check_context = self.max_context
         if self.start > self.max_context:
             raise UserError(f"start={self.start} (--start) is past max_context={self.max_context} (--max-context)")
         self.point(self.start).validate()

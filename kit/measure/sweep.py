@@ -169,7 +169,7 @@ class SweepConfig:
         if self.threads is not None and (not isinstance(self.threads, int) or not 1 <= self.threads <= cores):
             raise UserError(
                 f"threads={self.threads!r} (--threads) must be an integer from 1 to {cores} (the cores "
-                "of this machine), or None for one per free core"
+                "of this machine), or unset (None) for one torch thread per core free at the start"
             )
         if self.accelerator is not None:
             from kit.catalog import load_catalog

@@ -149,9 +149,15 @@ def test_cached_decode_equals_an_uncached_forward_at_length(preset):
 
 
 def test_the_stress_runs_the_check_first_and_writes_it(tmp_path):
-    df = run_kv_stress(StressConfig(**{**TINY, "max_context": 64, "check_context": 200}), tmp_path)
+    df = run_kv_stress(StressConfig(**{**TINY, "max_context": 96, "check_context": 80}), tmp_path)
     check = json.loads((tmp_path / "correctness.json").read_text())
-    assert check["context_len"] == 200 and check["ok"] and df.attrs["check"] == check
+    assert check["context_len"] == 80 and check["ok"] and df.attrs["check"] == check
+
+
+def test_the_check_never_runs_past_the_longest_probe():
+    cfg = StressConfig(**{**TINY, "max_context": 64, "check_context": 1024}).validate()
+    assert cfg.check_context == 64
+    assert StressConfig(**{**TINY, "max_context": 64, "check_context": 0}).validate().check_context == 0
 
 
 def test_position_override_is_free_for_presets_and_refused_past_a_checkpoint(tmp_path):
