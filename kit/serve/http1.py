@@ -170,7 +170,7 @@ class StreamConnection(asyncio.Protocol):
     def _chunked(self, data: bytes, now: float) -> None:
         if self._buf:
             data, self._buf = self._buf + data, b""
-        elif not self._left and self._state == _CHUNKED and data[-2:] == b"\r\n":
+        elif not self._left and self._state == _CHUNKED and data.endswith(b"\r\n"):
             # fast path: a read of whole frames "size CRLF data CRLF ...", split once; exact, because every size
             # must equal the length of the data after it (a frame whose data holds a CRLF fails that check and
             # the read takes the general path, as does a read with the last frame, size 0)
