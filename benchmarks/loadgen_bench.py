@@ -6,11 +6,12 @@ frame per SSE event) runs as a separate process pinned to one core; every client
 another core. Two regimes, each at several stream counts (``--concurrency``, default 1,16,64):
 
 - ``flood``: the server writes one-token chunks back to back, ``--frames-per-write`` frames (default 16) per
-  socket write, so several events arrive per network read, as from a fast server under load, and the client is
-  the bottleneck at every stream count. The client's capacity is ``chunks/CPU-s``. With one frame per write
-  (``--frames-per-write 1``) this server's own per-send cost caps it at 200–300k frames/s on one core (a 2-core
-  KVM guest): a client that keeps up then reads one or two frames per wake-up and its chunks/CPU-s measures the
-  server's rate and the cost of waking, not the client (the ``srv CPU`` column shows such a cell: near 0.9).
+  socket write, so several events arrive per network read, as from a fast server under load, and the client,
+  not the server, is the bottleneck (``srv CPU`` stays well below 1). The client's capacity is
+  ``chunks/CPU-s``. With one frame per write (``--frames-per-write 1``) this server's own per-send cost caps it
+  at 200–300k frames/s on one core (a 2-core KVM guest): a client that keeps up then reads one or two frames
+  per wake-up and its chunks/CPU-s measures the server's rate and the cost of waking, not the client (the
+  ``srv CPU`` column shows such a cell: near 0.9).
 - ``paced``: every stream gets one chunk every ``--gap-ms`` (default 5 ms: 64 streams = 12.8k chunks/s), each
   frame its own write; what matters is how late the client's event loop wakes (``lag p50/p99``, the self-check
   probe of kit.serve.selfcheck): a late loop time-stamps chunks late.
@@ -24,8 +25,9 @@ with that tree, alternating which goes first, and the table shows both side by s
 
 Columns (medians over ``--repeats`` runs, n = runs): ``chunks/s`` (token-bearing chunks / wall time), ``CPU``
 (client CPU time / wall time; 1.0 = its core was saturated), ``srv CPU`` (the server process's CPU / wall time,
-from /proc, NaN elsewhere), ``chunks/CPU-s`` (chunks / client CPU seconds), ``lag p50`` / ``lag p99`` (ms,
-event-loop lag during the run), ``fail`` (failed requests, summed).
+from /proc; NaN elsewhere and for runs under 0.2 s, which /proc's 10 ms ticks cannot resolve), ``chunks/CPU-s``
+(chunks / client CPU seconds), ``lag p50`` / ``lag p99`` (ms, event-loop lag during the run), ``fail`` (failed
+requests, summed).
 
 Usage: ``python benchmarks/loadgen_bench.py [--concurrency 1,16,64] [--repeats 3] [--compare /tmp/kit_before]``
 """
@@ -90,7 +92,8 @@ def worker(spec: dict) -> dict:
     srv0, cpu0, t0 = process_cpu_s(spec["server_pid"]), time.process_time(), time.perf_counter()
     recs, info = run_coro(run_load_async(cfg, wl, tokenizer=None))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    srv = (process_cpu_s(spec["server_pid"]) - srv0) / wall
+    # /proc counts CPU in clock ticks (10 ms): a run shorter than 0.2 s has no meaningful server CPU
+    srv = (process_cpu_s(spec["server_pid"]) - srv0) / wall if wall >= 0.2 else float("nan")
     n_chunks = sum(r.get("n_chunks") or 0 for r in recs)
     return {
         "chunks_s": n_chunks / wall,
@@ -113,16 +116,51 @@ def run_in_process(spec: dict, core: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"{v} must be >= {minimum}")
+        return v
+
+    return parse
+
+
+def _int_list(text: str) -> list[int]:
+    parse = _count(1)
+    try:
+        return [parse(x) for x in text.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated stream counts >= 1 ({e})") from None
+
+
+def _gap_ms(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{v} must be a finite number of ms > 0 (the flood regime has no gap)")
+    return v
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", default="1,16,64")
-    ap.add_argument("--chunks", type=int, default=512, help="chunks per request, flood regime")
-    ap.add_argument("--paced-chunks", type=int, default=200, help="chunks per request, paced regime")
-    ap.add_argument("--gap-ms", type=float, default=5.0, help="gap between a stream's chunks, paced regime")
-    ap.add_argument("--requests-per-conc", type=int, default=4, help="requests per run = this x concurrency")
-    ap.add_argument("--flood-min-chunks", type=int, default=200_000, help="at least this many chunks per flood run")
-    ap.add_argument("--frames-per-write", type=int, default=16, help="frames per server socket write, flood regime")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--concurrency", type=_int_list, default="1,16,64", help="stream counts, comma-separated")
+    ap.add_argument("--chunks", type=_count(1), default=512, help="chunks per request, flood regime")
+    ap.add_argument("--paced-chunks", type=_count(1), default=200, help="chunks per request, paced regime")
+    ap.add_argument("--gap-ms", type=_gap_ms, default=5.0, help="gap between a stream's chunks, paced regime (ms)")
+    ap.add_argument("--requests-per-conc", type=_count(1), default=4, help="requests per run = this x concurrency")
+    ap.add_argument(
+        "--flood-min-chunks", type=_count(0), default=200_000, help="at least this many chunks per flood run"
+    )
+    ap.add_argument(
+        "--frames-per-write", type=_count(1), default=16, help="frames per server socket write, flood regime"
+    )
+    ap.add_argument("--repeats", type=_count(1), default=3)
     ap.add_argument("--compare", default=None, help="a directory holding another kit package (e.g. before)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -136,7 +174,7 @@ def main(argv=None) -> int:
         if not (Path(a.compare) / "kit" / "serve" / "client.py").is_file():
             raise SystemExit(f"--compare {a.compare!r}: no kit/serve/client.py there")
         trees = {"before": str(Path(a.compare).resolve()), "now": str(ROOT)}
-    concs = [int(x) for x in a.concurrency.split(",")]
+    concs = a.concurrency
     cells = [(reg, c) for reg in ("flood", "paced") for c in concs]
     proc, url = start_server(server_core)
     print(

@@ -259,14 +259,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
-    """Every option string of ``parser`` and of its subcommands' parsers."""
-    out: set[str] = set()
+def _options_by_dest(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``{dest: its first long option}`` of ``parser`` and of its subcommands' parsers (a config field's dest is its
+    name, e.g. ``warmup_requests`` -> ``--warmup``)."""
+    out: dict[str, str] = {}
     for action in parser._actions:
-        out.update(action.option_strings)
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs:
+            out.setdefault(action.dest, longs[0])
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
-                out |= _option_strings(sub)
+                for dest, opt in _options_by_dest(sub).items():
+                    out.setdefault(dest, opt)
     return out
 
 
@@ -276,8 +280,8 @@ def _as_flag(message: str, parser: argparse.ArgumentParser) -> str:
     m = re.match(r"([a-z][a-z0-9_]*)=(\S+?)([;,]?\s|$)", message)
     if not m:
         return message
-    flag = "--" + m.group(1).replace("_", "-")
-    if flag not in _option_strings(parser) or flag in message:
+    flag = _options_by_dest(parser).get(m.group(1))
+    if flag is None or flag in message:
         return message
     return f"{flag} {m.group(2)}{m.group(3)}{message[m.end() :]}"
 

@@ -215,10 +215,18 @@ async def stream_request(
                     "URL it was given; pass the final URL)"
                 )
             elif status != 200:
-                cap.error = f"HTTP {status}: {conn.error_body.decode('utf-8', 'replace')[:500]}"
+                # 404 / 405: most often a wrong path or endpoint, so the message names what was posted to
+                where = f" (POST {shown})" if status in (404, 405) else ""
+                cap.error = f"HTTP {status}{where}: {conn.error_body.decode('utf-8', 'replace')[:500]}"
             else:
                 cap.add_events(parser.close(), time.perf_counter())
                 cap.finish()
+                ctype = resp_headers.get("content-type", "")
+                if cap.error and not cap.n_events and "event-stream" not in ctype:
+                    cap.error = (
+                        f"HTTP 200 with Content-Type {ctype or '(none)'!r} and no server-sent event: not a stream "
+                        '(does the server honour "stream": true on this endpoint?)'
+                    )
     except TimeoutError:
         el = time.perf_counter() - cap.t_send
         limit = {"connect": connect_s, "headers": first_byte}.get(phase, stall_timeout_s)

@@ -65,7 +65,7 @@ def check_number(
     """
     if value is None and allow_none:
         return None
-    allowed = ("an integer" if integer else "a number") + (
+    allowed = ("an integer" if integer else "a number" if allow_inf else "a finite number") + (
         (f" > {lo:g}" if lo_open else f" >= {lo:g}") if lo is not None else ""
     )
     allowed += f" and <= {hi:,}" if hi is not None else ""

@@ -53,9 +53,10 @@ class PointProgress:
             if str(error or "").startswith(TIMEOUT_PREFIX):
                 self.timeouts += 1
         n = EARLY_STOP_TIMEOUTS if self.planned is None else min(EARLY_STOP_TIMEOUTS, self.planned)
-        if self.stopped is None and self.done - self.failed == 0 and self.timeouts == self.done >= n:
+        left = self.planned is None or self.done < self.planned  # nothing to stop once every request has ended
+        if self.stopped is None and left and self.done - self.failed == 0 and self.timeouts == self.done >= n:
             self.stopped = (
-                f"stopped early: the first {self.timeouts} requests all timed out (the server answered none); "
+                f"stopped early: the first {self.timeouts} requests all timed out (none completed); "
                 "the requests not yet sent were not sent"
             )
 

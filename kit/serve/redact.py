@@ -30,10 +30,13 @@ def _split(url: str):
 def redact_url(url: str) -> str:
     """``url`` without credentials: ``http://user:pw@host:8000/v1?token=abc&x=1`` → ``http://***@host:8000/v1?
     token=***&x=1`` (the user name is masked too; values of query parameters named like a key, token, secret,
-    password, signature ... are masked; :data:`SENSITIVE_QUERY`). A URL that cannot be parsed is shown as
-    ``<scheme>://***``."""
+    password, signature ... are masked; :data:`SENSITIVE_QUERY`). A URL that cannot be parsed is shown as it is
+    when it has no user info, query or fragment (no place for a secret the parsed form would mask: so a typo
+    such as ``http://[::1`` stays visible), else as ``<scheme>://***``."""
     parts = _split(url)
     if parts is None:
+        if not any(c in str(url) for c in "@?#"):
+            return str(url)
         return f"{str(url).split(':', 1)[0]}://{MASK}"
     netloc = parts.netloc
     if "@" in netloc:

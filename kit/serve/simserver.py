@@ -137,7 +137,14 @@ class SimServer:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         self._loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", port)
-        self._loop.run_until_complete(site.start())
+        try:
+            self._loop.run_until_complete(site.start())
+        except OSError as e:  # the port is taken, or not ours to bind: start() says so
+            self._error = f"cannot listen on 127.0.0.1:{port}: {e.strerror or e}"
+            self._loop.run_until_complete(runner.cleanup())
+            self._loop.close()
+            self._ready.set()
+            return
         self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         self._ready.set()
         self._loop.run_forever()
@@ -148,12 +155,17 @@ class SimServer:
         """Start listening on 127.0.0.1:``port`` (0: a free port) in a daemon thread; returns self.
 
         Raises:
+            UserError: the port cannot be listened on (taken, or privileged).
             RuntimeError: not listening within 10 s.
         """
+        self._error = None
         self._thread = threading.Thread(target=self._main, args=(port,), daemon=True)
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("simulated server did not start within 10 s")
+        if self._error:
+            self._thread.join(10)
+            raise UserError(f"{self._error} (--port 0 picks a free one)")
         return self
 
     def stop(self) -> None:
@@ -186,7 +198,10 @@ def main(argv=None) -> int:
         model = SimModel(**{f.name: a[f.name] for f in fields(SimModel)})
     except UserError as e:
         ap.error(str(e))
-    srv = SimServer(model).start(a["port"])
+    try:
+        srv = SimServer(model).start(a["port"])
+    except UserError as e:
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
     print(f"READY {srv.url}", flush=True)
     try:
         threading.Event().wait()

@@ -29,6 +29,8 @@ MAX_EVENT_BYTES = 4 * 2**20
 FAILED_FINISH = ("error", "abort")
 _DECODER = json.JSONDecoder()
 _DECODE = methodcaller("decode", "utf-8", "replace")
+_BOM = b"\xef\xbb\xbf"  # UTF-8 byte-order mark
+_SURROGATE = re.compile("[\ud800-\udfff]")
 #: the text of a fast-path event: no quote, backslash or control character (JSON would escape them)
 _PLAIN_TEXT = rb'([^"\\\x00-\x1f]+)'
 _PLAIN_RX = re.compile(_PLAIN_TEXT)
@@ -96,35 +98,66 @@ class SSEParser:
     """Incremental server-sent-events parser: feed the bytes of each network read, get complete events.
 
     Each event is its ``data`` (bytes; several ``data:`` lines joined by ``\\n``), or an :class:`ErrorEvent`
-    (str) for a frame typed ``event: error``. Handles ``\\n``, ``\\r\\n`` and ``\\r`` line ends (also split
-    across reads), comments and other fields; an event is complete at a blank line, or at end of stream
-    (:meth:`close`). A read is split once; an unfinished event is kept (at most ``max_event_bytes``).
+    (str) for a frame typed ``event: error``. Follows the SSE stream format (WHATWG HTML, "Server-sent events":
+    ``\\n``, ``\\r\\n`` and ``\\r`` line ends, also split across reads; a leading byte-order mark ignored;
+    comments and other fields skipped; an event whose data is empty is not dispatched); an event is complete at a
+    blank line, or at end of stream (:meth:`close`). A read's line ends are normalised as it arrives (a read that
+    ends in ``\\r`` ends its line there; a ``\\n`` that starts the next read is then the rest of that ``\\r\\n``),
+    so no event waits for the next read. A read is split once; an unfinished event is kept as pieces (at most
+    ``max_event_bytes``) and joined only when a blank line can have arrived, so an event that trickles in over
+    many reads costs linear time.
 
     Raises (from :meth:`feed`):
         EventTooLarge: an event or an unfinished line longer than ``max_event_bytes``.
     """
 
     def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES):
-        self._tail = b""
+        self._pieces: list[bytes] = []  # an unfinished event, line ends normalised
+        self._held = 0  # bytes in _pieces
+        self._skip_lf = False  # the last read ended in \r: a \n starting the next one completes that \r\n
+        self._head: bytes | None = b""  # the stream's first bytes until a byte-order mark is ruled out (then None)
         self.max_event_bytes = int(max_event_bytes)
 
     def feed(self, raw: bytes) -> list:
-        data = self._tail + raw if self._tail else raw
-        hold = b""
-        if b"\r" in data:  # normalise line ends; a final \r may be the first half of a \r\n
-            if data.endswith(b"\r"):
-                data, hold = data[:-1], b"\r"
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self._head is not None:  # a byte-order mark at the start of the stream is not part of it
+            raw = self._head + raw
+            if len(raw) < 3 and _BOM.startswith(raw):
+                self._head = raw
+                return []
+            self._head = None
+            if raw[:3] == _BOM:
+                raw = raw[3:]
+        if self._skip_lf:
+            self._skip_lf = False
+            if raw[:1] == b"\n":
+                raw = raw[1:]
+        if b"\r" in raw:
+            self._skip_lf = raw[-1:] == b"\r"
+            raw = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        cap = self.max_event_bytes
+        if self._pieces:
+            if b"\n\n" not in raw and not (raw[:1] == b"\n" and self._pieces[-1][-1:] == b"\n"):
+                if raw:  # still unfinished: kept, not joined and searched again
+                    self._pieces.append(raw)
+                    self._held += len(raw)
+                    if self._held > cap:
+                        self._pieces, self._held = [], 0
+                        raise EventTooLarge(f"an SSE event or line exceeded {cap} bytes (max_event_bytes)")
+                return []
+            self._pieces.append(raw)
+            data = b"".join(self._pieces)
+            self._pieces, self._held = [], 0
+        else:
+            data = raw
         blocks = data.split(b"\n\n")
         tail = blocks.pop()
-        cap = self.max_event_bytes
         if len(tail) > cap or (len(data) > cap and max(map(len, blocks), default=0) > cap):
-            self._tail = b""
             raise EventTooLarge(f"an SSE event or line exceeded {cap} bytes (max_event_bytes)")
-        self._tail = tail + hold
+        if tail:
+            self._pieces, self._held = [tail], len(tail)
         out = []
         for b in blocks:
-            if b[:6] == b"data: " and b"\n" not in b:
+            if b[:6] == b"data: " and b"\n" not in b and len(b) > 6:
                 out.append(b[6:])
             elif b:
                 self._block(b, out)
@@ -144,18 +177,19 @@ class SSEParser:
                 data.append(value)
             elif name == b"event":
                 event = value
-        if event == b"error":
+        if event == b"error":  # an error even without data (it says the request failed)
             out.append(ErrorEvent(b"\n".join(data).decode("utf-8", "replace")))
-        elif data:
+        elif data and (len(data) > 1 or data[0]):  # empty data: no event (SSE dispatch rule)
             out.append(b"\n".join(data))
 
     def close(self) -> list:
         """The last event of a stream that ended without a blank line (if any)."""
-        tail, self._tail = self._tail, b""
+        tail = b"".join(self._pieces)
+        self._pieces, self._held, self._skip_lf = [], 0, False
         if not tail.strip():
             return []
         out: list = []
-        self._block(tail.replace(b"\r\n", b"\n").replace(b"\r", b"\n").strip(b"\n"), out)
+        self._block(tail.strip(b"\n"), out)
         return out
 
 
@@ -196,7 +230,7 @@ class StreamCapture:
             EventTooLarge: from ``parser`` (see :class:`SSEParser`).
         """
         rx = self._rx
-        if rx is not None and not parser._tail and len(raw) <= parser.max_event_bytes:
+        if rx is not None and not (parser._pieces or parser._skip_lf) and len(raw) <= parser.max_event_bytes:
             texts = rx.findall(raw)
             n = len(texts)
             if n == 1:
@@ -259,6 +293,9 @@ class StreamCapture:
         if err:
             self.error = self.error or err
             return
+        if not text.isascii():
+            # a lone surrogate escape ("\\ud800" is valid JSON) is no character: U+FFFD, as for bad UTF-8 bytes
+            text = _SURROGATE.sub("\ufffd", text)
         if usage is not None:
             self.usage = usage
         if finish:

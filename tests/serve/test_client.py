@@ -330,6 +330,44 @@ def test_whole_event_reads_take_the_fast_path_and_a_held_tail_does_not():
         cap.add_read(SSEParser(max_event_bytes=64), big, 5.0)
 
 
+def _feed_reads(reads, stamps=None) -> StreamCapture:
+    cap, parser = StreamCapture(), SSEParser()
+    for k, r in enumerate(reads):
+        cap.add_read(parser, r, float(k if stamps is None else stamps[k]))
+    cap.add_events(parser.close(), 99.0)
+    return cap
+
+
+def test_the_sse_stream_format_edges_a_server_may_send():
+    """WHATWG SSE: a leading byte-order mark is ignored (also split over reads); CR-only line ends complete an
+    event in the read that carries them (no event waits for the next read); an event with empty data is not
+    dispatched; a lone surrogate escape becomes U+FFFD instead of failing the request."""
+    a, b = sse_bytes({"choices": [{"text": " a"}]}), sse_bytes({"choices": [{"text": " b"}]})
+    bom = b"\xef\xbb\xbf"
+    for reads in ([bom + a, b], [bom[:1], bom[1:] + a, b], [bom[:2], bom[2:], a, b]):
+        cap = _feed_reads(reads)
+        assert cap.chunk_texts == [" a", " b"] and cap.error is None, reads
+    cr = [a.replace(b"\n", b"\r"), b.replace(b"\n", b"\r")]
+    assert _feed_reads(cr).chunk_times == [0.0, 1.0]  # each stamped with its own read
+    crlf = a.replace(b"\n", b"\r\n")
+    cap = _feed_reads([crlf[:-1], crlf[-1:] + b.replace(b"\n", b"\r\n")])  # a CRLF split over two reads
+    assert cap.chunk_texts == [" a", " b"] and cap.chunk_times == [0.0, 1.0] and cap.error is None
+    cap = _feed_reads([a, b"data:\n\n", b"data: \n\n", b])
+    assert cap.chunk_texts == [" a", " b"] and cap.error is None and cap.n_events == 2
+    cap = _feed_reads([b'data: {"choices": [{"text": " \\ud800x"}]}\n\n', b])
+    assert cap.chunk_texts == [" \ufffdx", " b"] and cap.error is None
+
+
+def test_an_event_trickling_in_is_held_as_pieces_not_copied_per_read():
+    parser = SSEParser()
+    assert parser.feed(b"data: ") == []
+    for _ in range(500):  # one 1 KiB piece per read, no line end yet: kept, not joined and searched again
+        assert parser.feed(b"x" * 1024) == []
+    assert len(parser._pieces) == 501 and parser._held == 6 + 500 * 1024
+    assert parser.feed(b"\n") == [] and len(parser._pieces) == 502
+    assert parser.feed(b"\n") == [b"x" * 512000] and parser._pieces == []
+
+
 def test_an_oversized_event_or_endless_line_fails_with_bounded_memory():
     from kit.serve.sse import MAX_EVENT_BYTES, EventTooLarge
 

@@ -140,13 +140,15 @@ def test_error_status_keeps_its_body_and_redirects_are_not_followed():
         srv, url, _ = await serve([
             b"HTTP/1.1 422 Unprocessable\r\nContent-Length: 19\r\n\r\n{\"detail\":\"no eos\"}",
             b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://elsewhere/v1\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 14\r\n\r\n404: Not Found",
         ])  # fmt: skip
         async with srv, StreamPool() as pool:
-            return await one(pool, url), await one(pool, url)
+            return await one(pool, url), await one(pool, url), await one(pool, url), url
 
-    err, redirect = run(main())
+    err, redirect, missing, url = run(main())
     assert err.http_status == 422 and err.error == 'HTTP 422: {"detail":"no eos"}'
     assert "HTTP 307 redirect to http://elsewhere/v1 not followed" in redirect.error
+    assert missing.error == f"HTTP 404 (POST {url}): 404: Not Found"  # a wrong path names what was posted to
 
 
 def test_keep_alive_reuses_one_connection_and_replaces_a_dropped_one():
@@ -263,3 +265,20 @@ def test_a_whole_frame_read_with_a_wrong_size_is_broken_framing():
     sink, conn = _fed([b"5\r\nabcdefg\r\n"])  # the size says 5, the data runs on
     assert conn.done.done() and isinstance(conn.done.exception(), StreamError)
     assert conn.transport.aborted and b"fg" not in sink.data
+
+
+def test_a_plain_json_answer_to_a_streaming_request_says_it_is_not_a_stream():
+    body = json.dumps({"id": "c", "choices": [{"index": 0, "text": "whole answer", "finish_reason": "stop"}]})
+    resp = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body.encode(),
+    )
+
+    async def go():
+        srv, url, _ = await serve([resp])
+        async with srv, StreamPool() as pool:
+            return await one(pool, url)
+
+    cap = run(go())
+    assert "Content-Type 'application/json'" in cap.error and "not a stream" in cap.error
+    assert cap.http_status == 200 and not cap.chunk_times

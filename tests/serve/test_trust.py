@@ -38,7 +38,7 @@ def _with_credentials(url: str) -> str:
 def test_redact_url_and_scrub():
     url = f"http://kituser:{PASSWORD}@h:8000/v1?api_key={TOKEN}&x=1"
     assert redact_url(url) == "http://***@h:8000/v1?api_key=***&x=1"
-    assert redact_url("http://h:1/v1") == "http://h:1/v1" and redact_url("http://[::1") == "http://***"
+    assert redact_url("http://h:1/v1") == "http://h:1/v1" and redact_url("http://u:p@[::1") == "http://***"
     secrets = secrets_of(url)
     assert PASSWORD in secrets and TOKEN in secrets
     assert scrub(f"failed: {url} said {PASSWORD}", secrets).count("***") >= 2
@@ -147,6 +147,24 @@ def test_silent_server_ends_quickly_with_progress_and_an_early_stop(silent_serve
     assert lines[-1].startswith("c=2: 41/41 done, 41 failed, 0 in flight")
 
 
+def test_the_early_stop_applies_only_while_requests_are_left():
+    from kit.serve.progress import TIMEOUT_PREFIX, PointProgress
+
+    p = PointProgress(3, "c=3")
+    for _ in range(3):
+        p.waiting += 1
+        p.sent()
+    for _ in range(3):  # every planned request timed out: nothing is left to stop
+        p.finished(False, f"{TIMEOUT_PREFIX} no data")
+    assert p.stopped is None
+    p = PointProgress(4, "c=3")
+    for _ in range(3):
+        p.waiting += 1
+        p.sent()
+        p.finished(False, f"{TIMEOUT_PREFIX} no data")
+    assert p.stopped.startswith("stopped early: the first 3 requests all timed out (none completed)")
+
+
 @pytest.mark.slow
 def test_an_endless_line_fails_the_request_and_the_run_ends(scripted, tmp_path):
     cfg = LoadConfig(url=scripted.url, model="endless", num_requests=2, warmup_requests=0, max_event_bytes=2**20)
@@ -188,3 +206,9 @@ def test_empty_but_successful_completions_are_not_called_failures(scripted, tmp_
     assert row["completed"] == 3 and row["failed"] == 0
     assert "failures only" not in row["x_client_check"]
     assert "successful requests streamed no text" in row["x_client_check"]
+
+
+def test_an_unparseable_url_is_shown_unless_it_has_room_for_a_secret():
+    assert redact_url("http://[::1") == "http://[::1"  # a typo stays visible
+    assert redact_url("http://u:pw@[::1") == "http://***"
+    assert redact_url("http://[::1?token=abc") == "http://***"
