@@ -204,6 +204,10 @@ def server_columns(
     return cols
 
 
+#: the "not available" reasons already logged by this process
+_TOLD: set[str] = set()
+
+
 class ServerMetricsWatch:
     """Scrape ``/metrics`` when the ``with`` block starts, every ``period_s`` during it (a background thread) and
     when it ends; :meth:`columns` gives :func:`server_columns`. A server without ``/metrics`` is found at the
@@ -229,8 +233,9 @@ class ServerMetricsWatch:
         if self.before.error is None:
             self._thread = threading.Thread(target=self._loop, name="kit-server-metrics", daemon=True)
             self._thread.start()
-        else:
-            log.info("server metrics: not available: %s", self.before.error)
+        elif self.before.error not in _TOLD:  # said once per process, not at every point of a sweep
+            _TOLD.add(self.before.error)
+            log.info("server metrics: not available: %s (--no-server-metrics skips the scrape)", self.before.error)
         return self
 
     def _loop(self) -> None:

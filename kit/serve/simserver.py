@@ -7,7 +7,9 @@ Latency model (ms), evaluated while the request runs, ``n`` = requests in flight
     each gap   = tpot_base_ms + tpot_per_request_ms × (n − 1)     (one token per chunk, on a fixed timeline)
 
 so a closed loop of ``c`` concurrent requests sees TPOT = tpot_base_ms + tpot_per_request_ms × (c − 1). Tokens
-are words ``" w<k>"``; a chunk carries ``tokens_per_chunk`` of them (sent when its last one is due). A prompt
+are words ``" w<k>"``; a chunk carries ``tokens_per_chunk`` of them (sent when its last one is due: with
+``tokens_per_chunk`` = k > 1 the first chunk arrives k − 1 gaps after TTFT, so a client measures that much more
+TTFT and TPOT = gap × (OSL − k) / (OSL − 1), e.g. 3.7 ms for a 4 ms gap, k = 3, OSL 32). A prompt
 is split into tokens (token ids as given; text: whitespace-separated words); the prefix cache holds blocks of
 ``block_tokens`` tokens keyed by the hash of the whole prefix up to that block (as vLLM's automatic prefix cache
 does), and the final usage reports ``prompt_tokens_details.cached_tokens`` (the OpenAI field). Every request is
