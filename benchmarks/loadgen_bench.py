@@ -116,57 +116,30 @@ def run_in_process(spec: dict, core: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"{v} must be >= {minimum}")
-        return v
-
-    return parse
-
-
-def _int_list(text: str) -> list[int]:
-    parse = _count(1)
-    try:
-        return [parse(x) for x in text.split(",")]
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated stream counts >= 1 ({e})") from None
-
-
-def _gap_ms(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"{v} must be a finite number of ms > 0 (the flood regime has no gap)")
-    return v
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    ap.add_argument("--concurrency", type=_int_list, default="1,16,64", help="stream counts, comma-separated")
-    ap.add_argument("--chunks", type=_count(1), default=512, help="chunks per request, flood regime")
-    ap.add_argument("--paced-chunks", type=_count(1), default=200, help="chunks per request, paced regime")
-    ap.add_argument("--gap-ms", type=_gap_ms, default=5.0, help="gap between a stream's chunks, paced regime (ms)")
-    ap.add_argument("--requests-per-conc", type=_count(1), default=4, help="requests per run = this x concurrency")
-    ap.add_argument(
-        "--flood-min-chunks", type=_count(0), default=200_000, help="at least this many chunks per flood run"
-    )
-    ap.add_argument(
-        "--frames-per-write", type=_count(1), default=16, help="frames per server socket write, flood regime"
-    )
-    ap.add_argument("--repeats", type=_count(1), default=3)
-    ap.add_argument("--compare", default=None, help="a directory holding another kit package (e.g. before)")
-    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
-    if a.worker:
-        print(json.dumps(worker(json.loads(a.worker))))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--worker"]:  # a client run: imports the kit of the tree it was given, so before any other
+        print(json.dumps(worker(json.loads(argv[1]))))
         return 0
+    sys.path.insert(0, str(ROOT))
+    from kit.cli import int_list_arg, number_arg
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    count = number_arg(int, minimum=1)
+    ap.add_argument("--concurrency", type=int_list_arg(1, "1,16,64"), default="1,16,64", help="stream counts")
+    ap.add_argument("--chunks", type=count, default=512, help="chunks per request, flood regime")
+    ap.add_argument("--paced-chunks", type=count, default=200, help="chunks per request, paced regime")
+    ap.add_argument(
+        "--gap-ms", type=number_arg(float, above=0, unit="ms"), default=5.0, help="gap between chunks, paced regime"
+    )
+    ap.add_argument("--requests-per-conc", type=count, default=4, help="requests per run = this x concurrency")
+    ap.add_argument(
+        "--flood-min-chunks", type=number_arg(int, minimum=0), default=200_000, help="chunks per flood run, at least"
+    )
+    ap.add_argument("--frames-per-write", type=count, default=16, help="frames per server socket write, flood regime")
+    ap.add_argument("--repeats", type=count, default=3)
+    ap.add_argument("--compare", default=None, help="a directory holding another kit package (e.g. before)")
+    a = ap.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))
     client_core, server_core = (cores[0], cores[1]) if len(cores) > 1 else (cores[0], None)
     trees = {"now": str(ROOT)}
