@@ -23,7 +23,7 @@ from pathlib import Path
 
 WRITER = r"""
 import contextlib, random, sys, time
-from kit.measure.grid import GridPoint, run_grid
+from kit.grid import GridPoint, run_grid
 from kit.results import run_metadata
 
 class Slow:

@@ -215,7 +215,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] 
 
 def add_run_dir_args(parser: argparse.ArgumentParser, default_out: str) -> None:
     """The options every command that writes a run directory shares: ``--out``, ``--no-resume`` and
-    ``--retry-killed`` (the grid runner's resume rules, :func:`kit.measure.grid.run_grid`)."""
+    ``--retry-killed`` (the grid runner's resume rules, :func:`kit.grid.run_grid`)."""
     parser.add_argument("--out", default=default_out, help="output directory (created; a re-run resumes)")
     parser.add_argument(
         "--no-resume",

@@ -242,7 +242,7 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
     if cfg.nnodes == 1:  # (across nodes every node must call the same collectives: all are measured)
         with run_lock(out):
             if not cfg.resume:
-                from kit.measure.grid import archive_previous
+                from kit.grid import archive_previous
 
                 archive_previous(out)
             done = ResultStore(out).finished_ids(("ok",)) if (out / "points.jsonl").exists() else set()

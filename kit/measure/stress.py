@@ -3,7 +3,7 @@
 Search (:class:`ContextSearch`): from ``start`` the context doubles until a probe does not fit or fails (or
 ``max_context`` is reached: never past it), then the gap between the largest ok probe and the smallest failed one
 is bisected until it is within ``resolution`` (a fraction) of the ok one. Every probe is one point of the grid
-runner (:func:`kit.measure.grid.run_grid`, one call per probe, since the next probe depends on the last outcome):
+runner (:func:`kit.grid.run_grid`, one call per probe, since the next probe depends on the last outcome):
 stored in the results schema, resumable — a re-run replays the recorded probes (ok, oom, killed; a ``refused``
 probe is checked again, which costs no allocation) and measures from where the earlier run stopped.
 
@@ -41,7 +41,7 @@ from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
 from kit.measure import memguard
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
-from kit.measure.grid import FINISHED_STATUSES, GridPoint, run_grid, split_run_options
+from kit.grid import FINISHED_STATUSES, GridPoint, run_grid, split_run_options
 from kit.measure.sweep import EngineBackend, SweepConfig
 from kit.plan.spec import get_spec
 from kit.results import load_results, ok_mask, run_metadata
@@ -288,7 +288,7 @@ def run_kv_stress(config: StressConfig, out_dir: str | Path, *, runner=None, **r
         config: the stress (validated here).
         out_dir: run directory (created; a re-run resumes from the recorded probes).
         runner: ``runner(model, point, device, seed) -> record`` (default :func:`kit.measure.engine.run_point`).
-        run_options: :func:`kit.measure.grid.run_grid`'s ``resume`` (False: the earlier files move to
+        run_options: :func:`kit.grid.run_grid`'s ``resume`` (False: the earlier files move to
             ``out_dir/previous/`` and every probe is measured again), ``on_point``, ``should_stop``,
             ``retry_killed`` (``progress`` is off: one line per probe goes to the ``kit`` logger).
 
@@ -332,7 +332,7 @@ def run_kv_stress(config: StressConfig, out_dir: str | Path, *, runner=None, **r
 
 def recorded_probes(out: Path, resume: bool = True, retry_killed: bool = False) -> dict[str, dict]:
     """point_id → the latest record of every probe already finished in ``out`` (the grid runner's rule:
-    :data:`kit.measure.grid.FINISHED_STATUSES`; ``killed`` ones only without ``retry_killed``); empty when not
+    :data:`kit.grid.FINISHED_STATUSES`; ``killed`` ones only without ``retry_killed``); empty when not
     resuming. A resumed stress replays these without measuring them again."""
     log_file = out / "points.jsonl"
     if not resume or not log_file.exists():

@@ -34,7 +34,7 @@ from kit.cli import config_field, config_flag, int_list_arg
 from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
-from kit.measure.grid import GridPoint, run_grid
+from kit.grid import GridPoint, run_grid
 from kit.measure.power import PowerSampler
 from kit.measure.power_readers import SOURCES as POWER_SOURCES
 from kit.results import run_metadata, verdict
@@ -220,7 +220,7 @@ def get_model(model: str, dtype: str, device: str, seed: int = 0, trust_remote_c
 
 
 class EngineBackend:
-    """The in-process backend of :func:`kit.measure.grid.run_grid`: one :func:`kit.measure.engine.run_point` per
+    """The in-process backend of :func:`kit.grid.run_grid`: one :func:`kit.measure.engine.run_point` per
     (dtype, KV length, concurrency) of a validated :class:`SweepConfig`.
 
     Args:
@@ -356,13 +356,13 @@ def visible_power_devices() -> list[int] | None:
 def run_sweep(
     config: SweepConfig, out_dir: str | Path, *, runner: Callable | None = None, **run_options
 ) -> pd.DataFrame:
-    """Run every point of ``config`` in-process through the grid runner (:func:`kit.measure.grid.run_grid`:
+    """Run every point of ``config`` in-process through the grid runner (:func:`kit.grid.run_grid`:
     append-on-finish, resume, OOM and Ctrl-C handling); return every row in ``out_dir``.
 
     Args:
         out_dir: run directory (created); must not be a file.
         runner: ``runner(model, point, device, seed) -> record``; defaults to :func:`kit.measure.engine.run_point`.
-        run_options: :func:`kit.measure.grid.run_grid`'s ``resume`` (False: earlier files move to
+        run_options: :func:`kit.grid.run_grid`'s ``resume`` (False: earlier files move to
             ``out_dir/previous/``), ``progress``, ``on_point(record, frame)``, ``should_stop()`` and
             ``retry_killed``.
 

@@ -160,7 +160,7 @@ def _cli_plan(args) -> int:
         backend = PlannerBackend(spec, dev.name, cfg.concurrency, cfg.context, n, **pkw)
         if cfg.out is not None:
             from kit._io import check_out_dir
-            from kit.measure.grid import run_grid
+            from kit.grid import run_grid
 
             ids = [p.point_id for p in backend.points()]
             df = run_grid(

@@ -27,7 +27,7 @@ import pandas as pd
 
 from kit import dtypes, metrics
 from kit.errors import UserError
-from kit.measure.grid import GridPoint
+from kit.grid import GridPoint
 from kit.plan.comm import apply_comm_calibration, comm_terms, decode_messages
 from kit.plan.decode import assumptions_text, decode_step, dominant_term
 from kit.plan.device import DeviceModel, check_eff, get_device_model
@@ -249,7 +249,7 @@ def predict_point(
 
 
 class PlannerBackend:
-    """The planner backend of :func:`kit.measure.grid.run_grid` (kind ``"planner"``): one :class:`GridPoint` per
+    """The planner backend of :func:`kit.grid.run_grid` (kind ``"planner"``): one :class:`GridPoint` per
     (context_len, concurrency), ordered context → concurrency; :meth:`measure` is one :func:`predict_point` row.
 
     The device model is built once; the first point is predicted on construction, so a bad setting (unknown model,
@@ -347,7 +347,7 @@ def predict_grid(
     :func:`predict_point`.
 
     Without ``out_dir`` the rows are only returned. With it they are stored through the one grid runner
-    (:func:`kit.measure.grid.run_grid` over a :class:`PlannerBackend`) exactly like a measured sweep:
+    (:func:`kit.grid.run_grid` over a :class:`PlannerBackend`) exactly like a measured sweep:
     ``out_dir/points.jsonl``, ``results.parquet`` + ``results.json``; a re-run skips points already stored
     (``resume=False`` archives them), and the returned frame holds every row in ``out_dir``.
 
@@ -359,7 +359,7 @@ def predict_grid(
     backend = PlannerBackend(model, accelerator, concurrencies, context_lens, n_gpus, **kw)
     if out_dir is None:
         return to_frame([{**p.columns, **backend.measure(p), "point_id": p.point_id} for p in backend.points()])
-    from kit.measure.grid import run_grid
+    from kit.grid import run_grid
 
     return run_grid(backend, out_dir, resume=resume, progress=progress)
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from kit.cli import config_field, config_flag
 from kit.errors import UserError
-from kit.measure.grid import run_grid, split_run_options
+from kit.grid import run_grid, split_run_options
 from kit.serve.load import LoadConfig
 from kit.serve.prefix import FreshServedBackend
 from kit.serve.sessions import SessionBackend
@@ -104,7 +104,7 @@ def run_mode(
         concurrencies: the sweep's concurrencies (sessions: conversations in flight; search: the first is the
             start, the largest the cap of a rate search).
         options: ``tokenizer``, ``extra``, ``metadata``, ``model_error``, ``on_progress``, ``on_status``
-            (:class:`kit.serve.sweep.ServedBackend`) and :func:`kit.measure.grid.run_grid`'s options.
+            (:class:`kit.serve.sweep.ServedBackend`) and :func:`kit.grid.run_grid`'s options.
 
     Raises:
         UserError: an invalid mode or config, a model list that failed (``model_error``) for a search, a rate

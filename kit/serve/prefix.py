@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kit.errors import UserError
-from kit.measure.grid import GridPoint
+from kit.grid import GridPoint
 from kit.serve.load import LoadConfig
 from kit.serve.sweep import ServedBackend, run_load_point, served_point_id
 from kit.serve.workload import RequestInput

@@ -21,7 +21,7 @@ import pandas as pd
 
 from kit import metrics as M
 from kit.errors import UserError
-from kit.measure.grid import GridPoint
+from kit.grid import GridPoint
 from kit.serve.aggregate import aggregate
 from kit.serve.client import get_model_id, request_record, token_counter
 from kit.serve.http1 import StreamPool

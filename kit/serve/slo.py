@@ -24,7 +24,7 @@ import pandas as pd
 
 from kit import results as R
 from kit.errors import UserError
-from kit.measure.grid import run_grid, split_run_options
+from kit.grid import run_grid, split_run_options
 from kit.serve.client import get_model_id
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.prefix import FreshServedBackend
@@ -115,7 +115,7 @@ def slo_search(
             ``cfg.num_requests`` when needed): with fewer requests than the concurrency the load is never reached.
         prefix_fraction: shared-prefix fraction of each probe's workload (0: all prompts distinct).
         options: ``tokenizer``, ``extra``, ``metadata``, ``on_progress`` (:class:`FreshServedBackend`) and
-            :func:`kit.measure.grid.run_grid`'s options (``resume``, ``progress``, ``on_point``, ...; ``resume=False``
+            :func:`kit.grid.run_grid`'s options (``resume``, ``progress``, ``on_point``, ...; ``resume=False``
             archives the earlier files once, before the first probe).
 
     Raises:

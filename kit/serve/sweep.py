@@ -1,7 +1,7 @@
 """The served sweep: load points against one OpenAI-compatible server through the one grid runner, and
 ``kit serve-bench``.
 
-:class:`ServedBackend` is the served backend of :func:`kit.measure.grid.run_grid` (``kind = "openai"``): one grid
+:class:`ServedBackend` is the served backend of :func:`kit.grid.run_grid` (``kind = "openai"``): one grid
 point per concurrency of a :class:`kit.serve.load.LoadConfig`, each measured by :func:`run_load_point`. The runner
 owns everything around the points, the same as for the in-process sweep: each finished point's row is appended
 (fsync'd) to ``OUT/points.jsonl`` and ``OUT/results.parquet`` before the next starts; a re-run on the same ``OUT``
@@ -32,7 +32,7 @@ import pandas as pd
 from kit import metrics as M
 from kit._io import atomic_write_text, check_out_dir
 from kit.errors import UserError
-from kit.measure.grid import GridPoint, run_grid, split_run_options
+from kit.grid import GridPoint, run_grid, split_run_options
 from kit.measure.power import PowerSampler
 from kit.results import run_metadata
 from kit.serve.aggregate import aggregate
@@ -175,7 +175,7 @@ def detail_path(out_dir: Path, point_id: str) -> Path:
 
 
 class ServedBackend:
-    """The served backend of :func:`kit.measure.grid.run_grid`: one :func:`run_load_point` per concurrency.
+    """The served backend of :func:`kit.grid.run_grid`: one :func:`run_load_point` per concurrency.
 
     Args:
         config: the load point (validated here); its ``max_concurrency`` is replaced by each concurrency.
@@ -292,7 +292,7 @@ class ServedBackend:
 
 def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str | Path, **options) -> pd.DataFrame:
     """A concurrency sweep against one server through the grid runner (:class:`ServedBackend`,
-    :func:`kit.measure.grid.run_grid`: append-on-finish, resume, Ctrl-C).
+    :func:`kit.grid.run_grid`: append-on-finish, resume, Ctrl-C).
 
     Args:
         resume: skip points already recorded as ok in ``out_dir``; False moves the earlier run's files (and its
@@ -302,7 +302,7 @@ def run_served_sweep(cfg: LoadConfig, concurrencies: Sequence[int], out_dir: str
         should_stop: polled before each point; True ends the sweep (finished points kept).
         retry_killed: measure again a point an earlier run died on (recorded ``killed``; skipped by default).
         tokenizer, workload, extra, metadata, model_error, on_progress, on_status: see :class:`ServedBackend` (every
-            other keyword: :func:`kit.measure.grid.run_grid`'s options above).
+            other keyword: :func:`kit.grid.run_grid`'s options above).
 
     Returns: this sweep's rows in the order of ``concurrencies`` (the latest row of each of its points, also
     those a resume skipped); every row of ``out_dir`` stays in ``out_dir/results.parquet``.

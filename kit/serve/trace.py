@@ -22,7 +22,7 @@ import numpy as np
 
 from kit import metrics as M
 from kit.errors import InputNotFoundError, UserError
-from kit.measure.grid import GridPoint
+from kit.grid import GridPoint
 from kit.serve.aggregate import aggregate
 from kit.serve.client import get_model_id, request_record, stream_request, token_counter
 from kit.serve.http1 import StreamPool

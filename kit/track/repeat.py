@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from kit.errors import UserError
-from kit.measure.grid import GridPoint, run_grid
+from kit.grid import GridPoint, run_grid
 from kit.results import ok_mask
 
 #: environment variable of the test hook (ms of sleep before every forward call)

@@ -10,7 +10,7 @@ import pytest
 from kit import models
 from kit.errors import UserError
 from kit.measure.engine import run_point
-from kit.measure.grid import oom_error_type
+from kit.grid import oom_error_type
 from kit.measure.stress import ContextSearch, StressConfig, run_kv_stress, stress_summary
 from kit.measure.stress_check import cached_vs_uncached
 from kit.results import load_results

@@ -16,7 +16,7 @@ from kit import models, results
 from kit.errors import OutputPathError
 from kit.measure import sweep
 from kit.measure.engine import run_point
-from kit.measure.grid import oom_error_type
+from kit.grid import oom_error_type
 
 SMALL = dict(kv_lens=[16, 32], concurrencies=[1, 2], decode_steps=3, warmup_steps=1, repeats=1)
 

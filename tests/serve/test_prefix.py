@@ -7,7 +7,7 @@ import pytest
 
 from kit import results as R
 from kit.errors import UserError
-from kit.measure.grid import run_grid
+from kit.grid import run_grid
 from kit.serve.load import LoadConfig
 from kit.serve.prefix import (
     FreshServedBackend,

@@ -5,7 +5,7 @@ as resumable points."""
 import pytest
 
 from kit.errors import UserError
-from kit.measure.grid import run_grid
+from kit.grid import run_grid
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.prefix import read_detail
 from kit.serve.sessions import SessionBackend, per_turn, run_sessions_async, session_messages, session_totals

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kit.errors import InputNotFoundError, UserError
-from kit.measure.grid import run_grid
+from kit.grid import run_grid
 from kit.serve.load import LoadConfig, run_coro
 from kit.serve.prefix import read_detail
 from kit.serve.simserver import SimModel, SimServer

@@ -53,7 +53,7 @@ def test_docs_build_nitpicky_warnings_as_errors(tmp_path):
         "kit.serve.launch.Server",
         "kit.plan.cost",
         "kit.check.sampling",
-        "kit.measure.grid.run_grid",
+        "kit.grid.run_grid",
         "kit.errors.UserError",
         "kit.dtypes.canonical",
     ):

@@ -1,4 +1,4 @@
-"""kit.measure.grid: the one grid runner, driven by a backend that needs no model (resume, failures, stop, archive)."""
+"""kit.grid: the one grid runner, driven by a backend that needs no model (resume, failures, stop, archive)."""
 
 import contextlib
 import gc
@@ -8,7 +8,7 @@ import pytest
 
 from kit import results
 from kit.errors import OutputPathError
-from kit.measure.grid import GridPoint, archive_previous, oom_error_type, run_grid
+from kit.grid import GridPoint, archive_previous, oom_error_type, run_grid
 from kit.store import read_log
 
 

@@ -13,7 +13,7 @@ owns everything around that, the same for every backend:
   exception as ``error`` with its text (the traceback goes to the ``kit`` logger at DEBUG level); the grid goes
   on. The backend's :meth:`GridBackend.after_failure` runs *outside* the ``except`` block, when the exception's
   frames (and the tensors they hold; pytorch #27600) are gone.
-- **Ctrl-C**: a :class:`kit.measure.interrupts.InterruptGuard` records every SIGINT, so one swallowed by a
+- **Ctrl-C**: a :class:`kit.interrupts.InterruptGuard` records every SIGINT, so one swallowed by a
   finaliser still stops the grid at the next point boundary; ``KeyboardInterrupt`` is re-raised after the
   finished points are saved. ``should_stop()`` (a panel's Stop button) ends the grid after the current point.
 - **Progress**: a tqdm bar per grid; ``on_point(record, frame)`` after each point (live plots, widgets).
@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from kit._io import check_out_dir
-from kit.measure.interrupts import InterruptGuard
+from kit.interrupts import InterruptGuard
 from kit.store import ResultStore, run_lock
 
 log = logging.getLogger("kit")
