@@ -58,8 +58,9 @@ def main(argv=None) -> int:
 
     from kit.measure import calibrate
     from kit.measure.sweep import SweepConfig, run_sweep
+    from kit.plan.config import PredictConfig
     from kit.plan.roofline import compare, predict_like
-    from kit.results import load_results, save_results
+    from kit.store import load_results, save_results
     from kit.view.plan_plots import overlay_figure
 
     out = Path(args.out or tempfile.mkdtemp(prefix="planner-accuracy-"))
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
 
         sweep_dir = out / f"sweep-{_time.strftime('%Y%m%d-%H%M%S')}"  # a fresh run directory every time
         measured = run_sweep(SweepConfig(**kw), sweep_dir, resume=False, progress=False)
-    predicted = predict_like(measured, "local", calibration=cal)
+    predicted = predict_like(measured, PredictConfig("local", calibration=cal))
     save_results(predicted, out / "planner.parquet")
     err = compare(measured, predicted, "tpot_ms_p50")
     if "tpot_ms_min" in measured.columns:  # the fastest step: the least disturbed by other load on the machine

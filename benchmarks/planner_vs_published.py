@@ -16,6 +16,7 @@ import warnings
 import pandas as pd
 
 from kit._io import data_path
+from kit.plan.config import PredictConfig
 from kit.plan.decode import DEFAULT_SPEC_ACCEPT, DEFAULT_SPEC_K
 from kit.plan.roofline import predict_point
 
@@ -36,8 +37,8 @@ def rows() -> pd.DataFrame:
                 for tag, kw in kws:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        p = predict_point("kimi-k3", r["accelerator"], int(r["gpus"]), B, 1424, prefill=False,
-                                          **lay, **kw)  # fmt: skip
+                        cfg = PredictConfig(r["accelerator"], int(r["gpus"]), prefill=False, **lay, **kw)
+                        p = predict_point("kimi-k3", B, 1424, cfg)
                     pred = p["tok_s_per_stream"] if point == "single" else p["decode_tok_s"]
                     out.append({"system": r["system"], "layout": f"TP{p['tp']} EP{p['x_ep']} PP{p['x_pp']} ({name})",
                                 "point": point + tag, "predicted_tok_s": pred, "published_tok_s": published,

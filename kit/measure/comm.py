@@ -230,8 +230,8 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
         UserError: bad settings (:meth:`CommConfig.validate`), a bad output path.
         RankError: a rank died, the rendezvous did not complete, or the run passed ``timeout_s``.
     """
-    from kit.results import run_metadata, to_frame
-    from kit.store import ResultStore, run_lock
+    from kit.results import to_frame
+    from kit.store import ResultStore, run_lock, run_metadata
 
     cfg = (cfg or CommConfig(**kw)).validate()
     out = check_out_dir(cfg.out, "out", "results/comm")
@@ -279,7 +279,7 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
 
 def _stored_rows(out: Path, point_ids: set[str]) -> pd.DataFrame:
     """The latest stored row of each of ``point_ids`` in the run directory ``out``."""
-    from kit.results import load_results
+    from kit.store import load_results
 
     df = load_results(out)
     return df[df["point_id"].isin(point_ids)].drop_duplicates("point_id", keep="last").reset_index(drop=True)
@@ -341,11 +341,13 @@ def planner_line(cfg: CommConfig) -> str | None:
         return None
     import warnings
 
+    from kit.plan.config import PredictConfig
     from kit.plan.roofline import predict_point
 
+    plan = PredictConfig(accelerator=cfg.accelerator, n_gpus=cfg.world, tp=cfg.world, prefill=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heads that do not split over a small test world
-        r = predict_point(cfg.model, cfg.accelerator, cfg.world, cfg.batch, 1024, tp=cfg.world, prefill=False)
+        r = predict_point(cfg.model, cfg.batch, 1024, plan)
     return (
         f"planner ({r['accelerator']}, TP{r['tp']} EP{r['x_ep']}): collectives {r['x_t_comm_lat_ms']:.2f} ms "
         f"latency + {r['x_t_comm_bw_ms']:.2f} ms bandwidth of a {r['x_step_ms']:.2f} ms decode step"

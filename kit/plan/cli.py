@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
 from kit.cli import DefaultsHelpFormatter, add_config_args, config_field, config_from_args, int_list_arg
 from kit.errors import UserError
+from kit.plan.config import DEFAULT_MEM_UTIL, PredictConfig
 from kit.plan.device import DEFAULT_EFF_BW, DEFAULT_EFF_FLOPS, get_device_model
-from kit.plan.fit import DEFAULT_MEM_UTIL, MIN_GPUS_MAX, memory_fit, min_gpus
+from kit.plan.fit import MIN_GPUS_MAX, memory_fit, min_gpus
 from kit.plan.roofline import PlannerBackend, predict_point
 from kit.plan.spec import get_spec, list_models
 
@@ -149,15 +150,15 @@ def _cli_plan(args) -> int:
     dev = get_device_model(
         cfg.accelerator, catalog=cat, calibration=cfg.calibration, eff_bw=cfg.eff_bw, eff_flops=cfg.eff_flops
     )
-    kw = dict(kv_dtype=cfg.kv_dtype, mem_util=cfg.mem_util)
+    base = PredictConfig(accelerator=dev.name, device_model=dev, kv_dtype=cfg.kv_dtype, mem_util=cfg.mem_util)
     C, B = max(cfg.context), max(cfg.concurrency)
-    least = min_gpus(spec, dev.name, C, B, device_model=dev, **kw)
+    least = min_gpus(spec, C, B, base)
     n = cfg.gpus if cfg.gpus is not None else (least or dev.gpus_per_node)
-    fit = memory_fit(spec, dev.name, n, C, B, tp=cfg.tp, ep=cfg.ep, device_model=dev, **kw)
-    pkw = dict(tp=cfg.tp, ep=cfg.ep, overhead_ms=cfg.overhead_ms, device_model=dev, **kw)
-    pkw.update(spec_k=cfg.spec_k, spec_accept=cfg.spec_accept, comm_calibration=cfg.comm_calibration)
+    pcfg = replace(base, n_gpus=n, tp=cfg.tp, ep=cfg.ep, overhead_ms=cfg.overhead_ms, spec_k=cfg.spec_k)
+    pcfg = replace(pcfg, spec_accept=cfg.spec_accept, comm_calibration=cfg.comm_calibration)
+    fit = memory_fit(spec, C, B, pcfg)
     if cfg.is_grid:
-        backend = PlannerBackend(spec, dev.name, cfg.concurrency, cfg.context, n, **pkw)
+        backend = PlannerBackend(spec, cfg.concurrency, cfg.context, pcfg)
         if cfg.out is not None:
             from kit._io import check_out_dir
             from kit.grid import run_grid
@@ -170,7 +171,7 @@ def _cli_plan(args) -> int:
         else:
             df = to_frame([{**p.columns, **backend.measure(p)} for p in backend.points()])
     else:
-        df = to_frame([predict_point(spec, dev.name, n, b, C, **pkw) for b in sorted({1, B})])
+        df = to_frame([predict_point(spec, b, C, pcfg) for b in sorted({1, B})])
     costs = _cost_tables(df, cfg, dev, cat)
     if cfg.json:
         out = {

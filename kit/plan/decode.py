@@ -16,6 +16,8 @@ DeepSeek-V3 technical report §2.2). Tokens per second scale by ``spec_accept``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from kit.errors import UserError
 from kit.plan.comm import comm_terms, decode_messages, describe
 from kit.plan.device import DeviceModel
@@ -53,35 +55,46 @@ def check_spec(spec_k, spec_accept) -> tuple[int, float]:
     return spec_k, a
 
 
-def _roofline(dev, d, kv_bytes, attn_flops, compute_dtype, eb, ef) -> dict:
-    rl = roofline_times(dev, d["weight_bytes"], d["linear_flops"], kv_bytes, attn_flops, compute_dtype, eb, ef)
-    bw = dev.mem_bw_gb_s * 1e9 * eb
-    lm, am = d["weight_bytes"] / bw * 1e3, kv_bytes / bw * 1e3
+@dataclass(frozen=True)
+class StepSetup:
+    """Everything one step's time depends on besides the model and the batch, with every default settled: built by
+    :func:`kit.plan.roofline.predict_point` from a :class:`kit.plan.config.PredictConfig` and the memory fit.
+
+    Fields: ``dev`` (the device, link figures included), ``tp`` / ``ep`` / ``pp`` (parallel sizes),
+    ``weight_dtypes`` (per weight group), ``kv_dtype``, ``state_dtype``, ``act_dtype``, ``compute_dtype``
+    (canonical names), ``eff_bw`` / ``eff_flops`` (fractions of peak, checked), ``overhead_ms`` (per step, ms),
+    ``spec_k`` / ``spec_accept`` / ``draft_layers`` (speculative decoding as given; checked by :func:`check_spec`).
+    """
+
+    dev: DeviceModel
+    tp: int
+    ep: int
+    pp: int
+    weight_dtypes: dict
+    kv_dtype: str
+    state_dtype: str
+    act_dtype: str
+    compute_dtype: str
+    eff_bw: float
+    eff_flops: float
+    overhead_ms: float
+    spec_k: int | None = None
+    spec_accept: float | None = None
+    draft_layers: int = 1
+
+
+def _roofline(s: StepSetup, terms: dict) -> dict:
+    rl = roofline_times(s.dev, terms, s.compute_dtype, s.eff_bw, s.eff_flops)
+    bw = s.dev.mem_bw_gb_s * 1e9 * s.eff_bw
+    lm, am = terms["weight_bytes"] / bw * 1e3, terms["kv_bytes"] / bw * 1e3
     rl["t_weights"] = lm if lm >= rl["t_linear"] else 0.0
     rl["t_kv"] = am if am >= rl["t_attn"] else 0.0
     rl["t_compute_part"] = max(0.0, rl["t_linear"] + rl["t_attn"] - rl["t_weights"] - rl["t_kv"])
     return rl
 
 
-def decode_step(
-    spec: ArchSpec,
-    dev: DeviceModel,
-    B: int,
-    att: int,
-    layout: tuple[int, int, int],
-    dts: dict,
-    kv_dtype,
-    state_dtype,
-    act_dtype,
-    compute_dtype,
-    eb: float,
-    ef: float,
-    overhead_ms: float,
-    spec_k=None,
-    spec_accept=None,
-    draft_layers: int = 1,
-) -> dict:
-    """The terms of one (verify) step of ``B`` sequences attending ``att`` positions, ``layout = (tp, ep, pp)``.
+def decode_step(spec: ArchSpec, B: int, att: int, setup: StepSetup) -> dict:
+    """The terms of one (verify) step of ``B`` sequences attending ``att`` positions under ``setup``.
 
     Returns:
         dict: ``step_ms``, ``emitted`` (tokens per sequence per step), ``t_<term>_ms`` for :data:`STEP_TERMS`
@@ -91,20 +104,19 @@ def decode_step(
     Raises:
         UserError: a bad ``spec_k`` / ``spec_accept`` (:func:`check_spec`).
     """
-    tp, ep, pp = layout
-    k, accept = check_spec(spec_k, spec_accept)
-    d1 = decode_terms(spec, B, att, tp, ep, dts, kv_dtype, state_dtype)
-    dk = decode_terms(spec, B * (k + 1), att, tp, ep, dts, kv_dtype, state_dtype) if k else d1
+    s = setup
+    k, accept = check_spec(s.spec_k, s.spec_accept)
+    d1 = decode_terms(spec, B, att, s.tp, s.ep, s.weight_dtypes, s.kv_dtype, s.state_dtype)
+    dk = decode_terms(spec, B * (k + 1), att, s.tp, s.ep, s.weight_dtypes, s.kv_dtype, s.state_dtype) if k else d1
     attn_flops = d1["attn_flops"] * (k + 1)
-    rl = _roofline(dev, dk, d1["kv_bytes"], attn_flops, compute_dtype, eb, ef)
-    msgs = decode_messages(spec, dev, B * (k + 1), tp, ep, pp, act_dtype)
+    rl = _roofline(s, {**dk, "kv_bytes": d1["kv_bytes"], "attn_flops": attn_flops})
+    msgs = decode_messages(spec, s.dev, B * (k + 1), s.tp, s.ep, s.pp, s.act_dtype)
     comm = comm_terms(msgs)
-    step = rl["t_linear"] + rl["t_attn"] + comm["t_comm_ms"] + overhead_ms
+    step = rl["t_linear"] + rl["t_attn"] + comm["t_comm_ms"] + s.overhead_ms
     draft = 0.0
     if k:
-        plain = decode_step(spec, dev, B, att, layout, dts, kv_dtype, state_dtype, act_dtype, compute_dtype, eb, ef,
-                            overhead_ms)  # fmt: skip
-        draft = k * draft_layers / spec.num_layers * plain["step_ms"]
+        plain = decode_step(spec, B, att, replace(s, spec_k=None, spec_accept=None))
+        draft = k * s.draft_layers / spec.num_layers * plain["step_ms"]
     out = {
         **comm,
         "step_ms": step + draft,
@@ -115,7 +127,7 @@ def decode_step(
         "t_compute_ms": rl["t_compute_part"],
         "t_comm_lat_ms": comm["t_comm_lat_ms"],
         "t_comm_bw_ms": comm["t_comm_bw_ms"],
-        "t_overhead_ms": overhead_ms,
+        "t_overhead_ms": s.overhead_ms,
         "t_draft_ms": draft,
         "t_linear": rl["t_linear"],
         "t_attn": rl["t_attn"],
@@ -137,9 +149,11 @@ def dominant_term(step: dict) -> str:
     return max(STEP_TERMS, key=lambda t: step[f"t_{t}_ms"])
 
 
-def assumptions_text(d: dict, dev: DeviceModel, eb: float, ef: float, compute_dtype, layout_text: str) -> str:
+def assumptions_text(d: dict, setup: StepSetup, layout_text: str) -> str:
     """The ``assumptions`` of a prediction: every term of the step (:func:`decode_step` result ``d``) with its
-    value, the collectives with their sizes, counts and link figures, the device figures and ``layout_text``."""
+    value, the collectives with their sizes, counts and link figures, the device figures of ``setup`` and
+    ``layout_text``."""
+    dev, eb, ef, compute_dtype = setup.dev, setup.eff_bw, setup.eff_flops, setup.compute_dtype
     spec_txt = (
         f" + draft {d['t_draft_ms']:.3f} ms (speculative k={d['spec_k']}, {d['emitted']:g} tokens/verify step)"
         if d["spec_k"]

@@ -4,26 +4,25 @@ Per GPU: ``usable = mem_gb × mem_util``; ``kv_budget = usable − weights − r
 :func:`workspace_gb`); weights per GPU follow :func:`kit.plan.sizes.weight_bytes` under tensor/expert/pipeline
 parallelism (:func:`parallel_layout`); users at a context = budget ÷ (context × KV bytes/token/GPU + constant
 state/seq/GPU). :func:`memory_fit` answers for one layout (:class:`FitResult`), :func:`min_gpus` finds the fewest
-accelerators that fit. Formulas: ``../shared/METRICS.md`` (Planner section).
+accelerators that fit. Formulas: ``docs/metrics.md`` (Memory fit).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from kit import dtypes
 from kit.errors import UserError
-from kit.plan.device import DeviceModel, get_device_model
+from kit.plan.config import DEFAULT_MAX_BATCHED_TOKENS, PredictConfig
+from kit.plan.device import DeviceModel
 from kit.plan.sizes import check_pos_int, kv_bytes_per_token, state_bytes_per_seq, weight_bytes
 from kit.plan.spec import ArchSpec, get_spec
 
 #: runtime memory a GPU serving engine keeps outside weights and KV (CUDA/HIP context, graphs, communication
 #: buffers); an assumption, stated in every fit. 0 for the local calibrated device (a CPU process).
 DEFAULT_RUNTIME_GB = 2.0
-DEFAULT_MEM_UTIL = 0.90  # fraction of device memory the engine may use (vLLM's gpu_memory_utilization default)
-DEFAULT_MAX_BATCHED_TOKENS = 8192
 MIN_GPUS_MAX = 128  # most GPUs :func:`min_gpus` tries
 
 
@@ -223,25 +222,9 @@ class FitResult:
 
 
 def memory_fit(
-    model,
-    accelerator: str = "local",
-    n_gpus: int = 1,
-    context_len: int | None = None,
-    concurrency: int | None = None,
-    kv_dtype="bfloat16",
-    state_dtype="bfloat16",
-    weight_dtypes: str | dict | None = None,
-    tp: int | None = None,
-    ep: int | None = None,
-    pp: int | None = None,
-    mem_util: float = DEFAULT_MEM_UTIL,
-    reserve_gb: float | None = None,
-    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
-    device_model: DeviceModel | None = None,
-    catalog=None,
-    calibration=None,
+    model, context_len: int | None = None, concurrency: int | None = None, config: PredictConfig | None = None
 ) -> FitResult:
-    """Does ``model`` fit on ``n_gpus`` × ``accelerator``, and how much KV cache is left?
+    """Does ``model`` fit on ``config.n_gpus`` × ``config.accelerator``, and how much KV cache is left?
 
     Per GPU: ``usable = mem_gb × mem_util``; ``kv_budget = usable − weights − reserve`` with ``reserve`` = runtime
     (2 GB on GPUs) + :func:`workspace_gb`. Weights per GPU follow :func:`weight_bytes`' sharding; with pipeline
@@ -250,44 +233,37 @@ def memory_fit(
     given concurrency (capped at the model's ``max_position_embeddings``).
 
     Args:
-        model: anything :func:`get_spec` accepts. accelerator: catalog name or "local"/"cpu".
-        n_gpus: GPUs in total (tp × pp; default tp = min(n_gpus, GPUs per node)). context_len, concurrency: tokens
-            per sequence (prompt + output) and sequences.
-        kv_dtype, state_dtype: cache dtypes. weight_dtypes: per-group override, e.g. "routed_experts=mxfp4".
+        model: anything :func:`get_spec` accepts.
+        context_len, concurrency: tokens per sequence (prompt + output) and sequences; either may be None.
+        config: the deployment (:class:`kit.plan.config.PredictConfig`: accelerator, n_gpus, tp/ep/pp, dtypes,
+            mem_util, reserve_gb, max_batched_tokens; the step-time fields are not used here). Default: one
+            ``"local"`` device.
 
     Raises:
         UserError: non-positive sizes, ``context_len`` beyond the model's ``max_position_embeddings``, unknown
             dtype, inconsistent tp/ep/pp (ep > 1 on a dense model), ``mem_util`` not in the interval from 0
-            (excluded) to 1.
+            (excluded) to 1, a negative ``reserve_gb``.
         UnknownNameError: unknown model or accelerator.
     Warns:
         UserWarning: attention / KV heads that do not split evenly over tp (see :func:`check_heads_split`).
     """
+    cfg = config or PredictConfig()
     spec = get_spec(model)
-    dev = device_model or get_device_model(accelerator, catalog=catalog, calibration=calibration)
-    if not 0 < mem_util <= 1:
-        raise UserError(f"mem_util={mem_util!r} must be in (0, 1]")
+    dev = cfg.device()
+    if not 0 < cfg.mem_util <= 1:
+        raise UserError(f"mem_util={cfg.mem_util!r} must be in (0, 1]")
     if context_len is not None:
         context_len = check_context(spec, context_len)
     if concurrency is not None:
         concurrency = check_pos_int("concurrency", concurrency)
-    n_gpus, tp, ep, pp = parallel_layout(dev, n_gpus, tp, ep, pp, spec)
-    dts = spec.dtypes(weight_dtypes)
-    wr = weight_bytes(spec, dts, tp, ep)
-    w_total = sum(weight_bytes(spec, dts, 1, 1).values())
-    layer_part = sum(v for g, v in wr.items() if g not in ("embed", "lm_head"))
-    ends = (wr["embed"] + wr["lm_head"]) if pp == 1 else max(wr["embed"], wr["lm_head"])
-    w_gpu = layer_part / pp + ends
-    runtime = 0.0 if dev.device == "cpu" else DEFAULT_RUNTIME_GB
-    reserve = reserve_gb if reserve_gb is not None else runtime + workspace_gb(spec, tp, max_batched_tokens)
-    if reserve < 0:
-        raise UserError(f"reserve_gb={reserve_gb!r} must be >= 0")
-    usable = dev.mem_gb * mem_util
+    n_gpus, tp, ep, pp = parallel_layout(dev, cfg.n_gpus, cfg.tp, cfg.ep, cfg.pp, spec)
+    dts, kv_dtype = cfg.dtypes(spec)[:2]
+    w_total, w_gpu = _weight_bytes_total_and_per_gpu(spec, dts, tp, ep, pp)
+    runtime, reserve = _reserve_gb(spec, dev, tp, cfg)
+    usable = dev.mem_gb * cfg.mem_util
     budget_b = (usable - w_gpu / 1e9 - reserve) * 1e9
     kv_tok = kv_bytes_per_token(spec, kv_dtype, tp) / pp
     big_ctx = spec.max_position_embeddings or 10**7
-    fits_w = budget_b > 0
-    tokens_free = max(0.0, budget_b) / kv_tok if kv_tok else float("inf")
     res = FitResult(
         model=spec.name,
         accelerator=dev.name,
@@ -295,7 +271,7 @@ def memory_fit(
         tp=tp,
         ep=ep,
         pp=pp,
-        kv_dtype=dtypes.canonical(kv_dtype),
+        kv_dtype=kv_dtype,
         weight_dtypes=dts,
         mem_gb_per_gpu=dev.mem_gb,
         usable_gb_per_gpu=usable,
@@ -305,37 +281,64 @@ def memory_fit(
         kv_budget_gb_per_gpu=budget_b / 1e9,
         kv_bytes_per_token=kv_bytes_per_token(spec, kv_dtype, 1),
         kv_bytes_per_token_per_gpu=kv_tok,
-        state_bytes_per_seq_per_gpu=state_bytes_per_seq(spec, context_len or big_ctx, kv_dtype, state_dtype, tp) / pp,
-        fits_weights=fits_w,
-        kv_tokens_free=tokens_free,
+        state_bytes_per_seq_per_gpu=state_bytes_per_seq(spec, context_len or big_ctx, kv_dtype, cfg.state_dtype, tp)
+        / pp,
+        fits_weights=budget_b > 0,
+        kv_tokens_free=max(0.0, budget_b) / kv_tok if kv_tok else float("inf"),
         context_len=context_len,
         concurrency=concurrency,
     )
-    per_seq = (
-        context_len * kv_tok + state_bytes_per_seq(spec, context_len, kv_dtype, state_dtype, tp) / pp
-        if context_len
-        else None
-    )
-    if context_len:
-        res.max_concurrency = int(max(0.0, budget_b) // per_seq) if per_seq else None
-    if concurrency:
-        st = state_bytes_per_seq(spec, big_ctx, kv_dtype, state_dtype, tp) / pp
-        room = max(0.0, budget_b) / concurrency - st
-        res.max_context = int(max(0.0, room) // kv_tok) if kv_tok else None
-        if spec.max_position_embeddings and res.max_context is not None:
-            res.max_context = min(res.max_context, int(spec.max_position_embeddings))
-    res.fits = fits_w
-    if context_len and concurrency:
-        need = concurrency * per_seq
-        res.need_gb_per_gpu = (w_gpu + need) / 1e9 + reserve
-        res.fits = fits_w and need <= budget_b
+    _fit_users(res, spec, budget_b, w_gpu, cfg.state_dtype)
     res.assumptions = (
-        f"mem_util={mem_util}; reserve={reserve:.2f} GB/GPU (runtime {runtime} GB + workspace for "
-        f"{max_batched_tokens} tokens); kv {dtypes.canonical(kv_dtype)}, state "
-        f"{dtypes.canonical(state_dtype)}; weights {weight_dtypes_summary(dts)}; device {dev.name} "
+        f"mem_util={cfg.mem_util}; reserve={reserve:.2f} GB/GPU (runtime {runtime} GB + workspace for "
+        f"{cfg.max_batched_tokens} tokens); kv {kv_dtype}, state "
+        f"{dtypes.canonical(cfg.state_dtype)}; weights {weight_dtypes_summary(dts)}; device {dev.name} "
         f"({dev.source.split(' [')[0]})"
     )
     return res
+
+
+def _weight_bytes_total_and_per_gpu(spec: ArchSpec, dts: dict, tp: int, ep: int, pp: int) -> tuple[float, float]:
+    """(bytes of all weights, bytes on one GPU): a pipeline stage holds 1/pp of the layers plus the embedding or
+    the LM head (both when pp = 1)."""
+    wr = weight_bytes(spec, dts, tp, ep)
+    layer_part = sum(v for g, v in wr.items() if g not in ("embed", "lm_head"))
+    ends = (wr["embed"] + wr["lm_head"]) if pp == 1 else max(wr["embed"], wr["lm_head"])
+    return sum(weight_bytes(spec, dts, 1, 1).values()), layer_part / pp + ends
+
+
+def _reserve_gb(spec: ArchSpec, dev: DeviceModel, tp: int, cfg: PredictConfig) -> tuple[float, float]:
+    """(runtime GB, reserve GB) per GPU: ``cfg.reserve_gb``, else runtime + the activation workspace.
+
+    Raises:
+        UserError: a negative ``reserve_gb``.
+    """
+    runtime = 0.0 if dev.device == "cpu" else DEFAULT_RUNTIME_GB
+    reserve = cfg.reserve_gb if cfg.reserve_gb is not None else runtime + workspace_gb(spec, tp, cfg.max_batched_tokens)
+    if reserve < 0:
+        raise UserError(f"reserve_gb={cfg.reserve_gb!r} must be >= 0")
+    return runtime, reserve
+
+
+def _fit_users(res: FitResult, spec: ArchSpec, budget_b: float, w_gpu: float, state_dtype) -> None:
+    """Fill ``res``'s max_concurrency (at its context), max_context (at its concurrency), need and fits, from the KV
+    budget ``budget_b`` and the weights ``w_gpu`` (bytes per GPU)."""
+    C, B, kv_tok, pp = res.context_len, res.concurrency, res.kv_bytes_per_token_per_gpu, res.pp
+    per_seq = C * kv_tok + state_bytes_per_seq(spec, C, res.kv_dtype, state_dtype, res.tp) / pp if C else None
+    if C:
+        res.max_concurrency = int(max(0.0, budget_b) // per_seq) if per_seq else None
+    if B:
+        big_ctx = spec.max_position_embeddings or 10**7
+        st = state_bytes_per_seq(spec, big_ctx, res.kv_dtype, state_dtype, res.tp) / pp
+        room = max(0.0, budget_b) / B - st
+        res.max_context = int(max(0.0, room) // kv_tok) if kv_tok else None
+        if spec.max_position_embeddings and res.max_context is not None:
+            res.max_context = min(res.max_context, int(spec.max_position_embeddings))
+    res.fits = res.fits_weights
+    if C and B:
+        need = B * per_seq
+        res.need_gb_per_gpu = (w_gpu + need) / 1e9 + res.reserve_gb_per_gpu
+        res.fits = res.fits_weights and need <= budget_b
 
 
 def weight_dtypes_summary(dts: dict) -> str:
@@ -348,18 +351,17 @@ def weight_dtypes_summary(dts: dict) -> str:
 
 def min_gpus(
     model,
-    accelerator: str,
     context_len: int | None = None,
     concurrency: int | None = None,
+    config: PredictConfig | None = None,
     max_gpus: int | None = None,
-    **kw,
 ) -> int | None:
-    """Fewest GPUs of ``accelerator`` on which ``model`` fits (with ``concurrency`` × ``context_len`` of KV when
-    given): tries 1, 2, 4, ... up to a node, then whole nodes (TP within a node, PP across nodes). None if even
-    ``max_gpus`` is not enough. Raises as :func:`memory_fit`."""
-    dev = kw.pop("device_model", None) or get_device_model(
-        accelerator, catalog=kw.pop("catalog", None), calibration=kw.pop("calibration", None)
-    )
+    """Fewest GPUs of ``config.accelerator`` on which ``model`` fits (with ``concurrency`` × ``context_len`` of KV
+    when given): tries 1, 2, 4, ... up to a node, then whole nodes (TP within a node, PP across nodes); the config's
+    ``n_gpus``, ``tp`` and ``pp`` are replaced by each candidate's. None if even ``max_gpus`` (default
+    :data:`MIN_GPUS_MAX`) is not enough. Raises as :func:`memory_fit`."""
+    cfg = config or PredictConfig()
+    dev = cfg.device()
     max_gpus = MIN_GPUS_MAX if max_gpus is None else max_gpus
     node = max(1, dev.gpus_per_node)
     cands = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < node] + list(range(node, max_gpus + 1, node))
@@ -367,7 +369,7 @@ def min_gpus(
         cands = [1]  # one host: the planner does not split a model over CPUs
     for n in cands:
         tp = min(n, node)
-        r = memory_fit(model, accelerator, n, context_len, concurrency, tp=tp, pp=n // tp, device_model=dev, **kw)
+        r = memory_fit(model, context_len, concurrency, replace(cfg, n_gpus=n, tp=tp, pp=n // tp, device_model=dev))
         if r.fits:
             return n
     return None

@@ -11,7 +11,7 @@ touched (routed experts: E·(1−(1−1/E)^(B·k)) of E are touched per MoE laye
 measured sweep, :func:`compare` adds the error per point.
 
 The memory fit it uses is :mod:`kit.plan.fit`; the bytes and FLOPs of a step :mod:`kit.plan.step`. Formulas:
-``../shared/METRICS.md`` (Planner section).
+``docs/metrics.md`` (Planner formulas).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import json
 import math
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import pandas as pd
@@ -29,48 +29,20 @@ from kit import dtypes, metrics
 from kit.errors import UserError
 from kit.grid import GridPoint
 from kit.plan.comm import apply_comm_calibration, comm_terms, decode_messages
-from kit.plan.decode import assumptions_text, decode_step, dominant_term
-from kit.plan.device import DeviceModel, check_eff, get_device_model
-from kit.plan.fit import DEFAULT_MEM_UTIL, check_context, memory_fit, weight_dtypes_summary
+from kit.plan.config import PredictConfig
+from kit.plan.decode import StepSetup, assumptions_text, decode_step, dominant_term
+from kit.plan.device import check_eff
+from kit.plan.fit import FitResult, check_context, memory_fit, weight_dtypes_summary
 from kit.plan.sizes import check_pos_int, kv_bytes_per_token, state_bytes_per_seq
-from kit.plan.spec import get_spec
+from kit.plan.spec import ArchSpec, get_spec
 from kit.plan.step import prefill_terms, roofline_times
 
 
-def predict_point(
-    model,
-    accelerator: str = "local",
-    n_gpus: int = 1,
-    concurrency: int = 1,
-    context_len: int = 1024,
-    *,
-    dtype=None,
-    kv_dtype=None,
-    state_dtype="bfloat16",
-    weight_dtypes=None,
-    compute_dtype=None,
-    act_dtype=None,
-    tp: int | None = None,
-    ep: int | None = None,
-    pp: int | None = None,
-    eff_bw: float | None = None,
-    eff_flops: float | None = None,
-    overhead_ms: float | None = None,
-    attend_len: int | None = None,
-    prefill: bool = True,
-    mem_util: float = DEFAULT_MEM_UTIL,
-    reserve_gb: float | None = None,
-    device_model: DeviceModel | None = None,
-    catalog=None,
-    calibration=None,
-    comm_calibration=None,
-    spec_k: int | None = None,
-    spec_accept: float | None = None,
-    draft_layers: int = 1,
-    model_label: str | None = None,
-) -> dict:
+def predict_point(model, concurrency: int = 1, context_len: int = 1024, config: PredictConfig | None = None) -> dict:
     """Predict one point — a batch prefill of ``concurrency`` × ``context_len`` tokens and one decode step at that
-    context — as a record in the :mod:`kit.results` schema (``backend="planner"``).
+    context — as a record in the :mod:`kit.results` schema (``backend="planner"``), under ``config``
+    (:class:`kit.plan.config.PredictConfig`: accelerator, GPUs, layout, dtypes, efficiencies, overhead,
+    speculative decoding; default: one ``"local"`` device, the model's dtypes).
 
     Decode step (ms) = max(bytes / (BW × eff_bw), flops / (peak × eff_flops)) + t_comm + overhead, per rank
     (:func:`kit.plan.decode.decode_step`), with
@@ -84,15 +56,8 @@ def predict_point(
     Prefill likewise with B × C tokens (causal attention ≈ C²/2 per sequence, logits for the last token only).
 
     Args:
-        dtype: one dtype for weights, KV and compute (the in-process engine's setting); finer control via
-            ``weight_dtypes``, ``kv_dtype``, ``compute_dtype`` (which TFLOPS figure applies; default: the
-            attention weights' dtype, fp4 groups aside) and ``act_dtype`` (activations, default bfloat16 or dtype).
-        attend_len: positions each decode step attends over (default ``context_len``; the kit's engine attends
-            over its whole preallocated static cache, ``context_len + decode_steps``).
-        eff_bw, eff_flops, overhead_ms: override the device's efficiencies / per-step overhead (ms).
-        comm_calibration: a ``kit comm`` link measurement (dict or JSON path) replacing the catalog's α / busbw.
-        spec_k, spec_accept, draft_layers: speculative decoding (draft tokens per verify step, mean tokens
-            emitted per verify step, decoder layers of the draft; :mod:`kit.plan.decode`). Off by default.
+        model: anything :func:`kit.plan.spec.get_spec` accepts (a reference model, a kit preset, a config.json).
+        concurrency: sequences in the batch (B). context_len: tokens per sequence (C).
 
     Returns:
         dict: schema columns (prefill_ms, ttft_ms, tpot_ms_p50, decode_tok_s, tok_s_per_stream, prefill_tok_s,
@@ -103,70 +68,113 @@ def predict_point(
 
     Raises:
         UserError: non-positive sizes, ``context_len`` beyond the model's ``max_position_embeddings``, unknown
-            dtype, bad parallel layout, ``eff_bw`` / ``eff_flops`` not in the interval from 0 (excluded) to 1.
+            dtype, bad parallel layout, ``eff_bw`` / ``eff_flops`` not in the interval from 0 (excluded) to 1, a
+            negative or non-finite ``overhead_ms``, bad speculative-decoding settings.
         UnknownNameError: unknown model or accelerator.
     """
+    cfg = config or PredictConfig()
     spec = get_spec(model)
     B = check_pos_int("concurrency", concurrency)
     C = check_context(spec, context_len)
-    dev = device_model or get_device_model(accelerator, catalog=catalog, calibration=calibration)
-    if comm_calibration is not None:
-        dev = apply_comm_calibration(replace(dev), comm_calibration)
-    if dtype is not None:
-        dtype = dtypes.canonical(dtype)
-        weight_dtypes = weight_dtypes or f"default={dtype}"
-    dts = spec.dtypes(weight_dtypes)
-    kv_dtype = dtypes.canonical(kv_dtype or dtype or "bfloat16")
-    act_dtype = dtypes.canonical(act_dtype or dtype or "bfloat16")
-    compute_dtype = dtypes.canonical(compute_dtype or dts["attn"])
-    fit = memory_fit(
-        spec, dev.name, n_gpus, C, B, kv_dtype, state_dtype, dts, tp, ep, pp, mem_util, reserve_gb, device_model=dev
-    )  # also settles the parallel layout
-    n_gpus, tp, ep, pp = fit.n_gpus, fit.tp, fit.ep, fit.pp
-    eb = check_eff("eff_bw", dev.eff_bw if eff_bw is None else eff_bw)
-    ef = check_eff("eff_flops", dev.eff_flops if eff_flops is None else eff_flops)
+    setup, fit = _settle(spec, B, C, cfg)
+    att = check_pos_int("attend_len", cfg.attend_len) if cfg.attend_len is not None else C
+    d = decode_step(spec, B, att, setup)
+    rec = _decode_columns(spec, cfg, setup, fit, d, att)
+    if cfg.prefill:
+        rec.update(_prefill_columns(spec, setup, B, C, cfg.attend_len))
+    rec["assumptions"] = assumptions_text(
+        d,
+        setup,
+        f"TP{setup.tp} EP{setup.ep} PP{setup.pp}; KV {setup.kv_dtype}; weights "
+        f"{weight_dtypes_summary(setup.weight_dtypes)}; attends {att} positions; uniform expert routing",
+    )
+    if not fit.fits:
+        rec.update(
+            status="oom",
+            error=f"predicted not to fit: needs {fit.need_gb_per_gpu or 0:,.1f} GB/GPU, "
+            f"{fit.usable_gb_per_gpu:,.1f} GB usable (weights {fit.weights_gb_per_gpu:,.1f} GB/GPU)",
+            **dict.fromkeys(_TIMING_COLUMNS),
+        )
+    return rec
+
+
+#: the columns of a prediction that are timings (None when the point is predicted not to fit)
+_TIMING_COLUMNS = (
+    "tpot_ms_p50",
+    "decode_tok_s",
+    "tok_s_per_stream",
+    "achieved_gb_s",
+    "prefill_ms",
+    "ttft_ms",
+    "prefill_tok_s",
+)
+
+
+def _settle(spec: ArchSpec, B: int, C: int, cfg: PredictConfig) -> tuple[StepSetup, FitResult]:
+    """The device (with ``comm_calibration``), the dtypes, the memory fit (which settles the parallel layout), the
+    efficiencies and the per-step overhead of one point.
+
+    Raises:
+        UserError: as :func:`predict_point`.
+    """
+    dev = cfg.device()
+    if cfg.comm_calibration is not None:
+        dev = apply_comm_calibration(replace(dev), cfg.comm_calibration)
+    dts, kv_dtype, act_dtype, compute_dtype = cfg.dtypes(spec)
+    fit = memory_fit(spec, C, B, replace(cfg, device_model=dev))
+    eb = check_eff("eff_bw", dev.eff_bw if cfg.eff_bw is None else cfg.eff_bw)
+    ef = check_eff("eff_flops", dev.eff_flops if cfg.eff_flops is None else cfg.eff_flops)
     ovh = (
         (dev.overhead_ms_fixed + dev.overhead_ms_per_layer * spec.num_layers)
-        if overhead_ms is None
-        else float(overhead_ms)
+        if cfg.overhead_ms is None
+        else float(cfg.overhead_ms)
     )
     if not ovh >= 0 or not math.isfinite(ovh):
-        raise UserError(f"overhead_ms={overhead_ms!r} must be a finite number >= 0 (ms per decode step)")
-    att = check_pos_int("attend_len", attend_len) if attend_len is not None else C
-    d = decode_step(spec, dev, B, att, (tp, ep, pp), dts, kv_dtype, state_dtype, act_dtype, compute_dtype, eb, ef,
-                    ovh, spec_k, spec_accept, draft_layers)  # fmt: skip
-    bytes_step, step_ms, emitted = d["bytes"], d["step_ms"], d["emitted"]
-    tpot = step_ms / emitted
+        raise UserError(f"overhead_ms={cfg.overhead_ms!r} must be a finite number >= 0 (ms per decode step)")
+    setup = StepSetup(
+        dev, fit.tp, fit.ep, fit.pp, dts, kv_dtype, dtypes.canonical(cfg.state_dtype), act_dtype, compute_dtype,
+        eb, ef, ovh, cfg.spec_k, cfg.spec_accept, cfg.draft_layers,
+    )  # fmt: skip
+    return setup, fit
+
+
+def _decode_columns(spec: ArchSpec, cfg: PredictConfig, s: StepSetup, fit: FitResult, d: dict, att: int) -> dict:
+    """The row of a point without its prefill: identity, memory fit and the decode step ``d``
+    (:func:`kit.plan.decode.decode_step`) with each of its terms."""
+    B, C, dev = fit.concurrency, fit.context_len, s.dev
+    tpot = d["step_ms"] / d["emitted"]
     bound = max(
-        (ovh, "overhead"), (d["t_comm_ms"], "communication"), (d["mem_part"], "memory"), (d["compute_part"], "compute")
+        (s.overhead_ms, "overhead"),
+        (d["t_comm_ms"], "communication"),
+        (d["mem_part"], "memory"),
+        (d["compute_part"], "compute"),
     )[1]
-    rec: dict = {
+    kv_seq = C * kv_bytes_per_token(spec, s.kv_dtype) + state_bytes_per_seq(spec, C, s.kv_dtype, s.state_dtype)
+    return {
         "backend": "planner",
         "status": "ok",
-        "model": model_label or spec.name,
-        "dtype": compute_dtype,
+        "model": cfg.model_label or spec.name,
+        "dtype": s.compute_dtype,
         "device": dev.device,
         "device_name": dev.full_name or dev.name,
         "accelerator": dev.name,
-        "n_gpus": n_gpus,
+        "n_gpus": fit.n_gpus,
         "concurrency": B,
         "context_len": C,
-        "tp": tp,
-        "eff_bw": eb,
-        "eff_flops": ef,
+        "tp": s.tp,
+        "eff_bw": s.eff_bw,
+        "eff_flops": s.eff_flops,
         "peak_mem_method": "planner",
         "weights_gb": fit.weights_gb_total,
         "peak_mem_gb": fit.need_gb_per_gpu,
-        "kv_cache_gb": B
-        * (C * kv_bytes_per_token(spec, kv_dtype) + state_bytes_per_seq(spec, C, kv_dtype, state_dtype))
-        / 1e9,
+        "kv_cache_gb": B * kv_seq / 1e9,
         "tpot_ms_p50": tpot,
         "decode_tok_s": metrics.decode_tok_s(B, tpot),
         "tok_s_per_stream": metrics.tok_s_per_stream(tpot),
-        "achieved_gb_s": metrics.achieved_gb_s(bytes_step * tp, step_ms / 1e3),
+        "achieved_gb_s": metrics.achieved_gb_s(d["bytes"] * s.tp, d["step_ms"] / 1e3),
         "x_bound": bound,
         "x_dominant_term": dominant_term(d),
-        "x_step_ms": step_ms,
+        "x_step_ms": d["step_ms"],
         "x_t_linear_ms": d["t_linear"],
         "x_t_attn_ms": d["t_attn"],
         "x_t_mem_ms": d["t_mem"],
@@ -174,78 +182,41 @@ def predict_point(
         **{f"x_{k}": v for k, v in d.items() if k.startswith("t_") and k.endswith("_ms") and k != "t_compute_ms"},
         "x_t_compute_part_ms": d["t_compute_ms"],
         "x_spec_k": d["spec_k"],
-        "x_spec_accept": emitted,
-        "x_overhead_ms": ovh,
-        "x_bytes_per_step": bytes_step,
+        "x_spec_accept": d["emitted"],
+        "x_overhead_ms": s.overhead_ms,
+        "x_bytes_per_step": d["bytes"],
         "x_flops_per_step": d["flops"],
         "x_expert_coverage": d["expert_coverage"],
         "x_link_source": dev.link_source,
         "x_attend_len": att,
-        "x_kv_dtype": kv_dtype,
-        "x_compute_dtype": compute_dtype,
-        "x_ep": ep,
-        "x_pp": pp,
+        "x_kv_dtype": s.kv_dtype,
+        "x_compute_dtype": s.compute_dtype,
+        "x_ep": s.ep,
+        "x_pp": s.pp,
         "x_weights_gb_per_gpu": fit.weights_gb_per_gpu,
         "x_kv_tokens_free": fit.kv_tokens_free,
         "x_max_concurrency": fit.max_concurrency,
         "x_fits": fit.fits,
         "x_mem_bw_gb_s": dev.mem_bw_gb_s,
-        "x_peak_tflops": dev.peak_tflops(compute_dtype),
+        "x_peak_tflops": dev.peak_tflops(s.compute_dtype),
         "x_device_source": dev.source,
     }
-    if prefill:
-        t = prefill_terms(spec, B, C, attend_len, tp, ep, dts, kv_dtype)
-        pr = roofline_times(
-            dev,
-            t["weight_bytes"],
-            t["linear_flops"],
-            t["kv_bytes"],
-            t["attn_flops"],
-            compute_dtype,
-            eb,
-            ef,
-            decode=False,
-        )
-        p_comm = comm_terms(decode_messages(spec, dev, B * C, tp, ep, pp, act_dtype))["t_comm_ms"]
-        prefill_ms = pr["t_linear"] + pr["t_attn"] + p_comm + ovh
-        pm, pc, pflops = pr["mem_part"], pr["compute_part"], t["flops"]
-        rec.update(
-            {
-                "prefill_ms": prefill_ms,
-                "ttft_ms": prefill_ms,
-                "prefill_tok_s": metrics.prefill_tok_s(B, C, prefill_ms),
-                "x_prefill_bound": "memory" if pm >= pc else "compute",
-                "x_prefill_flops": pflops,
-            }
-        )
-    rec["assumptions"] = assumptions_text(
-        d,
-        dev,
-        eb,
-        ef,
-        compute_dtype,
-        f"TP{tp} EP{ep} PP{pp}; KV {kv_dtype}; weights {weight_dtypes_summary(dts)}"
-        f"; attends {att} positions; uniform expert routing",
-    )
-    if not fit.fits:
-        rec.update(
-            {
-                "status": "oom",
-                "error": f"predicted not to fit: needs {fit.need_gb_per_gpu or 0:,.1f} GB/GPU, "
-                f"{fit.usable_gb_per_gpu:,.1f} GB usable (weights {fit.weights_gb_per_gpu:,.1f} GB/GPU)",
-            }
-        )
-        for k in (
-            "tpot_ms_p50",
-            "decode_tok_s",
-            "tok_s_per_stream",
-            "achieved_gb_s",
-            "prefill_ms",
-            "ttft_ms",
-            "prefill_tok_s",
-        ):
-            rec[k] = None
-    return rec
+
+
+def _prefill_columns(spec: ArchSpec, s: StepSetup, B: int, C: int, attend_len: int | None) -> dict:
+    """The prefill columns of a point: a batch prefill of ``B`` × ``C`` tokens (:func:`kit.plan.step.prefill_terms`),
+    its roofline time, its collectives and the per-step overhead."""
+    t = prefill_terms(spec, B, C, attend_len, s.tp, s.ep, s.weight_dtypes, s.kv_dtype)
+    pr = roofline_times(s.dev, t, s.compute_dtype, s.eff_bw, s.eff_flops, decode=False)
+    p_comm = comm_terms(decode_messages(spec, s.dev, B * C, s.tp, s.ep, s.pp, s.act_dtype))["t_comm_ms"]
+    prefill_ms = pr["t_linear"] + pr["t_attn"] + p_comm + s.overhead_ms
+    return {
+        "prefill_ms": prefill_ms,
+        "ttft_ms": prefill_ms,
+        "prefill_tok_s": metrics.prefill_tok_s(B, C, prefill_ms),
+        "x_prefill_bound": "memory" if pr["mem_part"] >= pr["compute_part"] else "compute",
+        "x_prefill_flops": t["flops"],
+    }
 
 
 class PlannerBackend:
@@ -256,9 +227,9 @@ class PlannerBackend:
     accelerator or dtype, a bad layout, a context beyond the model's positions) raises before any point is stored.
 
     Args:
-        model: anything :func:`kit.plan.spec.get_spec` accepts. accelerator: catalog name or "local"/"cpu".
-        concurrencies, context_lens: the grid (sequences; tokens). n_gpus: accelerators in total.
-        kw: as :func:`predict_point` (``device_model``, ``catalog``, ``calibration``, dtypes, layout, efficiencies).
+        model: anything :func:`kit.plan.spec.get_spec` accepts.
+        concurrencies, context_lens: the grid (sequences; tokens).
+        config: the deployment and assumptions of every point (:class:`kit.plan.config.PredictConfig`).
 
     Raises:
         UserError / UnknownNameError: as :func:`predict_point`.
@@ -269,31 +240,36 @@ class PlannerBackend:
     def __init__(
         self,
         model,
-        accelerator: str = "local",
         concurrencies=(1, 4, 16),
         context_lens=(128, 512, 2048),
-        n_gpus: int = 1,
-        **kw,
+        config: PredictConfig | None = None,
     ):
+        cfg = config or PredictConfig()
         self.spec = get_spec(model)
-        self.device_model = kw.pop("device_model", None) or get_device_model(
-            accelerator, catalog=kw.pop("catalog", None), calibration=kw.pop("calibration", None)
-        )
-        kw.pop("catalog", None), kw.pop("calibration", None)
+        self.device_model = cfg.device()
+        self.config = replace(cfg, device_model=self.device_model)
         self.concurrencies = [check_pos_int("concurrency", b) for b in concurrencies]
         self.context_lens = [check_context(self.spec, c) for c in context_lens]
         if not self.concurrencies or not self.context_lens:
             raise UserError("a planner grid needs at least one concurrency and one context_len")
-        self.n_gpus, self.kw = n_gpus, kw
         self.description = f"plan {self.spec.name} on {self.device_model.name}"
         self.measure(self.points()[0])
 
     def _settings(self) -> dict:
+        """What identifies this grid's predictions: the model, the GPU count, the device model and every config
+        field set away from its default (the device's sources excepted: the device model stands for them)."""
+        cfg = self.config
+        kw = {
+            f.name: getattr(cfg, f.name)
+            for f in fields(cfg)
+            if f.name not in ("accelerator", "n_gpus", "device_model", "catalog", "calibration")
+            and getattr(cfg, f.name) != f.default
+        }
         return {
             "model": self.spec.name,
-            "n_gpus": self.n_gpus,
+            "n_gpus": cfg.n_gpus,
             "device_model": asdict(self.device_model),
-            **{k: v for k, v in sorted(self.kw.items())},
+            **{k: v for k, v in sorted(kw.items())},
         }
 
     def points(self) -> list[GridPoint]:
@@ -301,10 +277,10 @@ class PlannerBackend:
         changed calibration or efficiency predicts again on resume."""
         base = json.dumps(self._settings(), sort_keys=True, default=str)
         cols = {
-            "model": self.kw.get("model_label") or self.spec.name,
+            "model": self.config.model_label or self.spec.name,
             "accelerator": self.device_model.name,
             "device": self.device_model.device,
-            "n_gpus": self.n_gpus,
+            "n_gpus": self.config.n_gpus,
         }
         out = []
         for c in self.context_lens:
@@ -314,7 +290,7 @@ class PlannerBackend:
         return out
 
     def metadata(self) -> dict:
-        from kit.results import run_metadata
+        from kit.store import run_metadata
 
         return run_metadata(model=self.spec.name, accelerator=self.device_model.name, config=self._settings())
 
@@ -323,9 +299,7 @@ class PlannerBackend:
 
     def measure(self, point: GridPoint) -> dict:
         b, c = point.config
-        return predict_point(
-            self.spec, self.device_model.name, self.n_gpus, b, c, device_model=self.device_model, **self.kw
-        )
+        return predict_point(self.spec, b, c, self.config)
 
     def after_failure(self) -> dict:
         return {}
@@ -333,18 +307,16 @@ class PlannerBackend:
 
 def predict_grid(
     model,
-    accelerator: str = "local",
     concurrencies=(1, 4, 16),
     context_lens=(128, 512, 2048),
-    n_gpus: int = 1,
+    config: PredictConfig | None = None,
     *,
     out_dir: str | Path | None = None,
     resume: bool = True,
     progress: bool = False,
-    **kw,
 ) -> pd.DataFrame:
-    """Planner rows for every (context_len, concurrency) pair, as a :mod:`kit.results` DataFrame. ``kw`` as
-    :func:`predict_point`.
+    """Planner rows for every (context_len, concurrency) pair, as a :mod:`kit.results` DataFrame, under ``config``
+    (:class:`kit.plan.config.PredictConfig`, as :func:`predict_point`).
 
     Without ``out_dir`` the rows are only returned. With it they are stored through the one grid runner
     (:func:`kit.grid.run_grid` over a :class:`PlannerBackend`) exactly like a measured sweep:
@@ -356,7 +328,7 @@ def predict_grid(
     """
     from kit.results import to_frame
 
-    backend = PlannerBackend(model, accelerator, concurrencies, context_lens, n_gpus, **kw)
+    backend = PlannerBackend(model, concurrencies, context_lens, config)
     if out_dir is None:
         return to_frame([{**p.columns, **backend.measure(p), "point_id": p.point_id} for p in backend.points()])
     from kit.grid import run_grid
@@ -364,11 +336,13 @@ def predict_grid(
     return run_grid(backend, out_dir, resume=resume, progress=progress)
 
 
-def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd.DataFrame:
+def predict_like(measured: pd.DataFrame, config: PredictConfig | None = None) -> pd.DataFrame:
     """Planner rows for the grid of a measured sweep (one per distinct ok grid point: same model, dtype,
-    concurrency and context_len), for overlays and error tables. The kit's engine attends over its whole static
-    cache, so each step's attended length is taken as ``context_len + decode_steps`` (``x_cache_len`` when the row
-    has it). Rows with ``tp`` > 1 (a tensor-parallel sweep) are predicted with the same tp.
+    concurrency and context_len), for overlays and error tables, under ``config``
+    (:class:`kit.plan.config.PredictConfig`; its ``dtype``, ``n_gpus`` and ``attend_len`` are each row's). The kit's
+    engine attends over its whole static cache, so each step's attended length is taken as ``context_len +
+    decode_steps`` (``x_cache_len`` when the row has it). Rows with ``tp`` > 1 (a tensor-parallel sweep) are
+    predicted with the same tp unless ``config.tp`` is set.
 
     Raises:
         UserError: ``measured`` has no ok rows with model, dtype, concurrency and context_len.
@@ -383,9 +357,8 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
     ok = ok.dropna(subset=need)
     if ok.empty:
         raise UserError("measured frame has no ok rows with model, dtype, concurrency and context_len")
-    dev = kw.pop("device_model", None) or get_device_model(
-        accelerator, catalog=kw.pop("catalog", None), calibration=kw.pop("calibration", None)
-    )
+    cfg = config or PredictConfig()
+    dev = cfg.device()
     recs = []
     grid = [
         c
@@ -403,9 +376,9 @@ def predict_like(measured: pd.DataFrame, accelerator: str = "local", **kw) -> pd
             att = C
         tp = int(r["tp"]) if "tp" in r and pd.notna(r.get("tp")) else None  # a TP sweep predicts with its tp
         n = int(r["n_gpus"]) if "n_gpus" in r and pd.notna(r.get("n_gpus")) else 1
-        lay = {"tp": tp} if tp and "tp" not in kw else {}
-        rec = predict_point(r["model"], accelerator, max(n, tp or 1), int(r["concurrency"]), C, dtype=str(r["dtype"]),
-                            attend_len=att, device_model=dev, **lay, **kw)  # fmt: skip
+        lay = {"tp": tp} if tp and cfg.tp is None else {}
+        row_cfg = replace(cfg, n_gpus=max(n, tp or 1), dtype=str(r["dtype"]), attend_len=att, device_model=dev, **lay)
+        rec = predict_point(r["model"], int(r["concurrency"]), C, row_cfg)
         rec["decode_steps"] = (
             int(r["decode_steps"]) if "decode_steps" in r and pd.notna(r.get("decode_steps")) else None
         )

@@ -3,7 +3,7 @@
 Per op class (linear layers; attention): ``t = max(bytes / (BW × eff_bw), flops / (rate × eff_flops))``, the classes
 summed (:func:`roofline_times`); weights touched follow expert coverage (:func:`expert_coverage`: expected distinct
 experts hit by B·k uniform draws); communication is :mod:`kit.plan.comm`, the named terms of a decode step
-:mod:`kit.plan.decode`. Formulas: ``../shared/METRICS.md`` (Planner section). The rows built on these
+:mod:`kit.plan.decode`. Formulas: ``docs/metrics.md`` (Planner formulas). The rows built on these
 are :func:`kit.plan.roofline.predict_point`.
 """
 
@@ -20,7 +20,7 @@ from kit.plan.spec import ArchSpec
 
 def expert_coverage(n_experts: int, tokens: float, k: int) -> float:
     """Expected fraction of ``n_experts`` routed experts hit when ``tokens`` tokens each pick ``k``:
-    1 − (1 − 1/E)^(tokens·k) (uniform independent routing; ../shared/METRICS.md)."""
+    1 − (1 − 1/E)^(tokens·k) (uniform independent routing; docs/metrics.md, Decode step)."""
     if n_experts <= 0:
         return 0.0
     return 1.0 - (1.0 - 1.0 / n_experts) ** (tokens * k)
@@ -98,20 +98,20 @@ def decode_terms(spec: ArchSpec, B: int, ctx: float, tp: int, ep: int, dts: dict
 
 
 def roofline_times(
-    dev: DeviceModel,
-    w_bytes: float,
-    lin_flops: float,
-    kv_bytes: float,
-    attn_flops: float,
-    compute_dtype,
-    eff_bw: float,
-    eff_flops: float,
-    decode: bool = True,
+    dev: DeviceModel, terms: dict, compute_dtype, eff_bw: float, eff_flops: float, decode: bool = True
 ) -> dict:
     """Per op class (linear layers; attention), time = max(bytes / (BW × eff_bw), flops / (rate × eff_flops)); the
-    classes run one after the other, so their times add. Decode attention's rate is the device's measured
-    decode-attention throughput when calibrated (``attn_tflops``), else the matmul peak; prefill attention (many
-    queries per key: GEMM-shaped) uses the matmul peak."""
+    classes run one after the other, so their times add. ``terms`` holds the bytes and FLOPs on one rank
+    (``weight_bytes``, ``linear_flops``, ``kv_bytes``, ``attn_flops``: :func:`decode_terms` / :func:`prefill_terms`).
+    Decode attention's rate is the device's measured decode-attention throughput when calibrated (``attn_tflops``),
+    else the matmul peak; prefill attention (many queries per key: GEMM-shaped) uses the matmul peak.
+
+    Returns:
+        dict of ms: ``t_linear``, ``t_attn``, ``t_mem`` (both classes at bandwidth), ``t_compute`` (both at the
+        FLOP rate), ``mem_part`` / ``compute_part`` (the summed time split by what bounds each class).
+    """
+    w_bytes, lin_flops = terms["weight_bytes"], terms["linear_flops"]
+    kv_bytes, attn_flops = terms["kv_bytes"], terms["attn_flops"]
     bw = dev.mem_bw_gb_s * 1e9 * eff_bw
     peak = dev.peak_tflops(compute_dtype) * 1e12 * eff_flops
     arate = (dev.attn_tflops * 1e12 * eff_flops) if (dev.attn_tflops and decode) else peak

@@ -9,6 +9,7 @@ import pytest
 
 from kit.errors import OutputPathError
 from kit.measure import calibrate
+from kit.plan.config import PredictConfig
 from kit.plan.device import get_device_model
 from kit.plan.roofline import predict_point
 
@@ -33,7 +34,7 @@ def test_save_load_and_planner_uses_it(quick_cal, tmp_path):
     assert loaded["path"] == str(p) and loaded["mem_bw_gb_s"] == quick_cal["mem_bw_gb_s"]
     dev = get_device_model("local", calibration=p)
     assert dev.mem_bw_gb_s == quick_cal["mem_bw_gb_s"] and dev.eff_bw == 1.0 and dev.eff_flops == 1.0
-    r = predict_point("tiny-llama", "local", 1, 1, 64, dtype="float32", calibration=p)
+    r = predict_point("tiny-llama", 1, 64, PredictConfig("local", dtype="float32", calibration=p))
     assert r["status"] == "ok" and r["device"] == "cpu" and "calibration" in r["x_device_source"]
 
 

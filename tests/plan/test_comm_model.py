@@ -9,6 +9,7 @@ import pytest
 
 from kit.errors import UserError
 from kit.plan.comm import Link, collective_ms
+from kit.plan.config import PredictConfig
 from kit.plan.decode import STEP_TERMS
 from kit.plan.roofline import predict_like, predict_point
 
@@ -18,7 +19,7 @@ TERMS = [f"x_t_{t}_ms" if t != "compute" else "x_t_compute_part_ms" for t in STE
 def _k3(acc, n, B=1, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return predict_point("kimi-k3", acc, n, B, 1424, prefill=False, **kw)
+        return predict_point("kimi-k3", B, 1424, PredictConfig(acc, n, prefill=False, **kw))
 
 
 def test_collective_time_is_alpha_plus_bytes_over_busbw():
@@ -68,5 +69,5 @@ def test_predict_like_of_a_tensor_parallel_sweep_keeps_its_tp():
         {"model": ["llama-3.1-70b"] * 2, "dtype": ["bfloat16"] * 2, "concurrency": [1, 1], "context_len": [512, 512],
          "n_gpus": [1, 4], "tp": [1, 4], "status": ["ok", "ok"]}
     )  # fmt: skip
-    p = predict_like(measured, "H100")
+    p = predict_like(measured, PredictConfig("H100"))
     assert sorted(p["tp"].tolist()) == [1, 4] and sorted(p["n_gpus"].tolist()) == [1, 4]

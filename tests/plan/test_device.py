@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kit.plan.config import PredictConfig
 from kit.plan.device import DeviceModel, get_device_model
 from kit.plan.roofline import predict_point
 from kit.plan.spec import get_spec
@@ -21,12 +22,12 @@ def test_local_calibration_drives_prediction():
     }
     dev = get_device_model("local", calibration=cal)
     assert dev.eff_bw == 1.0 and dev.mem_bw_gb_s == 10.0
-    r = predict_point("tiny-llama", "local", 1, 1, 128, dtype="float32", calibration=cal)
+    r = predict_point("tiny-llama", 1, 128, PredictConfig("local", dtype="float32", calibration=cal))
     s = get_spec("tiny-llama")
     assert r["x_overhead_ms"] == pytest.approx(1.0 + 0.5 * s.num_layers)
     assert r["tpot_ms_p50"] == pytest.approx(r["x_t_linear_ms"] + r["x_t_attn_ms"] + r["x_overhead_ms"])
     with pytest.raises(ValueError, match="float16"):
-        predict_point("tiny-llama", "local", 1, 1, 128, dtype="float16", calibration=cal)
+        predict_point("tiny-llama", 1, 128, PredictConfig("local", dtype="float16", calibration=cal))
 
 
 @pytest.mark.parametrize("v", [1.5, 0, -0.2, 1.0001])
@@ -35,12 +36,12 @@ def test_efficiency_outside_unit_interval_rejected(v, capsys):
 
     for kw in ("eff_bw", "eff_flops"):
         with pytest.raises(ValueError, match=rf"{kw}={v!r} is outside the allowed range \(0, 1\]"):
-            predict_point("llama-3.1-8b", "H100", 1, 1, 1024, **{kw: v})
+            predict_point("llama-3.1-8b", 1, 1024, PredictConfig("H100", **{kw: v}))
         with pytest.raises(ValueError, match=rf"{kw}={v!r} is outside the allowed range \(0, 1\]"):
             get_device_model("H100", **{kw: v})
     assert main(["plan", "--model", "llama-3.1-8b", "--accelerator", "H100", "--eff-bw", str(v)]) == 2
     assert "(0, 1]" in capsys.readouterr().err
-    assert predict_point("llama-3.1-8b", "H100", 1, 1, 1024, eff_bw=1.0)["eff_bw"] == 1.0
+    assert predict_point("llama-3.1-8b", 1, 1024, PredictConfig("H100", eff_bw=1.0))["eff_bw"] == 1.0
 
 
 def test_catalog_device_model_and_overrides():

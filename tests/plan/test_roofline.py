@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
+from kit.plan.config import PredictConfig
 from kit.plan.device import DEFAULT_GPU_OVERHEAD_MS_PER_LAYER
 from kit.plan.roofline import compare, predict_grid, predict_like, predict_point
 from kit.plan.sizes import weight_bytes
@@ -21,7 +24,7 @@ def test_expert_coverage():
 
 
 def test_decode_is_memory_bound_at_batch_one_and_matches_formula():
-    r = predict_point("llama-3.1-8b", "H100", 1, 1, 1024, prefill=False)
+    r = predict_point("llama-3.1-8b", 1, 1024, PredictConfig("H100", prefill=False))
     assert r["x_bound"] == "memory" and r["status"] == "ok"
     s = get_spec("llama-3.1-8b")
     bytes_ = sum(weight_bytes(s).values()) - s.param_counts()["embed"] * 2 + 4096 * 2 + 1024 * 131_072
@@ -34,14 +37,14 @@ def test_decode_is_memory_bound_at_batch_one_and_matches_formula():
 
 def test_decode_time_monotone_in_batch_and_context():
     t = [
-        predict_point("deepseek-v3", "H200", 8, b, c, prefill=False)["tpot_ms_p50"]
+        predict_point("deepseek-v3", b, c, PredictConfig("H200", 8, prefill=False))["tpot_ms_p50"]
         for b, c in ((1, 1024), (8, 1024), (64, 1024), (64, 8192))
     ]
     assert t == sorted(t)
 
 
 def test_planner_rows_fit_the_results_schema():
-    df = predict_grid("tiny-llama", "H100", concurrencies=(1, 4), context_lens=(128, 512))
+    df = predict_grid("tiny-llama", (1, 4), (128, 512), PredictConfig("H100"))
     assert len(df) == 4 and set(df["backend"]) == {"planner"}
     for rec in df.to_dict("records"):
         validate_record(rec)
@@ -50,7 +53,7 @@ def test_planner_rows_fit_the_results_schema():
 
 
 def test_oom_point_has_status_and_no_timings():
-    r = predict_point("kimi-k3", "B200", 8, 1, 1024)
+    r = predict_point("kimi-k3", 1, 1024, PredictConfig("B200", 8))
     assert r["status"] == "oom" and "fit" in r["error"] and r["tpot_ms_p50"] is None
 
 
@@ -79,7 +82,7 @@ def test_predict_like_and_compare():
             for c in (128, 512)
         ]
     )
-    pred = predict_like(measured, "local", calibration=cal)
+    pred = predict_like(measured, PredictConfig("local", calibration=cal))
     assert len(pred) == 4 and (pred["x_attend_len"] == pred["context_len"] + 16).all()
     err = compare(measured, pred)
     assert len(err) == 4
@@ -104,18 +107,19 @@ def test_predict_like_one_row_per_grid_point():
         for t in (5.0, 6.0)
     ]
     measured = pd.DataFrame(rows)
-    pred = predict_like(measured, "local", calibration=cal)
+    pred = predict_like(measured, PredictConfig("local", calibration=cal))
     assert len(pred) == 1
     assert len(compare(measured, pd.concat([pred, pred]))) == 2  # one per measured row, no cross product
 
 
 # ---------------------------------------------------------------- stored predictions (the one grid runner)
 def test_predict_grid_stores_rows_like_a_sweep_and_resumes(tmp_path):
-    from kit.results import load_results
+    from kit.store import load_results
 
-    kw = dict(concurrencies=(1, 4), context_lens=(128, 512), dtype="bfloat16")
-    mem = predict_grid("tiny-llama", "H100", **kw)
-    df = predict_grid("tiny-llama", "H100", out_dir=tmp_path, **kw)
+    grid = ("tiny-llama", (1, 4), (128, 512))
+    cfg = PredictConfig("H100", dtype="bfloat16")
+    mem = predict_grid(*grid, cfg)
+    df = predict_grid(*grid, cfg, out_dir=tmp_path)
     assert {"points.jsonl", "results.parquet", "results.json"} <= {p.name for p in tmp_path.iterdir()}
     assert len(df) == 4 and set(df["backend"]) == {"planner"} and df["point_id"].nunique() == 4
     assert len((tmp_path / "points.jsonl").read_text().splitlines()) == 4
@@ -124,18 +128,18 @@ def test_predict_grid_stores_rows_like_a_sweep_and_resumes(tmp_path):
     assert stored.sort_values("point_id")["tpot_ms_p50"].tolist() == pytest.approx(
         mem.sort_values("point_id")["tpot_ms_p50"].tolist()
     )
-    again = predict_grid("tiny-llama", "H100", out_dir=tmp_path, **kw)  # resume: nothing predicted again
+    again = predict_grid(*grid, cfg, out_dir=tmp_path)  # resume: nothing predicted again
     assert len(again) == 4 and len((tmp_path / "points.jsonl").read_text().splitlines()) == 4
-    predict_grid("tiny-llama", "H100", out_dir=tmp_path, resume=False, **kw)  # archived, predicted again
+    predict_grid(*grid, cfg, out_dir=tmp_path, resume=False)  # archived, predicted again
     assert len((tmp_path / "points.jsonl").read_text().splitlines()) == 4 and (tmp_path / "previous").is_dir()
-    other = predict_grid("tiny-llama", "H100", out_dir=tmp_path, eff_bw=0.5, **kw)  # new settings: new points
+    other = predict_grid(*grid, replace(cfg, eff_bw=0.5), out_dir=tmp_path)  # new settings: new points
     assert len(other) == 8 and set(other["backend"]) == {"planner"}
 
 
 def test_predict_grid_oom_points_are_stored_as_oom(tmp_path):
-    df = predict_grid("kimi-k3", "B200", concurrencies=(1,), context_lens=(1024,), n_gpus=8, out_dir=tmp_path)
+    df = predict_grid("kimi-k3", (1,), (1024,), PredictConfig("B200", 8), out_dir=tmp_path)
     assert df["status"].tolist() == ["oom"] and "fit" in df["error"].iloc[0]
-    again = predict_grid("kimi-k3", "B200", concurrencies=(1,), context_lens=(1024,), n_gpus=8, out_dir=tmp_path)
+    again = predict_grid("kimi-k3", (1,), (1024,), PredictConfig("B200", 8), out_dir=tmp_path)
     assert len(again) == 1  # an oom point is finished: not predicted again
 
 
@@ -144,13 +148,13 @@ def test_planner_backend_validates_before_storing(tmp_path):
     from kit.plan.roofline import PlannerBackend
 
     with pytest.raises(UserError, match="exceeds"):
-        predict_grid("llama-3.1-8b", "B300", concurrencies=(1,), context_lens=(10_000_000,), out_dir=tmp_path)
+        predict_grid("llama-3.1-8b", (1,), (10_000_000,), PredictConfig("B300"), out_dir=tmp_path)
     with pytest.raises(UserError, match="fp7"):
-        predict_grid("llama-3.1-8b", "B300", concurrencies=(1,), context_lens=(128,), kv_dtype="fp7", out_dir=tmp_path)
+        predict_grid("llama-3.1-8b", (1,), (128,), PredictConfig("B300", kv_dtype="fp7"), out_dir=tmp_path)
     with pytest.raises(UnknownNameError, match="Z100"):
-        PlannerBackend("llama-3.1-8b", "Z100")
+        PlannerBackend("llama-3.1-8b", config=PredictConfig("Z100"))
     assert not (tmp_path / "points.jsonl").exists()
-    b = PlannerBackend("llama-3.1-8b", "H100", concurrencies=(1, 8), context_lens=(1024,))
+    b = PlannerBackend("llama-3.1-8b", (1, 8), (1024,), PredictConfig("H100"))
     pts = b.points()
     assert b.kind == "planner" and [p.columns["concurrency"] for p in pts] == [1, 8]
     assert b.measure(pts[1])["backend"] == "planner" and b.after_failure() == {}

@@ -10,6 +10,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from kit.errors import UserError  # noqa: E402
+from kit.plan.config import PredictConfig  # noqa: E402
 from kit.plan.fit import memory_fit  # noqa: E402
 from kit.plan.roofline import predict_grid, predict_like  # noqa: E402
 from kit.view import plan_plots  # noqa: E402
@@ -55,7 +56,7 @@ def _lines(fig, i=0):
 
 def test_overlay_figure_planner_dashed_over_measured():
     measured = _measured()
-    pred = predict_like(measured, "local", calibration=CAL)
+    pred = predict_like(measured, PredictConfig("local", calibration=CAL))
     fig = plan_plots.overlay_figure(measured, pred)
     ax = fig.axes[0]
     assert ax.get_title().startswith("planner (dashed) vs measured (solid): median |error|")
@@ -67,7 +68,7 @@ def test_overlay_figure_planner_dashed_over_measured():
 
 
 def test_stacked_bars_memory_breakdown(tmp_path):
-    fits = {acc: memory_fit("kimi-k3", acc, 8, context_len=1424) for acc in ("MI355X", "B300")}
+    fits = {acc: memory_fit("kimi-k3", 1424, config=PredictConfig(acc, 8)) for acc in ("MI355X", "B300")}
     mem = pd.DataFrame(
         [{"system": f"8x{a}", **r.memory_parts(), "users": f"{r.max_concurrency:,} users"} for a, r in fits.items()]
     )
@@ -122,9 +123,7 @@ def test_cost_vs_interactivity_two_panels_from_planner_rows():
 
     g = pd.concat(
         [
-            add_cost_columns(
-                predict_grid("llama-3.1-8b", a, concurrencies=(1, 8, 64), context_lens=(2048,)), basis="tco"
-            )
+            add_cost_columns(predict_grid("llama-3.1-8b", (1, 8, 64), (2048,), PredictConfig(a)), basis="tco")
             for a in ("MI355X", "H200")
         ],
         ignore_index=True,
