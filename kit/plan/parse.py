@@ -118,6 +118,37 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
         UserError: a field the planner needs is missing (the message names it), or ``config`` is of another type.
         InputNotFoundError: a path without a ``config.json``.
     """
+    cfg, name = _config_dict(config, name)
+    mt = str(cfg.get("model_type", ""))
+    h = _count(cfg, "hidden_size", "every weight shape", "d_model", "n_embd")
+    L = _count(cfg, "num_hidden_layers", "the layer count", "n_layer", "num_layers")
+    nh = _count(cfg, "num_attention_heads", "the attention shapes", "n_head")
+    V = _count(cfg, "vocab_size", "the embedding size")
+    kw: dict = dict(
+        name=str(name),
+        hidden_size=h,
+        num_layers=L,
+        vocab_size=V,
+        num_attention_heads=nh,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        max_position_embeddings=cfg.get("max_position_embeddings"),
+        source=f"config ({mt or 'dict'})",
+    )
+    kw.update(_attention_fields(cfg, mt, h, nh))
+    kw.update(_layer_kind_fields(cfg, mt, L))
+    kw.update(_mlp_fields(cfg, mt, L))
+    kw["weight_dtypes"] = weight_dtypes_text(weight_dtypes if weight_dtypes is not None else _config_dtypes(cfg))
+    return kw
+
+
+def _config_dict(config, name: str | None) -> tuple[dict, str]:
+    """``(config as a dict, model name)`` of a config object, dict or ``config.json`` path; a multimodal config's
+    ``text_config`` (keeping the outer ``quantization_config``).
+
+    Raises:
+        InputNotFoundError: a path without a ``config.json``. UserError: unreadable JSON, not an object, another type.
+    """
     if isinstance(config, (str, Path)):
         p = Path(config)
         if p.is_dir():
@@ -137,15 +168,7 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
         if hasattr(config, "get_text_config"):
             config = config.get_text_config()
         cfg = config.to_dict()
-        for k in (
-            "head_dim",
-            "layer_types",
-            "linear_num_heads",
-            "linear_head_dim",
-            "linear_conv_kernel_dim",
-            "mlp_layer_types",
-            "num_key_value_heads",
-        ):
+        for k in _DERIVED_ATTRS:
             if getattr(config, k, None) is not None:
                 cfg[k] = getattr(config, k)
         name = name or getattr(config, "name_or_path", "") or cfg.get("model_type", "config")
@@ -155,26 +178,30 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
         )
     if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
-    name = name or cfg.get("_name_or_path") or cfg.get("model_type") or "config"
-    mt = str(cfg.get("model_type", ""))
-    h = _count(cfg, "hidden_size", "every weight shape", "d_model", "n_embd")
-    L = _count(cfg, "num_hidden_layers", "the layer count", "n_layer", "num_layers")
-    nh = _count(cfg, "num_attention_heads", "the attention shapes", "n_head")
-    V = _count(cfg, "vocab_size", "the embedding size")
-    mla = cfg.get("kv_lora_rank") is not None
-    kw: dict = dict(
-        name=str(name),
-        hidden_size=h,
-        num_layers=L,
-        vocab_size=V,
-        num_attention_heads=nh,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
-        max_position_embeddings=cfg.get("max_position_embeddings"),
-        source=f"config ({mt or 'dict'})",
-    )
-    if mla:
-        kw.update(
+    return cfg, name or cfg.get("_name_or_path") or cfg.get("model_type") or "config"
+
+
+#: attributes a transformers config object derives (properties or defaults) that ``to_dict()`` may leave out
+_DERIVED_ATTRS = (
+    "head_dim",
+    "layer_types",
+    "linear_num_heads",
+    "linear_head_dim",
+    "linear_conv_kernel_dim",
+    "mlp_layer_types",
+    "num_key_value_heads",
+)
+
+
+def _attention_fields(cfg: dict, mt: str, h: int, nh: int) -> dict:
+    """MLA latent shapes (a config with ``kv_lora_rank``), else GQA heads and head size (``hidden / heads`` when
+    ``head_dim`` is absent).
+
+    Raises:
+        UserError: a missing or non-positive shape, or no head_dim (hidden_size < num_attention_heads).
+    """
+    if cfg.get("kv_lora_rank") is not None:
+        return dict(
             attention="mla",
             q_lora_rank=cfg.get("q_lora_rank"),
             kv_lora_rank=_count(cfg, "kv_lora_rank", "the MLA latent cache"),
@@ -182,99 +209,100 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
             qk_nope_head_dim=_count(cfg, "qk_nope_head_dim", "the MLA query/key shapes"),
             v_head_dim=_count(cfg, "v_head_dim", "the MLA value shapes"),
         )
-    else:
-        nkv = (
-            _count(cfg, "num_key_value_heads", "the KV-cache shape")
-            if cfg.get("num_key_value_heads") is not None
-            else nh
-        )
-        hd = _count(cfg, "head_dim", "the attention shapes") if cfg.get("head_dim") is not None else h // nh
-        if hd < 1:
-            raise UserError(f"config has hidden_size={h} < num_attention_heads={nh}: no head_dim; give head_dim")
-        kw.update(
-            num_kv_heads=nkv,
-            head_dim=hd,
-            qk_norm=mt.startswith("qwen3"),
-            attention_sinks=mt == "gpt_oss",
-        )
-    # layer kinds
+    nkv = _count(cfg, "num_key_value_heads", "the KV-cache shape") if cfg.get("num_key_value_heads") is not None else nh
+    hd = _count(cfg, "head_dim", "the attention shapes") if cfg.get("head_dim") is not None else h // nh
+    if hd < 1:
+        raise UserError(f"config has hidden_size={h} < num_attention_heads={nh}: no head_dim; give head_dim")
+    return dict(num_kv_heads=nkv, head_dim=hd, qk_norm=mt.startswith("qwen3"), attention_sinks=mt == "gpt_oss")
+
+
+def _layer_kind_fields(cfg: dict, mt: str, L: int) -> dict:
+    """Sliding-window, linear-attention and full-attention layer counts from ``layer_types`` (none: all full).
+
+    Raises:
+        UserError: ``layer_types`` of another length than the layers, or a window / linear-attention size missing.
+    """
     lt = cfg.get("layer_types")
-    if lt:
-        lt = list(lt)
-        if len(lt) != L:
-            raise UserError(f"config layer_types has {len(lt)} entries but num_hidden_layers={L}")
-        n_lin = sum(t in ("linear_attention", "kda", "mamba", "gated_deltanet") for t in lt)
-        n_swa = sum(t in ("sliding_attention", "sliding_window") for t in lt)
-        kw.update(n_swa_layers=n_swa, n_linear_layers=n_lin, n_kv_layers=L - n_swa - n_lin)
-        if n_swa:
-            kw["sliding_window"] = int(_need(cfg, "sliding_window", "the sliding-window cache size"))
-        if n_lin:
-            kw.update(
-                linear_num_heads=int(
-                    _need(cfg, "linear_num_heads", "the linear-attention state", "linear_num_value_heads")
-                ),
-                linear_head_dim=int(
-                    _need(cfg, "linear_head_dim", "the linear-attention state", "linear_value_head_dim")
-                ),
-                linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4),
-            )
-            if mt != "kimi_linear":
-                kw["flags"] = (
-                    f"UNSURE: linear-attention layers of model_type {mt or '?'} are modelled as KDA "
-                    "(kimi_linear): their parameter count and state size are approximate"
-                )
-    # MLP / MoE
-    E = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-    if E:
-        k = int(
-            _need(
-                cfg,
-                "num_experts_per_tok",
-                "the active experts per token",
-                "num_experts_per_token",
-                "experts_per_token",
-                "moe_topk",
-            )
-        )
-        if mt == "gpt_oss":
-            mi = int(_need(cfg, "intermediate_size", "the expert width"))
-        else:
-            mi = int(_need(cfg, "moe_intermediate_size", "the expert width"))
-        mlt = cfg.get("mlp_layer_types")
-        if mlt:
-            n_dense = sum(t == "dense" for t in mlt)
-        elif cfg.get("first_k_dense_replace") is not None:
-            n_dense = int(cfg["first_k_dense_replace"])
-        elif cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) > 1:
-            step = int(cfg.get("decoder_sparse_step") or 1)
-            only = set(cfg.get("mlp_only_layers") or [])
-            n_dense = sum(1 for i in range(L) if i in only or (i + 1) % step != 0)
-        else:
-            n_dense = 0
+    if not lt:
+        return {}
+    lt = list(lt)
+    if len(lt) != L:
+        raise UserError(f"config layer_types has {len(lt)} entries but num_hidden_layers={L}")
+    n_lin = sum(t in ("linear_attention", "kda", "mamba", "gated_deltanet") for t in lt)
+    n_swa = sum(t in ("sliding_attention", "sliding_window") for t in lt)
+    kw: dict = dict(n_swa_layers=n_swa, n_linear_layers=n_lin, n_kv_layers=L - n_swa - n_lin)
+    if n_swa:
+        kw["sliding_window"] = int(_need(cfg, "sliding_window", "the sliding-window cache size"))
+    if n_lin:
         kw.update(
-            n_routed_experts=int(E),
-            experts_per_token=k,
-            moe_intermediate_size=mi,
-            n_dense_layers=n_dense,
-            n_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
-            expert_bias=mt == "gpt_oss",
-            shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size"),
-            moe_latent_size=cfg.get("moe_latent_size"),
+            linear_num_heads=int(
+                _need(cfg, "linear_num_heads", "the linear-attention state", "linear_num_value_heads")
+            ),
+            linear_head_dim=int(_need(cfg, "linear_head_dim", "the linear-attention state", "linear_value_head_dim")),
+            linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4),
         )
-        if n_dense:
-            kw["intermediate_size"] = int(_need(cfg, "intermediate_size", "the dense MLP layers"))
-    else:
-        kw["intermediate_size"] = int(_need(cfg, "intermediate_size", "the MLP width", "ffn_dim", "n_inner"))
-    # dtypes
-    if weight_dtypes is None:
-        base = dtypes.canonical(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
-        q = cfg.get("quantization_config") or {}
-        qm = str(q.get("quant_method", "")).lower() if isinstance(q, dict) else ""
-        if qm == "mxfp4":
-            weight_dtypes = f"default={base};routed_experts=mxfp4"
-        elif qm == "fp8":
-            weight_dtypes = f"default=fp8;embed={base};lm_head={base};norms={base};router={base}"
-        else:
-            weight_dtypes = f"default={base}"
-    kw["weight_dtypes"] = weight_dtypes_text(weight_dtypes)
+        if mt != "kimi_linear":
+            kw["flags"] = (
+                f"UNSURE: linear-attention layers of model_type {mt or '?'} are modelled as KDA "
+                "(kimi_linear): their parameter count and state size are approximate"
+            )
     return kw
+
+
+def _mlp_fields(cfg: dict, mt: str, L: int) -> dict:
+    """The MLP: routed experts (count, active per token, width, dense layers, shared experts) for a MoE, else the
+    dense intermediate size.
+
+    Raises:
+        UserError: a width or the active experts per token missing.
+    """
+    E = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    if not E:
+        return {"intermediate_size": int(_need(cfg, "intermediate_size", "the MLP width", "ffn_dim", "n_inner"))}
+    k = int(_need(cfg, "num_experts_per_tok", "the active experts per token", *_TOPK_ALIASES))
+    width_key = "intermediate_size" if mt == "gpt_oss" else "moe_intermediate_size"
+    n_dense = _dense_layers(cfg, L)
+    kw = dict(
+        n_routed_experts=int(E),
+        experts_per_token=k,
+        moe_intermediate_size=int(_need(cfg, width_key, "the expert width")),
+        n_dense_layers=n_dense,
+        n_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
+        expert_bias=mt == "gpt_oss",
+        shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size"),
+        moe_latent_size=cfg.get("moe_latent_size"),
+    )
+    if n_dense:
+        kw["intermediate_size"] = int(_need(cfg, "intermediate_size", "the dense MLP layers"))
+    return kw
+
+
+_TOPK_ALIASES = ("num_experts_per_token", "experts_per_token", "moe_topk")
+
+
+def _dense_layers(cfg: dict, L: int) -> int:
+    """Dense-MLP layers of a MoE: from ``mlp_layer_types``, ``first_k_dense_replace``, or ``mlp_only_layers`` /
+    ``decoder_sparse_step`` (Qwen-MoE: layer i is sparse when (i + 1) % step == 0); 0 when none says."""
+    mlt = cfg.get("mlp_layer_types")
+    if mlt:
+        return sum(t == "dense" for t in mlt)
+    if cfg.get("first_k_dense_replace") is not None:
+        return int(cfg["first_k_dense_replace"])
+    if cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) > 1:
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        only = set(cfg.get("mlp_only_layers") or [])
+        return sum(1 for i in range(L) if i in only or (i + 1) % step != 0)
+    return 0
+
+
+def _config_dtypes(cfg: dict) -> str:
+    """Per-group weight dtypes of a config: ``dtype`` / ``torch_dtype`` (default bfloat16), with an mxfp4
+    quantization on the routed experts, or fp8 everywhere but the embedding, LM head, norms and router."""
+    base = dtypes.canonical(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
+    q = cfg.get("quantization_config") or {}
+    qm = str(q.get("quant_method", "")).lower() if isinstance(q, dict) else ""
+    if qm == "mxfp4":
+        return f"default={base};routed_experts=mxfp4"
+    if qm == "fp8":
+        return f"default=fp8;embed={base};lm_head={base};norms={base};router={base}"
+    return f"default={base}"
