@@ -24,7 +24,7 @@ from pathlib import Path
 WRITER = r"""
 import contextlib, random, sys, time
 from kit.grid import GridPoint, run_grid
-from kit.results import run_metadata
+from kit.store import run_metadata
 
 class Slow:
     kind, description = "planner", "torture"
@@ -45,8 +45,7 @@ print("DONE", flush=True)
 
 def check(out: Path, n: int) -> list[str]:
     """Problems of a run directory after a fault (empty list = consistent)."""
-    from kit.results import load_results
-    from kit.store import ResultStore, read_log
+    from kit.store import ResultStore, load_results, read_log
 
     problems = []
     store = ResultStore(out)  # reopening sets a torn tail aside
@@ -98,7 +97,7 @@ def main() -> int:
             print(f"kill {k + 1:2d}: problems: {problems or 'none'}")
         final = subprocess.run([sys.executable, "-c", WRITER, str(out), str(args.points)], capture_output=True,
                                text=True, timeout=600)  # fmt: skip
-        from kit.results import load_results
+        from kit.store import load_results
 
         df = load_results(out)
         latest = df.drop_duplicates("point_id", keep="last")

@@ -97,7 +97,7 @@ class GridBackend(Protocol):
         """Every point of the grid, in the order they are run."""
 
     def metadata(self) -> dict:
-        """The run's metadata for the JSON sidecar (:func:`kit.results.run_metadata` plus the config)."""
+        """The run's metadata for the JSON sidecar (:func:`kit.store.run_metadata` plus the config)."""
 
     def session(self) -> AbstractContextManager:
         """A context held while the points run (set threads, start a client...); restored on any exit."""

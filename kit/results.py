@@ -1,28 +1,22 @@
-"""The one results schema shared by every backend, append-on-finish storage, and Parquet + JSON round trips.
+"""The one results schema shared by every backend: columns, validation, verdicts and the definition of an ok row.
 
 One row = one *point*: an in-process measurement (``backend="engine"``), a served-endpoint benchmark at one load
 level (``backend="openai"``) or an analytic prediction (``backend="planner"``). All three use the columns below,
 so their rows concatenate and plot on the same axes. Units are in the column names; metric formulas are defined
 once in :mod:`kit.metrics`. Columns a backend does not produce are missing (NaN/None), never zero.
 
-Storage of a run directory (the append log, its lock, crash recovery) is :mod:`kit.store`; this module holds
-the schema, validation, the Parquet + JSON round trip and the one definition of an ok row (:func:`ok_mask`).
+Reading and writing (the Parquet + JSON round trip, :func:`kit.store.load_results`, the append log, its lock,
+crash recovery) is :mod:`kit.store`; this module holds the schema, validation and the one definition of an ok row
+(:func:`ok_mask`).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-import platform
-import subprocess
-import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
-from kit._io import atomic_write_bytes, atomic_write_with
-from kit.errors import InputNotFoundError, UserError
+from kit.errors import UserError
 
 SCHEMA_VERSION = 1
 #: ``killed``: the process died while measuring the point (see :mod:`kit.store`); ``refused``: predicted not to fit
@@ -220,108 +214,4 @@ def coerce(df: pd.DataFrame) -> pd.DataFrame:
     for name in df.columns:  # extras (x_*): missing values are None whatever the storage round trip made of them
         if name not in _DTYPES and df[name].dtype == object:
             df[name] = df[name].map(lambda v: None if isinstance(v, float) and v != v else v)
-    return df
-
-
-def _git_commit() -> str | None:
-    try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
-        return out.stdout.strip() or None
-    except Exception:
-        return None
-
-
-def run_metadata(**extra) -> dict:
-    """Versions, host and time for a run's JSON sidecar; ``extra`` (device, model, dtype, config...) is merged."""
-    import torch
-    import transformers
-
-    from kit import __version__
-
-    now = _dt.datetime.now(_dt.UTC)
-    meta = {
-        "schema_version": SCHEMA_VERSION,
-        # unique per run: two runs started in the same second (tiny sweeps, CI jobs) are still two runs
-        "run_id": f"{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}",
-        "created_utc": now.isoformat(timespec="microseconds"),  # orders runs started in the same second
-        "kit_version": __version__,
-        "git_commit": _git_commit(),
-        "torch_version": torch.__version__,
-        "torch_cuda": getattr(torch.version, "cuda", None),
-        "torch_hip": getattr(torch.version, "hip", None),
-        "transformers_version": transformers.__version__,
-        "python": platform.python_version(),
-        "host": platform.node(),
-    }
-    meta.update(extra)
-    return meta
-
-
-def save_results(
-    df: pd.DataFrame, path: str | Path, metadata: dict | None = None, runs: list[dict] | None = None
-) -> Path:
-    """Write ``df`` to ``path`` (a ``.parquet`` file, or a directory → ``results.parquet``) + a JSON sidecar.
-
-    The sidecar (same stem, ``.json``) holds ``metadata`` (the latest run's), ``runs`` (every run's metadata
-    that wrote rows here, oldest first) and the schema. Both writes are atomic.
-
-    Returns: the Parquet path.
-    """
-    path = Path(path)
-    if path.suffix != ".parquet":
-        path = path / "results.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    df = coerce(df)
-    atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
-    side = {
-        "metadata": metadata or {},
-        "runs": runs if runs is not None else ([metadata] if metadata else []),
-        "schema_version": SCHEMA_VERSION,
-        "columns": {c: str(t) for c, t in df.dtypes.items()},
-    }
-    atomic_write_bytes(path.with_suffix(".json"), json.dumps(side, indent=2, default=str).encode())
-    return path
-
-
-def _read_parquet(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_parquet(path)
-    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        raise UserError(f"{path} is not a readable results Parquet file ({str(e).splitlines()[0][:200]})") from None
-
-
-def load_results(path: str | Path) -> pd.DataFrame:
-    """Load results written by :func:`save_results` or a run directory (Parquet, or the JSONL log if newer).
-
-    ``df.attrs["metadata"]`` carries the sidecar's metadata (the latest run's), ``df.attrs["runs"]`` every run's.
-
-    Raises:
-        FileNotFoundError: nothing loadable at ``path``.
-    """
-    path = Path(path)
-    if path.is_dir():
-        pq, log = path / "results.parquet", path / "points.jsonl"
-        if log.exists() and (not pq.exists() or log.stat().st_mtime > pq.stat().st_mtime + 1e-6):
-            from kit.store import read_log
-
-            df = to_frame(read_log(log))
-            side = path / "results.json"
-        elif pq.exists():
-            df, side = coerce(_read_parquet(pq)), pq.with_suffix(".json")
-        else:
-            raise InputNotFoundError(f"no results.parquet or points.jsonl in {path}")
-    elif path.exists():
-        df, side = coerce(_read_parquet(path)), path.with_suffix(".json")
-    else:
-        raise InputNotFoundError(f"results file {path} does not exist")
-    if side.exists():
-        try:
-            doc = json.loads(side.read_text())
-        except (OSError, ValueError):  # a damaged sidecar loses the metadata, never the rows
-            doc = {}
-        df.attrs["metadata"] = doc.get("metadata", {})
-        df.attrs["runs"] = doc.get("runs") or ([df.attrs["metadata"]] if df.attrs["metadata"] else [])
     return df

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kit import cli
-from kit.results import load_results
+from kit.store import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -363,7 +363,8 @@ def test_a_flagged_row_is_never_counted_ok(tmp_path, capsys):
     assert cli.main([*args, "--strict", "--json", "--out", str(tmp_path / "o")]) == 1
     js = json.loads(capsys.readouterr().out)
     assert js["ok"] == 1 and js["not_ok"] == 1
-    from kit.results import load_results, ok_mask, verdict
+    from kit.results import ok_mask, verdict
+    from kit.store import load_results
 
     df = load_results(tmp_path / "o").drop_duplicates("point_id", keep="last")  # a flagged point is measured again
     assert list(verdict(df)) == ["ok", "flagged"] and list(ok_mask(df)) == [True, False]

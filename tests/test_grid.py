@@ -6,10 +6,9 @@ import weakref
 
 import pytest
 
-from kit import results
 from kit.errors import OutputPathError
 from kit.grid import GridPoint, archive_previous, oom_error_type, run_grid
-from kit.store import read_log
+from kit.store import load_results, read_log, run_metadata
 
 
 class Tensorish:
@@ -31,7 +30,7 @@ class FakeBackend:
         ]
 
     def metadata(self):
-        return results.run_metadata(model="fake")
+        return run_metadata(model="fake")
 
     @contextlib.contextmanager
     def session(self):
@@ -64,7 +63,7 @@ def test_runs_every_point_stores_them_and_resumes(tmp_path):
     assert list(df.point_id) == ["p0", "p1", "p2", "p3"] and set(df.status) == {"ok"}
     assert set(df.backend) == {"planner"} and list(df.concurrency) == [1, 2, 3, 4] and seen == [1, 2, 3, 4]
     assert b.sessions == ["enter", "exit"]
-    assert len(results.load_results(tmp_path)) == 4 and results.load_results(tmp_path).attrs["metadata"]["model"]
+    assert len(load_results(tmp_path)) == 4 and load_results(tmp_path).attrs["metadata"]["model"]
     b2 = FakeBackend()
     df2 = run_grid(b2, tmp_path, progress=False)
     assert b2.measured == [] and len(df2) == 4  # all finished: nothing measured again
@@ -101,7 +100,7 @@ def test_keyboard_interrupt_keeps_finished_points(tmp_path):
     b = Interrupting()
     with pytest.raises(KeyboardInterrupt):
         run_grid(b, tmp_path, progress=False)
-    assert list(results.load_results(tmp_path).point_id) == ["p0", "p1"] and b.sessions == ["enter", "exit"]
+    assert list(load_results(tmp_path).point_id) == ["p0", "p1"] and b.sessions == ["enter", "exit"]
 
 
 def test_no_resume_archives_the_earlier_run(tmp_path):

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from kit import results
+from kit.store import load_results, save_results
 
 
 def _rec(**kw):
@@ -36,8 +37,8 @@ def test_round_trip_is_identical(tmp_path):
         ]
     )
     assert list(df.columns[: len(results.COLUMN_NAMES)]) == list(results.COLUMN_NAMES)
-    path = results.save_results(df, tmp_path / "r.parquet", {"model": "tiny-llama"})
-    back = results.load_results(path)
+    path = save_results(df, tmp_path / "r.parquet", {"model": "tiny-llama"})
+    back = load_results(path)
     pd.testing.assert_frame_equal(df, back)
     assert back.attrs["metadata"]["model"] == "tiny-llama"
     side = json.loads((tmp_path / "r.json").read_text())

@@ -5,9 +5,8 @@ import multiprocessing as mp
 
 import pytest
 
-from kit import results
 from kit.errors import OutputPathError, UserError
-from kit.store import ResultStore, read_log, repair_log, run_lock
+from kit.store import ResultStore, load_results, read_log, repair_log, run_lock
 
 
 def _rec(**kw):
@@ -26,7 +25,7 @@ def test_store_appends_and_sets_a_torn_line_aside(tmp_path, caplog):
     assert (tmp_path / "run" / "points.jsonl.torn-1").read_text() == '{"backend": "engine", "status": "o'
     again.append(_rec(point_id="c"))  # starts a line of its own: nothing glued onto the fragment
     assert [r["point_id"] for r in read_log(log)] == ["a", "b", "c"] and log.read_text().count("\n") == 3
-    assert list(results.load_results(tmp_path / "run").point_id) == ["a", "b", "c"]
+    assert list(load_results(tmp_path / "run").point_id) == ["a", "b", "c"]
     assert repair_log(log) is None  # a clean log is left alone
 
 
@@ -139,7 +138,7 @@ def test_a_point_the_process_died_on_is_recorded_killed(tmp_path):
 def test_every_runs_metadata_is_kept(tmp_path):
     ResultStore(tmp_path, {"model": "first", "created_utc": "1"}).append(_rec(point_id="a"))
     ResultStore(tmp_path, {"model": "second", "created_utc": "2"}).append(_rec(point_id="b", model="second"))
-    df = results.load_results(tmp_path)
+    df = load_results(tmp_path)
     assert df.attrs["metadata"]["model"] == "second"
     assert [r["model"] for r in df.attrs["runs"]] == ["first", "second"]
     assert [r["model"] for r in json.loads((tmp_path / "results.json").read_text())["runs"]] == ["first", "second"]

@@ -69,7 +69,7 @@ def _cli_sweep(args: argparse.Namespace) -> int:
             cfg, out, runs, resume=not args.no_resume, progress=not args.json, retry_killed=args.retry_killed
         )
     except KeyboardInterrupt:
-        from kit.results import load_results
+        from kit.store import load_results
 
         try:
             n = len(current_run_rows(load_results(out), cfg, runs))

@@ -39,13 +39,13 @@ from kit._io import atomic_write_text, check_out_dir
 from kit.cli import config_field
 from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
+from kit.grid import FINISHED_STATUSES, GridPoint, run_grid, split_run_options
 from kit.measure import memguard
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
-from kit.grid import FINISHED_STATUSES, GridPoint, run_grid, split_run_options
 from kit.measure.sweep import EngineBackend, SweepConfig
 from kit.plan.spec import get_spec
-from kit.results import load_results, ok_mask, run_metadata
-from kit.store import read_log
+from kit.results import ok_mask
+from kit.store import load_results, read_log, run_metadata
 
 log = logging.getLogger("kit")
 DEFAULT_MAX_CONTEXT = 4_194_304

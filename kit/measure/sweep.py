@@ -33,11 +33,12 @@ from kit._io import check_out_dir
 from kit.cli import config_field, config_flag, int_list_arg
 from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
-from kit.measure.engine import KV_FILLS, PointConfig, run_point
 from kit.grid import GridPoint, run_grid
+from kit.measure.engine import KV_FILLS, PointConfig, run_point
 from kit.measure.power import PowerSampler
 from kit.measure.power_readers import SOURCES as POWER_SOURCES
-from kit.results import run_metadata, verdict
+from kit.results import verdict
+from kit.store import run_metadata
 from kit.validity import validity
 
 log = logging.getLogger("kit")

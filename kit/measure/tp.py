@@ -31,8 +31,8 @@ import torch
 
 from kit import dtypes, models
 from kit._io import atomic_write_text, cache_dir
-from kit.measure.engine import Forward, PointConfig, new_cache, prefill
 from kit.grid import oom_error_type
+from kit.measure.engine import Forward, PointConfig, new_cache, prefill
 from kit.measure.ranks import RankError, run_ranks
 
 WORKER = "kit.measure.tp_worker"

@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from kit import dtypes
 from kit._io import atomic_write_text
-from kit.measure.engine import PointConfig, point_record, time_point
 from kit.grid import is_out_of_memory
+from kit.measure.engine import PointConfig, point_record, time_point
 from kit.measure.ranks import default_backend
 from kit.measure.tp import last_step_logits
 

@@ -34,7 +34,6 @@ from kit._io import atomic_write_text, check_out_dir
 from kit.errors import UserError
 from kit.grid import GridPoint, run_grid, split_run_options
 from kit.measure.power import PowerSampler
-from kit.results import run_metadata
 from kit.serve.aggregate import aggregate
 from kit.serve.client import get_model_id
 from kit.serve.limits import check_number
@@ -43,6 +42,7 @@ from kit.serve.progress import PointProgress
 from kit.serve.redact import redact_url, scrub
 from kit.serve.server_metrics import ServerMetricsWatch, client_output_tokens
 from kit.serve.workload import RequestInput
+from kit.store import run_metadata
 from kit.validity import validity
 
 log = logging.getLogger("kit")

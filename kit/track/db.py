@@ -32,7 +32,8 @@ from pathlib import Path
 import pandas as pd
 
 from kit.errors import InputNotFoundError, UserError
-from kit.results import load_results, ok_mask
+from kit.results import ok_mask
+from kit.store import load_results
 
 log = logging.getLogger("kit")
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.results import save_results, to_frame
+from kit.results import to_frame
+from kit.store import save_results
 
 #: (KV length, concurrency) of the simulated grid
 DEFAULT_POINTS = ((128, 1), (128, 4), (512, 1), (512, 4))

@@ -184,7 +184,7 @@ def ci_summary(df: pd.DataFrame) -> list[dict]:
 def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None = None) -> dict[str, Path]:
     """Write a results bundle a CI job can archive and read:
 
-    - ``results.parquet`` + ``results.json`` (full rows + run metadata, :func:`kit.results.save_results`),
+    - ``results.parquet`` + ``results.json`` (full rows + run metadata, :func:`kit.store.save_results`),
     - ``results.csv`` (flat: per-step list columns dropped),
     - ``summary.json`` (``{"n_points", "n_ok", "n_flagged", "statuses", "points": [...]}``, see :func:`ci_summary`;
       ``n_ok`` counts :func:`kit.results.ok_mask` rows, so a flagged row is not ok),
@@ -197,7 +197,7 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
     cannot be written.
     """
     from kit._io import check_out_dir
-    from kit.results import save_results
+    from kit.store import save_results
     from kit.view.files import write_atomic, write_text_atomic
 
     out = check_out_dir(out_dir, "CI export directory", "results/ci")

@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from kit.errors import KitError, UserError
-from kit.results import load_results, ok_mask
+from kit.results import ok_mask
+from kit.store import load_results
 from kit.view.render import figure_png, snapshot_html, widget_bundle
 
 #: what the view's y menu offers (columns of :func:`compare_frame`)
@@ -71,7 +72,7 @@ def compare_frame(
 
 
 def load_sets(paths: dict[str, str | Path]) -> dict[str, pd.DataFrame]:
-    """label → results, loaded with :func:`kit.results.load_results` (run directory or Parquet file).
+    """label → results, loaded with :func:`kit.store.load_results` (run directory or Parquet file).
 
     Raises: InputNotFoundError (a FileNotFoundError) for a path with no results.
     """

@@ -70,7 +70,7 @@ class ControlPanel:
             given and passed to every Run.
 
     Each press of Run writes a new run directory ``out_dir/run-YYYYmmdd-HHMMSS`` (attribute ``run_dir``), so
-    runs never mix; load one later with ``kit.results.load_results(run_dir)``.
+    runs never mix; load one later with ``kit.store.load_results(run_dir)``.
 
     Attributes (state that tests assert on): ``initial`` (the SweepConfig the widgets started from), ``frame``
     (results so far), ``state`` ("idle", "running", "stopping", "stopped", "done", "failed"), ``messages`` (lines
@@ -247,7 +247,7 @@ class ControlPanel:
     def on_export(self, _button=None) -> Path | None:
         """Export handler: write the results as ``run_dir/export.parquet`` or ``export.csv``; returns the path
         (None when there is nothing to export or the write failed; the message area says why)."""
-        from kit.results import save_results
+        from kit.store import save_results
         from kit.view.analysis import LIST_COLUMNS  # per-step lists do not fit a CSV cell
         from kit.view.files import write_atomic
 

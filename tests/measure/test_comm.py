@@ -14,7 +14,7 @@ from kit.measure.ranks import RankError
 from kit.plan.comm import apply_comm_calibration, step_collectives
 from kit.plan.device import get_device_model
 from kit.plan.spec import get_spec
-from kit.results import load_results
+from kit.store import load_results
 
 
 def test_case_c1_bus_bandwidth_of_every_collective():

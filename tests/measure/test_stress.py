@@ -9,11 +9,11 @@ import pytest
 
 from kit import models
 from kit.errors import UserError
-from kit.measure.engine import run_point
 from kit.grid import oom_error_type
+from kit.measure.engine import run_point
 from kit.measure.stress import ContextSearch, StressConfig, run_kv_stress, stress_summary
 from kit.measure.stress_check import cached_vs_uncached
-from kit.results import load_results
+from kit.store import load_results
 
 #: a few cheap probes: tiny-llama, a handful of decode steps
 TINY = dict(start=64, max_context=256, decode_steps=2, warmup_steps=1, repeats=1, check_context=0, threads=1)

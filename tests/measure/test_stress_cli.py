@@ -11,7 +11,8 @@ import pytest
 from kit.cli import main
 from kit.measure import memguard
 from kit.plan.spec import get_spec
-from kit.results import load_results, to_frame
+from kit.results import to_frame
+from kit.store import load_results
 from kit.view.stress_plots import fit_tpot_per_token, memory_vs_context, tpot_vs_context_fit
 
 matplotlib.use("Agg")

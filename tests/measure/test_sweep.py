@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kit import models, results
+from kit import models
 from kit.errors import OutputPathError
+from kit.grid import oom_error_type
 from kit.measure import sweep
 from kit.measure.engine import run_point
-from kit.grid import oom_error_type
+from kit.store import load_results
 
 SMALL = dict(kv_lens=[16, 32], concurrencies=[1, 2], decode_steps=3, warmup_steps=1, repeats=1)
 
@@ -27,7 +28,7 @@ def test_small_sweep_and_resume(tmp_path):
     df = sweep.run_sweep(cfg, tmp_path, progress=False, on_point=lambda rec, frame: seen.append(len(frame)))
     assert len(df) == 4 and set(df.status) == {"ok"} and seen == [1, 2, 3, 4]
     assert (tmp_path / "results.parquet").exists() and (tmp_path / "results.json").exists()
-    meta = results.load_results(tmp_path).attrs["metadata"]
+    meta = load_results(tmp_path).attrs["metadata"]
     assert meta["model"] == "tiny-llama" and meta["torch_version"] and meta["device"]["platform"] == "cpu"
     calls = []
     df2 = sweep.run_sweep(cfg, tmp_path, progress=False, runner=lambda *a: calls.append(a) or {})
@@ -39,7 +40,7 @@ def test_no_resume_starts_clean_and_keeps_the_old_run(tmp_path):
     sweep.run_sweep(cfg, tmp_path, progress=False)
     threads = torch.get_num_threads()
     df = sweep.run_sweep(cfg, tmp_path, progress=False, resume=False)
-    assert len(df) == 4 and df.point_id.nunique() == 4 and len(results.load_results(tmp_path)) == 4
+    assert len(df) == 4 and df.point_id.nunique() == 4 and len(load_results(tmp_path)) == 4
     assert len(list((tmp_path / "previous").glob("*/points.jsonl"))) == 1
     assert torch.get_num_threads() == threads  # restored after the sweep
     with pytest.raises(ValueError, match="threads=0"):
@@ -54,7 +55,7 @@ def test_should_stop_keeps_finished_points(tmp_path):
         n["k"] += 1
 
     df = sweep.run_sweep(cfg, tmp_path, progress=False, on_point=on_point, should_stop=lambda: n["k"] >= 2)
-    assert len(df) == 2 and len(results.load_results(tmp_path)) == 2
+    assert len(df) == 2 and len(load_results(tmp_path)) == 2
 
 
 class _Holder:
@@ -153,7 +154,7 @@ sweep.run_sweep(sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode
     assert "READY" in line, "the sweep subprocess never reached the third point"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    before = results.load_results(out)
+    before = load_results(out)
     assert len(before) == 2 and set(before.status) == {"ok"}
     cfg = sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[1, 2], decode_steps=2, warmup_steps=0, repeats=1)
     measured = []
@@ -202,7 +203,7 @@ def test_ctrl_c_swallowed_by_a_finaliser_still_stops_the_sweep(tmp_path, capsys,
     hook_before = sys.unraisablehook
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(sweep.SweepConfig(**SMALL), tmp_path, progress=False, runner=runner)
-    assert len(calls) == 1 and len(results.load_results(tmp_path)) == 1
+    assert len(calls) == 1 and len(load_results(tmp_path)) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "stopping after the current point" in caplog.text  # logged, one line
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler and hook restored

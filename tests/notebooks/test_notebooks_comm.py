@@ -13,7 +13,7 @@ from nbexec import execute
 
 from kit.measure.comm import OPS
 from kit.metrics import busbw_factor
-from kit.results import load_results
+from kit.store import load_results
 
 pytestmark = pytest.mark.slow
 

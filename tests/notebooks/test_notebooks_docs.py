@@ -24,7 +24,7 @@ FIX = Path(__file__).parents[1] / "fixtures"
 
 
 def results(path: Path) -> pd.DataFrame:
-    from kit.results import load_results
+    from kit.store import load_results
 
     return load_results(path)
 

@@ -65,7 +65,7 @@ def test_kv_cache_memory_gqa_vs_mla():
 
 def test_why_decode_is_memory_bound_planner_cells():
     """The planner cells always run (no skip on error): the overlay of the measured grid and the catalog table."""
-    from kit.results import load_results
+    from kit.store import load_results
 
     out = _run("explanation/why-decode-is-memory-bound.ipynb")
     roof = pd.read_csv(out / "roofline.csv")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from nbexec import execute
 
-from kit.results import load_results
+from kit.store import load_results
 
 pytestmark = pytest.mark.slow
 

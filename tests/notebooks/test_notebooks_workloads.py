@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from nbexec import execute
 
-from kit import results as R
+from kit.store import load_results
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def test_how_many_users_within_an_slo():
     )
     loads = [p["load"] for p in s["probes"]]
     assert loads[:5] == [1, 2, 4, 8] + loads[4:5] and len(loads) == len(set(loads))
-    stored = R.load_results(out / "probes")
+    stored = load_results(out / "probes")
     assert len(stored) == len(loads) and set(stored["status"]) == {"ok"} and stored["goodput_rps"].notna().all()
     assert json.loads((out / "resumed.json").read_text()) == {"measured_again": 0, "answer": s["answer"]}
     assert png(out / "slo_search.png")
@@ -41,13 +41,13 @@ def test_shared_prefix_and_multi_turn():
     assert list(prefix["x_prefix_fraction"]) == [0.0, 0.5] and list(prefix["concurrency"]) == [2, 2]
     # measured requests 1..8 of groups of 4 (request 0 is the warm-up): 6 of 8 find a half-shared prompt
     assert list(prefix["x_prefix_hit_rate_intended"]) == [0.0, 0.375]
-    assert len(R.load_results(out / "prefix")) == 2
+    assert len(load_results(out / "prefix")) == 2
     turns = pd.read_csv(out / "per_turn.csv")
     assert list(turns["turn"]) == [1, 2] and list(turns["n"]) == [4, 4]
     assert turns["input_tokens_mean"].iloc[1] > 2 * turns["input_tokens_mean"].iloc[0]  # the history was resent
     sessions = pd.read_csv(out / "sessions.csv")
     assert len(sessions) == 4 and sessions["completed"].all() and (sessions["turns"] == 2).all()
-    replay = R.load_results(out / "trace")
+    replay = load_results(out / "trace")
     assert list(replay["completed"]) == [6] and list(replay["failed"]) == [0]
     assert replay["x_trace_late_ms_p50"].iloc[0] >= 0
     assert png(out / "prefix.png") and png(out / "per_turn.png")

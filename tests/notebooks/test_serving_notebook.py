@@ -7,19 +7,19 @@ from pathlib import Path
 import pytest
 from nbexec import execute
 
-from kit import results as R
+from kit.store import load_results
 
 pytestmark = pytest.mark.slow
 
 
 def test_benchmark_a_serving_endpoint_notebook():
     out = execute("how-to/benchmark-a-serving-endpoint.ipynb").out_dir
-    served = R.load_results(out / "served")
+    served = load_results(out / "served")
     assert list(served["backend"]) == ["openai", "openai"] and list(served["concurrency"]) == [1, 4]
     assert (served["status"] == "ok").all() and (served["completed"] == 4).all() and (served["failed"] == 0).all()
     assert served["output_tok_s"].notna().all() and served["goodput_rps"].notna().all()
     assert len(list((out / "served").glob("requests-*.jsonl"))) == 2
-    both = R.load_results(out / "combined.parquet")
+    both = load_results(out / "combined.parquet")
     assert set(both["backend"]) == {"openai", "engine"}
     assert both.loc[both["backend"] == "engine", "decode_tok_s"].notna().all()
     assert (out / "served_vs_inprocess.png").read_bytes()[:4] == b"\x89PNG"

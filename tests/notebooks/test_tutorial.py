@@ -3,7 +3,7 @@
 import pytest
 from nbexec import execute
 
-from kit.results import load_results
+from kit.store import load_results
 
 pytestmark = pytest.mark.slow
 

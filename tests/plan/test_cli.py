@@ -127,7 +127,7 @@ def test_cli_plan_options_derive_from_plan_config():
 
 def test_cli_plan_grid_stored_and_resumed(tmp_path, capsys):
     from kit.cli import main
-    from kit.results import load_results
+    from kit.store import load_results
 
     cmd = [
         "plan",

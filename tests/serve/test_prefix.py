@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from kit import results as R
 from kit.errors import UserError
 from kit.grid import run_grid
 from kit.serve.load import LoadConfig
@@ -17,6 +16,7 @@ from kit.serve.prefix import (
     intended_hit_rate,
 )
 from kit.serve.simserver import SimModel, SimServer
+from kit.store import load_results
 from kit.view.workload_plots import prefix_plot
 
 
@@ -91,7 +91,7 @@ def test_prefix_fraction_as_a_sweep_axis_hits_the_cache_as_intended(sim, tmp_pat
     sim.log.clear()
     backend = FreshServedBackend(cfg, [2], tmp_path, prefix_fractions=[0.0, 0.5], group_size=4)
     df = run_grid(backend, tmp_path, progress=False).set_index("x_prefix_fraction")
-    assert len(R.load_results(tmp_path)) == 2 and len(set(df["point_id"])) == 2
+    assert len(load_results(tmp_path)) == 2 and len(set(df["point_id"])) == 2
     assert df.loc[0.5, "x_prefix_hit_rate_intended"] == pytest.approx(0.5 * 6 / 8)
     served = [x for x in sim.log[8:]]  # the second point's requests
     assert sum(x["cached"] for x in served) / sum(x["tokens"] for x in served) == pytest.approx(0.5 * 6 / 8)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from kit import results as R
 from kit._io import free_port
 from kit.serve import launch as L
 from kit.serve import recipes
@@ -23,6 +22,7 @@ from kit.serve.checkpoint import build_tiny_checkpoint
 from kit.serve.client import load_tokenizer
 from kit.serve.load import LoadConfig
 from kit.serve.sweep import run_load_point, run_served_sweep, served_point_id
+from kit.store import load_results
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ def test_concurrency_sweep_keeps_that_many_in_flight(server, tmp_path):
     assert (df["output_tok_s"] > 0).all()
     flight = {int(r.concurrency): _max_in_flight(Path(r.x_detail_file)) for r in df.itertuples()}
     assert flight == {2: 2, 8: 8}, flight
-    assert R.load_results(tmp_path)["backend"].eq("openai").all()
+    assert load_results(tmp_path)["backend"].eq("openai").all()
 
 
 def test_ignore_eos_rejected_is_counted_not_raised(server, tmp_path):
@@ -117,5 +117,5 @@ def test_server_killed_mid_run(server, tmp_path):
     assert time.perf_counter() - t < 40
     assert row["completed"] >= 2 and row["failed"] >= 1 and row["completed"] + row["failed"] == 24, row["error"]
     assert len(detail.read_text().splitlines()) == 24
-    assert int(R.load_results(tmp_path)["failed"].iloc[0]) == row["failed"]
+    assert int(load_results(tmp_path)["failed"].iloc[0]) == row["failed"]
     assert row["x_detail_file"] == str(detail)

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from kit import results as R
 from kit.errors import UserError
 from kit.serve.load import LoadConfig
 from kit.serve.simserver import SimModel, SimServer
 from kit.serve.slo import answer_line, fraction_met, slo_search
+from kit.store import load_results
 from kit.view.workload_plots import slo_search_plot
 
 
@@ -28,7 +28,7 @@ def test_search_finds_the_known_answer_and_resumes(sim, tmp_path):
     assert res.answer in (8, 9) and res.bracket[1] - res.bracket[0] == 1  # within one bisection step of 9
     assert list(res.probes["load"][:5]) == [1, 2, 4, 8, 16] and not res.probes["met"].iloc[4]
     assert res.line == f"this server meets TPOT ≤ 29.5 ms for 90 % of requests up to concurrency {res.answer}"
-    stored = R.load_results(tmp_path)
+    stored = load_results(tmp_path)
     assert len(stored) == len(res.probes) and set(stored["status"]) == {"ok"}
     assert stored["goodput_rps"].notna().all() and stored["x_fresh_prompts"].all()
     prompts = [json.dumps(x["prompt"]) for x in sim.log]
@@ -55,7 +55,7 @@ def test_rate_search_and_a_target_no_load_meets(sim, tmp_path):
     res = slo_search(cfg, tmp_path / "rate", axis="rate", start=10, max_load=40, progress=False)
     assert list(res.probes["load"]) == [10, 20, 40] and res.answer == 40
     assert res.line.endswith("up to 40 requests/s (the largest load probed; it may take more)")
-    assert set(R.load_results(tmp_path / "rate")["request_rate"]) == {10.0, 20.0, 40.0}
+    assert set(load_results(tmp_path / "rate")["request_rate"]) == {10.0, 20.0, 40.0}
 
 
 def test_bad_searches_are_refused(tmp_path):

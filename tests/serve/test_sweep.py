@@ -23,6 +23,7 @@ from kit.serve import sweep
 from kit.serve.cli import summary_line
 from kit.serve.load import LoadConfig
 from kit.serve.sweep import run_load_point, run_served_sweep, served_point_id
+from kit.store import load_results
 from kit.view.plots import plot_served
 
 HERE = Path(__file__).parents[1]
@@ -48,7 +49,7 @@ def test_fault_500_on_every_other_request(scripted, tmp_path):
     row = one_point(cfg, tmp_path, tokenizer=chars)
     assert row["completed"] == 3 and row["failed"] == 3 and row["status"] == "ok"
     assert "HTTP 500" in row["error"]
-    df = R.load_results(tmp_path)
+    df = load_results(tmp_path)
     assert int(df["failed"].iloc[0]) == 3
     detail = detail_of(row)
     assert len(detail) == 6 and sum(not d["ok"] for d in detail) == 3
@@ -71,7 +72,7 @@ def test_fault_stall_past_the_timeout(scripted, tmp_path):
     assert time.perf_counter() - t < 5
     assert row["failed"] == 2 and row["completed"] == 0 and row["status"] == "error"
     assert "stalled" in row["error"]
-    assert R.load_results(tmp_path)["failed"].iloc[0] == 2
+    assert load_results(tmp_path)["failed"].iloc[0] == 2
 
 
 def test_fault_truncated_stream_and_total_timeout(scripted, tmp_path):
@@ -91,7 +92,7 @@ def test_dead_server_finishes_with_failures(tmp_path):
     assert row["failed"] == 3 and row["completed"] == 0 and "connection failed" in row["error"]
     row = one_point(LoadConfig(url=url, num_requests=3), tmp_path / "b")  # model lookup fails
     assert row["status"] == "error" and "/v1/models" in row["error"]
-    assert R.load_results(tmp_path / "b")["status"].iloc[0] == "error"
+    assert load_results(tmp_path / "b")["status"].iloc[0] == "error"
 
 
 def test_server_killed_mid_run(tmp_path):
@@ -126,7 +127,7 @@ def test_server_killed_mid_run(tmp_path):
             os.killpg(proc.pid, 9)
         proc.wait(5)
     assert row["completed"] >= 1 and row["failed"] >= 1 and row["completed"] + row["failed"] == 12
-    df = R.load_results(tmp_path)
+    df = load_results(tmp_path)
     assert int(df["failed"].iloc[0]) == row["failed"]
     assert len(detail_of(row)) == 12
 
@@ -139,7 +140,7 @@ def test_model_listing_failure_counts_every_planned_request(tmp_path):
     detail = detail_of(row)
     assert len(detail) == 5 and sum(d["warmup"] for d in detail) == 2
     assert all(not d["ok"] and "cannot list models" in d["error"] for d in detail)
-    assert int(R.load_results(tmp_path / "a")["failed"].iloc[0]) == 3
+    assert int(load_results(tmp_path / "a")["failed"].iloc[0]) == 3
     # a sweep lists the models once and records every point the same way
     df = run_served_sweep(
         LoadConfig(url=url, num_requests=4, warmup_requests=0), [1, 2], tmp_path / "b", progress=False
@@ -220,7 +221,7 @@ def test_sweep_rows_concat_with_in_process_rows_and_plot(scripted, tmp_path):
         "tok_s_per_stream": 250.0,
         "n_gpus": 1,
     }
-    both = R.to_frame(R.load_results(tmp_path).to_dict("records") + [engine])
+    both = R.to_frame(load_results(tmp_path).to_dict("records") + [engine])
     assert set(both["backend"]) == {"openai", "engine"} and len(both) == 3
     fig = plot_served(both)
     fig.savefig(tmp_path / "p.png")
@@ -241,7 +242,7 @@ def test_interrupted_sweep_resumes_without_measuring_the_finished_point(scripted
         on_point=lambda rec, frame: done.append(rec),
         should_stop=lambda: len(done) >= 1,
     )
-    assert list(first["concurrency"]) == [1] and len(R.load_results(tmp_path)) == 1
+    assert list(first["concurrency"]) == [1] and len(load_results(tmp_path)) == 1
     detail1 = Path(done[0]["x_detail_file"])
     before = (detail1.read_bytes(), detail1.stat().st_mtime_ns)
     n_before = len(scripted.requests)
@@ -251,7 +252,7 @@ def test_interrupted_sweep_resumes_without_measuring_the_finished_point(scripted
     assert len(scripted.requests) - n_before == 3 + 1  # the second point's requests only
     assert (detail1.read_bytes(), detail1.stat().st_mtime_ns) == before
     assert list(df["concurrency"]) == [1, 2] and (df["completed"] == 3).all()
-    assert len(R.load_results(tmp_path)) == 2 and len(list(tmp_path.glob("requests-*.jsonl"))) == 2
+    assert len(load_results(tmp_path)) == 2 and len(list(tmp_path.glob("requests-*.jsonl"))) == 2
     # a point whose requests all failed is measured again on the next run (errors are retried)
     bad = LoadConfig(url=scripted.url, model="html502", num_requests=1, warmup_requests=0)
     run_served_sweep(bad, [1], tmp_path / "err", progress=False)
@@ -266,7 +267,7 @@ def test_no_resume_measures_again_and_archives(scripted, tmp_path):
     n_before = len(scripted.requests)
     df = run_served_sweep(cfg, [1, 2], tmp_path, tokenizer=chars, progress=False, resume=False)
     assert len(scripted.requests) - n_before == 4 and list(df["concurrency"]) == [1, 2]
-    assert len(R.load_results(tmp_path)) == 2  # a fresh log
+    assert len(load_results(tmp_path)) == 2  # a fresh log
     prev = list((tmp_path / "previous").iterdir())
     assert len(prev) == 1 and len((prev[0] / "points.jsonl").read_text().splitlines()) == 2
     assert (prev[0] / "results.parquet").exists() and len(list(prev[0].glob("requests-*.jsonl"))) == 2
@@ -303,7 +304,7 @@ def test_ctrl_c_swallowed_by_a_finaliser_stops_the_served_sweep(scripted, tmp_pa
     cfg = LoadConfig(url=scripted.url, model="normal", num_requests=2, osl=8, warmup_requests=0)
     with pytest.raises(KeyboardInterrupt):
         run_served_sweep(cfg, [1, 2, 4], tmp_path, tokenizer=chars, progress=False)
-    assert len(calls) == 1 and len(R.load_results(tmp_path)) == 1
+    assert len(calls) == 1 and len(load_results(tmp_path)) == 1
 
 
 def test_bad_input_is_a_user_error_before_any_network(silent_server, tmp_path):
@@ -364,7 +365,7 @@ def test_cli_serve_bench(scripted, tmp_path):
     ]
     p = _serve_bench(*args, "--plot")
     assert p.returncode == 0, p.stderr + p.stdout
-    df = R.load_results(out)
+    df = load_results(out)
     assert list(df["concurrency"]) == [1, 2] and (df["completed"] == 3).all()
     assert (out / "serve-bench.png").exists()
     assert p.stdout.count("c=") == 2 and "2 measured now, 0 recorded earlier" in p.stdout
@@ -515,4 +516,4 @@ def test_cli_serve_bench_ctrl_c_keeps_finished_points(scripted, tmp_path):
     stdout, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, stdout + err
     assert "interrupted" in err and str(out) in err and "Traceback" not in err, err
-    assert 1 <= len(R.load_results(out)) < 3
+    assert 1 <= len(load_results(out)) < 3

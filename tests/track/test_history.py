@@ -170,7 +170,7 @@ def test_provenance_from_a_git_checkout(tmp_path):
 def test_runs_started_in_the_same_second_keep_their_order(tmp_path):
     # the run ids' random tails sort against time (ffff first, 0000 second): the history orders by the sidecars'
     # microsecond created_utc, and a run without one by its run id's time, in the same ISO format
-    from kit.results import save_results
+    from kit.store import save_results
     from kit.track.simulate import to_frame
 
     db = tmp_path / "h.duckdb"

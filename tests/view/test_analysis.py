@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from kit.results import load_results
+from kit.store import load_results
 from kit.view.analysis import concurrency_knee, dtype_comparison, export_for_ci, scaling_exponents
 
 

@@ -50,7 +50,7 @@ def test_compare_frame_prices_from_catalog_and_user(tmp_path):
 
 
 def test_compare_view_handlers(tmp_path):
-    from kit.results import save_results
+    from kit.store import save_results
 
     pa = save_results(_fake_set("MI355X", 100.0), tmp_path / "a")
     pb = save_results(_fake_set("B300", 150.0), tmp_path / "b")
@@ -88,7 +88,7 @@ def test_compare_frame_unpriced_rows_do_not_blank_or_break_their_set():
 
 def test_compare_summary_and_load_sets(tmp_path):
     from kit.errors import InputNotFoundError
-    from kit.results import save_results
+    from kit.store import save_results
 
     a = _fake_set("MI355X", 100.0)
     a.loc[0, "status"] = "oom"
@@ -106,7 +106,7 @@ def test_compare_summary_and_load_sets(tmp_path):
 
 def test_compare_view_offers_the_catalog_bases_and_labels_unlabelled_rows(tmp_path):
     from kit.catalog import DEFAULT_BASIS, load_catalog
-    from kit.results import save_results
+    from kit.store import save_results
 
     v = CompareView({"a": save_results(_fake_set("MI355X", 100.0), tmp_path / "a")})
     assert set(v.basis.options) == set(load_catalog().prices["basis"]) and v.basis.value == DEFAULT_BASIS

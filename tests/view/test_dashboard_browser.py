@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.results import load_results
+from kit.store import load_results
 from kit.view.dashboard import launch
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import torch
 from kit.cli import parse_int_list
 from kit.measure.engine import run_point
 from kit.measure.sweep import SweepConfig
-from kit.results import load_results
+from kit.store import load_results
 from kit.view.panel import ControlPanel
 from kit.view.render import PANEL_PLOTS, panel_plot, point_problems, results_table
 
