@@ -144,3 +144,124 @@ def test_package_metadata_license_and_typing():
     assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
     assert (KIT / "py.typed").exists()
     assert not any(d.startswith("httpx") for d in meta["dependencies"])  # not used by the kit
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+KIT_MODULES = {_module_name(p): p for p in MODULES}
+
+
+def _import_edges(source: str, here: str, is_package: bool, known=KIT_MODULES) -> dict[str, int]:
+    """Modules of ``known`` that module ``here`` imports → the line of the first such import.
+
+    Every import statement counts, at module level or inside a function (an import moved into a function to dodge a
+    cycle is still a cycle), with the parent packages it loads; imports in an ``if TYPE_CHECKING:`` block do not
+    (they never run). ``kit`` itself is never a target: its ``__init__`` is the lazy front door."""
+    tree = ast.parse(source)
+    type_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and "TYPE_CHECKING" in {getattr(node.test, "id", ""), getattr(node.test, "attr", "")}
+        for stmt in node.body
+        for n in ast.walk(stmt)
+    }
+    edges: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if id(node) in type_only or not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                package = here.split(".")[: len(here.split(".")) - node.level + (1 if is_package else 0)]
+                base = ".".join(package + ([node.module] if node.module else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            for i in range(2, len(parts) + 1):
+                target = ".".join(parts[:i])
+                if target in known and target != here:
+                    edges.setdefault(target, node.lineno)
+    return edges
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (modules, first == last) per strongly connected component of ``graph`` (Tarjan's algorithm): the
+    shortest way from the component's first module back to itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = {stack.pop()}
+            while v not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    cycles = []
+    for component in components:
+        start = min(component)
+        paths = {start: [start]}
+        frontier = [start]
+        while not any(start in graph[v] for v in frontier):  # breadth first: the component always leads back
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w in component and w not in paths:
+                        paths[w] = paths[v] + [w]
+                        nxt.append(w)
+            frontier = nxt
+        cycles.append(paths[next(v for v in frontier if start in graph[v])] + [start])
+    return sorted(cycles)
+
+
+def test_import_edges_count_function_level_imports_and_skip_type_checking_ones():
+    known = {"kit.a", "kit.b", "kit.c", "kit.pkg", "kit.pkg.d", "kit.pkg.e"}
+    source = (
+        "from typing import TYPE_CHECKING\nimport os\nfrom kit import a\n"
+        "if TYPE_CHECKING:\n    from kit.c import C\n"
+        "def f():\n    from kit.b import g\n"
+        "from .d import h\nfrom . import e\n"
+    )
+    assert _import_edges(source, "kit.pkg.x", False, known) == {
+        "kit.a": 3, "kit.b": 7, "kit.pkg": 8, "kit.pkg.d": 8, "kit.pkg.e": 9
+    }  # fmt: skip
+    graph = {"kit.a": {"kit.b": 1}, "kit.b": {"kit.c": 1, "kit.a": 2}, "kit.c": {"kit.b": 1}, "kit.d": {"kit.a": 1}}
+    assert _cycles(graph) == [["kit.a", "kit.b", "kit.a"]]
+    assert _cycles({"kit.a": {"kit.b": 1}, "kit.b": {}}) == []
+
+
+def test_no_import_cycles_in_kit():
+    """No module of the kit imports, directly or through others, a module that imports it back (type-only
+    imports under ``if TYPE_CHECKING:`` excepted; ``kit/__init__.py``, the lazy front door, is not a source)."""
+    graph = {
+        name: _import_edges(path.read_text(), name, path.name == "__init__.py")
+        for name, path in KIT_MODULES.items()
+        if name != "kit"
+    }
+    assert graph["kit.store"].get("kit.results")  # the walk sees the kit's imports at all
+    found = [
+        " -> ".join(f"{a} ({_rel(KIT_MODULES[a])}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:]))
+        + f" -> {cycle[-1]}"
+        for cycle in _cycles(graph)
+    ]
+    assert not found, "import cycles (move the shared thing into the lower module):\n" + "\n".join(found)
