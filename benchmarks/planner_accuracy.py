@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     from kit.measure import calibrate
     from kit.measure.sweep import SweepConfig, run_sweep
     from kit.plan.config import PredictConfig
-    from kit.plan.roofline import compare, predict_like
+    from kit.plan.roofline import predict_like, prediction_error
     from kit.store import load_results, save_results
     from kit.view.plan_plots import overlay_figure
 
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         measured = run_sweep(SweepConfig(**kw), sweep_dir, resume=False, progress=False)
     predicted = predict_like(measured, PredictConfig("local", calibration=cal))
     save_results(predicted, out / "planner.parquet")
-    err = compare(measured, predicted, "tpot_ms_p50")
+    err = prediction_error(measured, predicted, "tpot_ms_p50")
     if "tpot_ms_min" in measured.columns:  # the fastest step: the least disturbed by other load on the machine
         fast = measured[["model", "dtype", "concurrency", "context_len", "tpot_ms_min", "tpot_ms_p90", "tpot_n"]]
         err = err.merge(fast, on=["model", "dtype", "concurrency", "context_len"], how="left")
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
             + (f"{calm['error_pct'].abs().median():.1f}% (n={len(calm)} of {len(err)})" if len(calm) else "n/a (none)")
         )
     if measured["prefill_ms"].notna().any():
-        pe = compare(measured, predicted, "prefill_ms")
+        pe = prediction_error(measured, predicted, "prefill_ms")
         print(
             f"(secondary) prefill: median |error| {pe['error_pct'].abs().median():.1f}%, median signed error "
             f"{pe['error_pct'].median():+.1f}% (n={len(pe)}; the planner counts matmul and attention FLOPs and "

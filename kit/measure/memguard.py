@@ -6,7 +6,7 @@ the process (or a neighbour) instead of raising; on a GPU an allocation failure 
 cache can fail while enough bytes are free. So ``kit kv-stress`` asks first: a point predicted not to fit is
 recorded ``refused`` and never allocated.
 
-- Prediction (:func:`predict_point`): weights + KV cache (the planner's per-token bytes,
+- Prediction (:func:`predict_memory`): weights + KV cache (the planner's per-token bytes,
   :func:`kit.plan.sizes.kv_bytes_per_token`, times batch × cache length, plus the constant per-sequence state,
   :func:`kit.plan.sizes.state_bytes_per_seq`) + a workspace estimate (:func:`workspace_bytes`).
 - Free memory (:func:`available_memory`): CUDA/HIP ``torch.cuda.mem_get_info``; on CPU ``MemAvailable``
@@ -99,7 +99,7 @@ def workspace_bytes(spec, batch: int, cache_len: int, dtype="float32", q_tokens:
     return float(attn + act)
 
 
-def predict_point(
+def predict_memory(
     spec, dtype: str, batch: int, cache_len: int, weights_resident: bool = False, q_tokens: int = 1
 ) -> MemoryPrediction:
     """What a point of ``batch`` sequences with a static cache of ``cache_len`` tokens needs (GB), from the

@@ -163,7 +163,7 @@ class ContextSearch:
             self.hi = context if self.hi is None else min(self.hi, context)
 
 
-def point_id(config: StressConfig, platform: str, p: PointConfig, expandable: bool | None) -> str:
+def stress_point_id(config: StressConfig, platform: str, p: PointConfig, expandable: bool | None) -> str:
     """Stable key of a probe: model, dtype, platform, the point's settings, seed, threads, allocator setting."""
     key = ["kv-stress", config.model, config.dtype, platform, asdict(p), config.seed, config.threads, expandable]
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -203,7 +203,7 @@ class StressBackend:
             "accelerator": info.catalog_name, "n_gpus": 1, "concurrency": cfg.batch, "context_len": p.context_len,
             "decode_steps": p.decode_steps, "kv_fill": p.kv_fill, "repeats": p.repeats,
         }  # fmt: skip
-        pid = point_id(cfg, info.platform, p, self.expandable)
+        pid = stress_point_id(cfg, info.platform, p, self.expandable)
         return GridPoint(pid, cols, f"kv={context} B={cfg.batch}", p)
 
     def points(self) -> list[GridPoint]:
@@ -236,7 +236,7 @@ class StressBackend:
     def measure(self, point: GridPoint) -> dict:
         cfg, dev, p = self.config, self.info.device, point.config
         q = 1 if p.kv_fill == "synthetic" else min(p.prefill_chunk or p.context_len, p.context_len)
-        pred = memguard.predict_point(self.spec, cfg.dtype, p.concurrency, p.cache_len, self.model is not None, q)
+        pred = memguard.predict_memory(self.spec, cfg.dtype, p.concurrency, p.cache_len, self.model is not None, q)
         hardware.free_memory(dev)  # gpu: cached blocks of the last probe go back, so mem_get_info counts them free
         free = memguard.available_memory(dev)
         margin = cfg.margin_gb if cfg.margin_gb is not None else memguard.default_margin_gb(free.total_gb)

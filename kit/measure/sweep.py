@@ -196,7 +196,7 @@ class SweepConfig:
         return self
 
 
-def point_id(config: SweepConfig, dtype: str, platform: str, p: PointConfig) -> str:
+def sweep_point_id(config: SweepConfig, dtype: str, platform: str, p: PointConfig) -> str:
     """Stable key of an in-process point: everything that changes what is measured (model, dtype, platform, the
     point's settings, the seed of weights and ids, the requested torch threads). Resume skips ids already
     recorded, so a re-run with other ``--threads`` or ``--seed`` measures again instead of showing old numbers."""
@@ -266,7 +266,7 @@ class EngineBackend:
                 "repeats": p.repeats,
             }
             label = f"{name} kv={p.context_len} B={p.concurrency}" + (f" tp={cfg.tp}" if cfg.tp > 1 else "")
-            out.append(GridPoint(point_id(cfg, dt, info.platform, p), cols, label, (dt, p)))
+            out.append(GridPoint(sweep_point_id(cfg, dt, info.platform, p), cols, label, (dt, p)))
         return out
 
     def metadata(self) -> dict:
@@ -407,7 +407,7 @@ def summary_table(df: pd.DataFrame) -> str:
 def current_rows(df: pd.DataFrame, config: SweepConfig) -> pd.DataFrame:
     """The latest row of each point of ``config`` (a run directory can also hold earlier runs' points)."""
     backend = hardware.detect(config.device).platform
-    ids = {point_id(config, dt, backend, p) for dt, p in config.points()}
+    ids = {sweep_point_id(config, dt, backend, p) for dt, p in config.points()}
     return df[df["point_id"].isin(ids)].drop_duplicates("point_id", keep="last")
 
 

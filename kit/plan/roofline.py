@@ -8,7 +8,7 @@ touched (routed experts: E·(1−(1−1/E)^(B·k)) of E are touched per MoE laye
 ``assumptions``, ``x_*``) so predicted and measured points plot on the same axes
 (:func:`kit.view.plan_plots.overlay_figure`).
 :func:`predict_grid` covers a grid (stored like a sweep with ``out_dir``), :func:`predict_like` the grid of a
-measured sweep, :func:`compare` adds the error per point.
+measured sweep, :func:`prediction_error` adds the error per point.
 
 The memory fit it uses is :mod:`kit.plan.fit`; the bytes and FLOPs of a step :mod:`kit.plan.step`. Formulas:
 ``docs/metrics.md`` (Planner formulas).
@@ -386,7 +386,7 @@ def predict_like(measured: pd.DataFrame, config: PredictConfig | None = None) ->
     return to_frame(recs)
 
 
-def compare(measured: pd.DataFrame, predicted: pd.DataFrame, column: str = "tpot_ms_p50") -> pd.DataFrame:
+def prediction_error(measured: pd.DataFrame, predicted: pd.DataFrame, column: str = "tpot_ms_p50") -> pd.DataFrame:
     """Join measured and predicted rows on (model, dtype, concurrency, context_len) and add the error per point:
     ``error_pct = 100 × (predicted − measured) / measured`` for ``column``.
 

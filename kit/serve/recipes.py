@@ -36,7 +36,7 @@ ACCELERATORS: dict[str, str] = {
 }
 
 
-DTYPES = ("auto", *dtypes.MODEL_DTYPES)
+SERVER_DTYPES = ("auto", *dtypes.MODEL_DTYPES)
 
 
 #: speculative-decoding methods a LaunchSpec can ask for: EAGLE / EAGLE-3 draft heads, multi-token prediction
@@ -134,8 +134,8 @@ class LaunchSpec:
             raise UserError(f"nnodes={self.nnodes} needs master_addr (node 0's address)")
         if self.nnodes > 1 and self.server == "transformers":
             raise UserError("server='transformers' serves from one process; nnodes must be 1")
-        if self.dtype not in DTYPES:
-            raise UserError(f"dtype={self.dtype!r}; allowed: {DTYPES}")
+        if self.dtype not in SERVER_DTYPES:
+            raise UserError(f"dtype={self.dtype!r}; allowed: {SERVER_DTYPES}")
         if not 0 < int(self.port) < 65536:
             raise UserError(f"port={self.port}; must be in 1..65535")
         if self.speculative_method is not None:

@@ -40,7 +40,7 @@ from kit.serve.redact import endpoint_url, redact_url, scrub, secrets_of
 log = logging.getLogger("kit")
 
 #: servers the table names
-SERVERS = ("vllm", "sglang")
+METRICS_SERVERS = ("vllm", "sglang")
 
 
 @cache
@@ -63,7 +63,7 @@ class Snapshot:
     @property
     def server(self) -> str | None:
         """``vllm`` | ``sglang`` (by metric prefix) or None."""
-        for s in SERVERS:
+        for s in METRICS_SERVERS:
             if any(k.startswith(s + ":") for k in self.values):
                 return s
         return None

@@ -180,12 +180,12 @@ def current_run_rows(df: pd.DataFrame, config, runs: int = 1) -> pd.DataFrame:
     """The latest row of each point of ``config`` and each of its ``runs`` replicates in a run directory's frame
     (:func:`kit.measure.sweep.current_rows` for ``runs=1``)."""
     from kit import hardware
-    from kit.measure.sweep import current_rows, point_id
+    from kit.measure.sweep import current_rows, sweep_point_id
 
     if runs == 1:
         return current_rows(df, config)
     plat = hardware.detect(config.device).platform
-    ids = {f"{point_id(config, dt, plat, p)}-r{k}" for dt, p in config.points() for k in range(runs)}
+    ids = {f"{sweep_point_id(config, dt, plat, p)}-r{k}" for dt, p in config.points() for k in range(runs)}
     return df[df["point_id"].isin(ids)].drop_duplicates("point_id", keep="last")
 
 

@@ -14,7 +14,7 @@ from kit.results import ok_mask
 from kit.view.plots import label_of, require_columns
 
 #: decode-step terms (x_t_<term>_ms columns of planner rows) and their legend labels, bottom to top
-STEP_TERMS = {
+STEP_TERM_LABELS = {
     "weights": "weights (HBM)",
     "kv": "KV cache (HBM)",
     "compute": "compute",
@@ -101,19 +101,19 @@ def _term_col(term: str) -> str:
 
 
 def decode_step_bars(df: pd.DataFrame, label: str = "system", published: str | None = "published_ms"):
-    """One stacked bar per row (``label``): the decode step's terms (:data:`STEP_TERMS`, ``x_t_<term>_ms``
+    """One stacked bar per row (``label``): the decode step's terms (:data:`STEP_TERM_LABELS`, ``x_t_<term>_ms``
     columns of planner rows, ``x_t_compute_part_ms`` for compute; ms), with the published step time
     (``published``, ms = 1000 / published tok/s per stream) as a black bar beside it and the
     predicted/published ratio above.
 
     Returns: the Figure. Raises: UserError for a missing column.
     """
-    cols = [_term_col(t) for t in STEP_TERMS]
+    cols = [_term_col(t) for t in STEP_TERM_LABELS]
     require_columns(df, [label, *cols])
     fig, ax = plt.subplots(figsize=(max(6.0, 1.9 * len(df)), 4.8))
     x = range(len(df))
     bottom = [0.0] * len(df)
-    for i, (t, name) in enumerate(STEP_TERMS.items()):
+    for i, (t, name) in enumerate(STEP_TERM_LABELS.items()):
         v = df[_term_col(t)].fillna(0.0).tolist()
         if not any(v):
             continue

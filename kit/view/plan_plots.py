@@ -39,16 +39,16 @@ def overlay_figure(
     hue: str = "concurrency",
 ):
     """Predicted (dashed) over measured (solid, markers) ``y`` vs ``x``, one colour per ``hue`` value; for TPOT the
-    per-point error in % (:func:`kit.plan.roofline.compare`) is annotated and its median is in the title.
+    per-point error in % (:func:`kit.plan.roofline.prediction_error`) is annotated and its median is in the title.
 
     Returns: the Figure. Raises: UserError for a missing column.
     """
-    from kit.plan.roofline import compare
+    from kit.plan.roofline import prediction_error
 
     for d in (measured, predicted):
         require_columns(d, [x, y, hue])
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    err = compare(measured, predicted, y) if y == "tpot_ms_p50" else None
+    err = prediction_error(measured, predicted, y) if y == "tpot_ms_p50" else None
     m, p = _ok(measured), _ok(predicted)
     for i, (hv, g) in enumerate(sorted(m.groupby(hue), key=lambda t: t[0])):
         col = f"C{i % 10}"

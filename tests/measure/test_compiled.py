@@ -50,7 +50,7 @@ def test_a_compiled_sweep_compiles_outside_the_timed_steps_and_never_recompiles_
     assert set(df.x_engine_mode) == {"compiled"} and set(df.x_prefill_mode) == {"eager"}
     assert (df.x_compile_s > 0).all() and list(df.x_recompiles_timed) == [0, 0] and list(df.tpot_n) == [6, 6]
     eager = sweep.SweepConfig(kv_lens=[16, 32], concurrencies=[2], decode_steps=3, warmup_steps=1, repeats=2)
-    assert not set(df.point_id) & {sweep.point_id(eager, "float32", "cpu", p) for _, p in eager.points()}
+    assert not set(df.point_id) & {sweep.sweep_point_id(eager, "float32", "cpu", p) for _, p in eager.points()}
 
 
 def test_a_recompilation_is_counted_and_flags_the_row():

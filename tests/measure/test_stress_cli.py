@@ -105,12 +105,12 @@ def test_cgroup_limits_v2_and_v1(tmp_path):
 def test_free_memory_on_this_cpu_and_the_refusal_text():
     free = memguard.available_memory("cpu")
     assert 0 < free.free_gb <= free.total_gb and free.source
-    pred = memguard.predict_point(get_spec("tiny-llama"), "float32", 64, 1_048_576)
+    pred = memguard.predict_memory(get_spec("tiny-llama"), "float32", 64, 1_048_576)
     assert pred.kv_bytes_per_token == 2048 and pred.kv_gb == pytest.approx(64 * 2**20 * 2048 / 1e9)
     why = memguard.refusal(pred, memguard.FreeMemory(20.0, 24.0, "MemAvailable"), 1.2)
     assert why.startswith("refused by the memory guard: predicted 141.") and "KV 137.44" in why
     assert "available 20.00 GB (MemAvailable) minus a 1.20 GB margin" in why
-    small = memguard.predict_point(get_spec("tiny-llama"), "float32", 1, 1024, weights_resident=True)
+    small = memguard.predict_memory(get_spec("tiny-llama"), "float32", 1, 1024, weights_resident=True)
     assert small.weights_gb == 0 and memguard.refusal(small, free, 1.0) is None
     assert memguard.default_margin_gb(24.0) == pytest.approx(1.2) and memguard.default_margin_gb(4.0) == 1.0
 

@@ -9,7 +9,7 @@ import pytest
 
 from kit.plan.config import PredictConfig
 from kit.plan.device import DEFAULT_GPU_OVERHEAD_MS_PER_LAYER
-from kit.plan.roofline import compare, predict_grid, predict_like, predict_point
+from kit.plan.roofline import predict_grid, predict_like, predict_point, prediction_error
 from kit.plan.sizes import weight_bytes
 from kit.plan.spec import get_spec
 from kit.plan.step import expert_coverage
@@ -84,7 +84,7 @@ def test_predict_like_and_compare():
     )
     pred = predict_like(measured, PredictConfig("local", calibration=cal))
     assert len(pred) == 4 and (pred["x_attend_len"] == pred["context_len"] + 16).all()
-    err = compare(measured, pred)
+    err = prediction_error(measured, pred)
     assert len(err) == 4
     assert err["error_pct"].tolist() == pytest.approx((100 * (err["predicted"] - 5.0) / 5.0).tolist())
     fig = overlay_figure(measured, pred)
@@ -109,7 +109,7 @@ def test_predict_like_one_row_per_grid_point():
     measured = pd.DataFrame(rows)
     pred = predict_like(measured, PredictConfig("local", calibration=cal))
     assert len(pred) == 1
-    assert len(compare(measured, pd.concat([pred, pred]))) == 2  # one per measured row, no cross product
+    assert len(prediction_error(measured, pd.concat([pred, pred]))) == 2  # one per measured row, no cross product
 
 
 # ---------------------------------------------------------------- stored predictions (the one grid runner)
