@@ -71,8 +71,21 @@ def process_cpu_s(pid: int) -> float:
 def worker(spec: dict) -> dict:
     """One client run in this process (the kit imported from ``spec["root"]``): the figures as a dict."""
     sys.path.insert(0, spec["root"])
-    from kit.serve.load import LoadConfig, run_coro, run_load_async
+    from kit.serve.load import LoadConfig
     from kit.serve.workload import RequestInput
+
+    try:  # the one request loop
+        from kit.serve.loop import run_coro, run_schedule
+        from kit.serve.schedule import Arrivals
+
+        def run(cfg, wl):
+            return run_coro(run_schedule(cfg, Arrivals.from_config(cfg, wl)))
+
+    except ImportError:  # a tree from before it (a --compare baseline)
+        from kit.serve.load import run_coro, run_load_async
+
+        def run(cfg, wl):
+            return run_coro(run_load_async(cfg, wl, tokenizer=None))
 
     extra = {"gap_ms": spec["gap_ms"]} if spec["gap_ms"] else {"frames_per_write": spec["frames_per_write"]}
     cfg = LoadConfig(
@@ -88,9 +101,9 @@ def worker(spec: dict) -> dict:
         extra_body=extra,
     )
     wl = [RequestInput("x", 1, spec["chunks"])]
-    run_coro(run_load_async(cfg.__class__(**{**cfg.__dict__, "num_requests": 2}), wl))  # warm-up (imports, pool)
+    run(cfg.__class__(**{**cfg.__dict__, "num_requests": 2}), wl)  # warm-up (imports, pool)
     srv0, cpu0, t0 = process_cpu_s(spec["server_pid"]), time.process_time(), time.perf_counter()
-    recs, info = run_coro(run_load_async(cfg, wl, tokenizer=None))
+    recs, info = run(cfg, wl)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     # /proc counts CPU in clock ticks (10 ms): a run shorter than 0.2 s has no meaningful server CPU
     srv = (process_cpu_s(spec["server_pid"]) - srv0) / wall if wall >= 0.2 else float("nan")

@@ -16,7 +16,8 @@ from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, co
 from kit.errors import UserError
 from kit.serve.client import DEFAULT_API_KEY_ENV, get_model_id, load_tokenizer
 from kit.serve.limits import MAX_CONCURRENCY, check_number
-from kit.serve.load import LoadConfig, run_coro
+from kit.serve.load import LoadConfig
+from kit.serve.loop import run_coro
 from kit.serve.modes import ServedMode, run_mode
 from kit.serve.redact import endpoint_url, redact_url, scrub
 from kit.serve.sweep import DEFAULT_CONCURRENCIES

@@ -2,17 +2,18 @@
 definition of ITL, TPOT and interactivity, named, with the tool it comes from, so a reader can tell why two tools
 disagree about the same server.
 
-The definitions (METRICS.md, "Served" and "windows, searches and validity"), as :data:`CONVENTIONS` lists them:
+The definitions (``docs/metrics.md``, "Interactivity and the conventions of peer tools"), as :data:`CONVENTIONS`
+lists them:
 
 - ITL, raw chunk gaps: every gap between token-bearing chunks, pooled (vLLM ``bench serve``, SGLang
   ``bench_serving``).
-- ITL, token-normalised gaps: a k-token chunk's gap split into k entries, pooled (the kit, METRICS.md).
+- ITL, token-normalised gaps: a k-token chunk's gap split into k entries, pooled (the kit).
 - ITL, per-request average: (E2EL − TTFT) / (output tokens − 1) per request (AIPerf / GenAI-Perf "inter token
   latency").
 - TPOT, per request: the same formula (vLLM, SGLang, the kit).
 - interactivity, 1000 / TPOT per request, tok/s (InferenceX; AIPerf "output token throughput per user").
 - interactivity, output tok/s ÷ concurrency, one value per point (vLLM Pareto plots).
-- interactivity, 1 / p90(E2EL / output tokens), one value per point, includes TTFT (E2E-normalised, METRICS.md).
+- interactivity, 1 / p90(E2EL / output tokens), one value per point, includes TTFT (E2E-normalised).
 
 With one token per chunk the three ITLs agree; with several tokens per chunk (speculative decoding, MTP,
 detokeniser batching) raw gaps are k times the per-token figures, and the E2E-normalised interactivity is lower
@@ -31,12 +32,12 @@ from kit import metrics as M
 #: (quantity, convention, unit, source) of every row :func:`metric_conventions` returns, in order
 CONVENTIONS = (
     ("ITL", "raw chunk gaps", "ms", "vLLM bench serve, SGLang bench_serving"),
-    ("ITL", "token-normalised gaps", "ms", "the kit (METRICS.md)"),
+    ("ITL", "token-normalised gaps", "ms", "the kit (docs/metrics.md)"),
     ("ITL", "per-request average (E2EL - TTFT) / (n - 1)", "ms", "AIPerf / GenAI-Perf"),
     ("TPOT", "per request (E2EL - TTFT) / (n - 1)", "ms", "vLLM, SGLang, the kit"),
     ("interactivity", "1000 / TPOT per request", "tok/s", "InferenceX; AIPerf output token throughput per user"),
     ("interactivity", "output tok/s / concurrency", "tok/s", "vLLM Pareto plots"),
-    ("interactivity", "1 / p90(E2EL / output tokens)", "tok/s", "E2E-normalised (METRICS.md), includes TTFT"),
+    ("interactivity", "1 / p90(E2EL / output tokens)", "tok/s", "E2E-normalised, includes TTFT"),
 )
 
 

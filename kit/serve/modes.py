@@ -1,5 +1,5 @@
 """Which served run ``kit serve-bench`` makes: a concurrency sweep with fresh prompts per point (and the
-shared-prefix fraction as a second axis), multi-turn sessions, a trace replay, or an SLO search.
+shared-prefix fraction as a second axis), a ramp, multi-turn sessions, a trace replay, or an SLO search.
 
 :class:`ServedMode` holds the choice (its fields are ``kit serve-bench``'s options, one source of defaults and
 help); :func:`run_mode` runs it through the grid runner and returns the rows (and, for a search, its
@@ -19,11 +19,12 @@ import pandas as pd
 
 from kit.cli import config_field, config_flag
 from kit.errors import UserError
-from kit.grid import run_grid, split_run_options
+from kit.grid import split_run_options
 from kit.serve.load import LoadConfig
-from kit.serve.prefix import FreshServedBackend
+from kit.serve.schedule import RAMP_AXES, RAMP_STRATEGIES
 from kit.serve.sessions import SessionBackend
 from kit.serve.slo import AXES, SearchResult, slo_search
+from kit.serve.sweep import RampBackend, ServedBackend, run_backend
 from kit.serve.trace import TraceBackend
 
 
@@ -66,6 +67,16 @@ class ServedMode:
         None, help="replay this Mooncake-format JSONL trace at its timestamps (open loop; --concurrency unused)"
     )
     time_scale: float = config_field(1.0, help="multiply the trace's time line (0.5 replays twice as fast)")
+    ramp: str | None = config_field(
+        None,
+        choices=RAMP_AXES,
+        help="one point whose load rises over its --num-requests measured requests, from --ramp-start to "
+        "--ramp-end: the request rate (req/s; the largest --concurrency caps it) or the concurrency; each request "
+        "records the load it was sent under",
+    )
+    ramp_start: float = config_field(1.0, help="first load of the --ramp (req/s or concurrency)")
+    ramp_end: float = config_field(16.0, help="last load of the --ramp (req/s or concurrency)")
+    ramp_strategy: str = config_field("linear", choices=RAMP_STRATEGIES, help="how the --ramp rises")
 
     def validate(self) -> ServedMode:
         """Check the values and that at most one mode is chosen; returns self.
@@ -73,7 +84,13 @@ class ServedMode:
         Raises:
             UserError: naming the value and what is allowed.
         """
-        modes = [n for n, on in (("--search", self.search), ("--trace", self.trace), ("--turns", self.turns > 1)) if on]
+        chosen = (
+            ("--search", self.search),
+            ("--trace", self.trace),
+            ("--turns", self.turns > 1),
+            ("--ramp", self.ramp),
+        )
+        modes = [n for n, on in chosen if on]
         if len(modes) > 1:
             raise UserError(f"{' and '.join(modes)} cannot be combined; choose one")
         for name, ok, allowed in (
@@ -82,14 +99,16 @@ class ServedMode:
             ("time_scale", self.time_scale > 0, "> 0"),
             ("prefix_group_size", int(self.prefix_group_size) >= 1, "an integer >= 1"),
             ("slo_fraction", 0 < self.slo_fraction <= 1, "in (0, 1]"),
+            ("ramp_start", 0 < self.ramp_start < math.inf, "finite and > 0 (req/s or a concurrency)"),
+            ("ramp_end", 0 < self.ramp_end < math.inf, "finite and > 0 (req/s or a concurrency)"),
         ):  # each bad value named alone (NaN fails every comparison)
             if not ok:
                 raise UserError(f"{config_flag(ServedMode, name)} {getattr(self, name)!r} must be {allowed}")
         fr = [float(f) for f in self.prefix_fraction]
-        if (self.trace or self.turns > 1) and fr != [0.0] or (self.search and len(fr) > 1):
+        if (self.trace or self.turns > 1 or self.ramp) and fr != [0.0] or (self.search and len(fr) > 1):
             raise UserError(
                 f"prefix_fraction={fr}: a sweep axis of the concurrency sweep (one value with --search; "
-                "none with --trace or --turns)"
+                "none with --trace, --turns or --ramp)"
             )
         return self
 
@@ -140,10 +159,10 @@ def run_mode(
         backend = TraceBackend(cfg, mode.trace, out, time_scale=mode.time_scale, **backend_options)
     elif mode.turns > 1:
         backend = SessionBackend(cfg, concs, out, turns=mode.turns, think_time_s=mode.think_time_s, **backend_options)
+    elif mode.ramp:
+        ramp = {"axis": mode.ramp, "start": mode.ramp_start, "end": mode.ramp_end, "strategy": mode.ramp_strategy}
+        backend = RampBackend(replace(cfg, max_concurrency=max(concs)), out, **ramp, **backend_options)
     else:
         fr, g = mode.prefix_fraction, mode.prefix_group_size
-        backend = FreshServedBackend(cfg, concs, out, prefix_fractions=fr, group_size=g, **backend_options)
-    df = run_grid(backend, out, **run_options)
-    order = {p.point_id: i for i, p in enumerate(backend.points())}
-    cur = df[df["point_id"].isin(order)].drop_duplicates("point_id", keep="last")
-    return cur.iloc[cur["point_id"].map(order).argsort()].reset_index(drop=True), None
+        backend = ServedBackend(cfg, concs, out, prefix_fractions=fr, group_size=g, **backend_options)
+    return run_backend(backend, out, **run_options), None

@@ -1,6 +1,6 @@
 """Where a served load point stands while it runs (requests done, failed, in flight) and when it stops early.
 
-:class:`PointProgress` is kept by :func:`kit.serve.load.run_load_async` and handed to an ``on_status`` callback
+:class:`PointProgress` is kept by :func:`kit.serve.loop.run_schedule` and handed to an ``on_status`` callback
 every :data:`STATUS_INTERVAL_S` and at the end, so a front end can show progress even while nothing finishes
 (a server that accepts connections and never answers). A point whose first :data:`EARLY_STOP_TIMEOUTS` finished
 requests all timed out, with none succeeding, stops early: the requests not yet sent are recorded as failed
@@ -23,8 +23,9 @@ TIMEOUT_PREFIX = "timeout:"
 @dataclass
 class PointProgress:
     """Counts of one load point (warm-up requests included): ``planned`` (None: open-ended), ``done``
-    (finished, ok or not), ``failed``, ``in_flight`` (sent, not finished), ``waiting`` (created, waiting for a
-    concurrency slot), ``timeouts``; ``stopped`` is the early-stop reason once it applies."""
+    (finished, ok or not, sent or not), ``failed``, ``in_flight`` (sent, not finished), ``waiting`` (due, waiting for a
+    concurrency slot), ``sent_done`` (finished requests that had been sent), ``timeouts``; ``stopped`` is the
+    early-stop reason once it applies."""
 
     planned: int | None
     label: str = ""
@@ -33,6 +34,7 @@ class PointProgress:
     in_flight: int = 0
     waiting: int = 0
     timeouts: int = 0
+    sent_done: int = 0
     stopped: str | None = None
     t_start: float = field(default_factory=time.perf_counter)
 
@@ -46,6 +48,7 @@ class PointProgress:
         self.done += 1
         if was_sent:
             self.in_flight -= 1
+            self.sent_done += 1
         else:
             self.waiting -= 1
         if not ok:
@@ -54,7 +57,8 @@ class PointProgress:
                 self.timeouts += 1
         n = EARLY_STOP_TIMEOUTS if self.planned is None else min(EARLY_STOP_TIMEOUTS, self.planned)
         left = self.planned is None or self.done < self.planned  # nothing to stop once every request has ended
-        if self.stopped is None and left and self.done - self.failed == 0 and self.timeouts == self.done >= n:
+        none_ok = self.done == self.failed
+        if self.stopped is None and left and none_ok and self.timeouts == self.sent_done >= n:
             self.stopped = (
                 f"stopped early: the first {self.timeouts} requests all timed out (none completed); "
                 "the requests not yet sent were not sent"

@@ -2,7 +2,7 @@
 
 A client whose event loop is late or whose CPU is saturated time-stamps chunks late and under-offers load, so
 its figures describe the client, not the server. :class:`LoopProbe` runs beside a load point
-(:func:`kit.serve.load.run_load_async`) and measures the event-loop lag (how late a 10 ms sleep wakes up;
+(:func:`kit.serve.loop.run_schedule`) and measures the event-loop lag (how late a 10 ms sleep wakes up;
 every 40 ms while the client is idle) and the client process's CPU use; a run above :data:`CLIENT_CPU_LIMIT`
 or :data:`LOOP_LAG_LIMIT_MS` is flagged (``x_client_bound``, ``x_client_warning``). A run it cannot judge (no
 successful streamed request, too few samples) is not flagged, and ``x_client_check`` says why.

@@ -1,20 +1,24 @@
 """Multi-turn sessions: conversations of ``turns`` turns, each turn's prompt the history so far plus a new user
 message, with a think time between a reply and the next turn; per-turn TTFT and each session's totals.
 
+:class:`SessionSchedule` is a schedule of the one request loop (:mod:`kit.serve.schedule`), so session rows get the
+same guarantees as every served row (early stop, self-check, ``/metrics``, power, steady window, validity).
 ``max_concurrency`` is the number of conversations in flight (users); ``num_requests`` the measured turns in all
 (``ceil(num_requests / turns)`` conversations); every turn asks for ``osl`` tokens and adds an ``isl``-token
 message. On ``/v1/chat/completions`` the history is the message list (user, assistant, user, ...); on
 ``/v1/completions`` it is their texts joined by newlines. A server with a prefix cache finds the history in its
-cache, so later turns' TTFT measures the cache's effect; the row says so (``x_prefix_sharing = "history"``).
-Records add ``session_id``, ``turn`` (1-based), ``think_s``; warm-up requests are not sent.
+cache, so later turns' TTFT measures the cache's effect; the row says so (``x_prefix_sharing = "history"``) and its
+validity does not count those hits against it. A failed turn ends its conversation: its later turns are recorded as
+failed, not sent (so ``failed`` counts every planned turn that did not complete).
+Records add ``session_id``, ``turn`` (1-based), ``think_s``; warm-up requests are not sent. The steady window is
+where all ``max_concurrency`` conversations were in progress.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 import pandas as pd
@@ -22,14 +26,10 @@ import pandas as pd
 from kit import metrics as M
 from kit.errors import UserError
 from kit.grid import GridPoint
-from kit.serve.aggregate import aggregate
-from kit.serve.client import get_model_id, request_record, token_counter
-from kit.serve.http1 import StreamPool
-from kit.serve.load import LoadConfig, run_coro
-from kit.serve.prefix import build_prefix_workload, point_seed
-from kit.serve.sweep import ServedBackend, write_detail
-from kit.serve.trace import stream_one
-from kit.serve.workload import RequestInput
+from kit.serve.load import LoadConfig
+from kit.serve.schedule import RunClock, Send, Steady
+from kit.serve.sweep import ServedBackend
+from kit.serve.workload import PromptSpec, RequestInput, build_workload, point_seed
 
 #: per-turn TTFT columns ``x_turn<k>_ttft_ms_p50`` are written for turns 1..MAX_TURN_COLUMNS
 MAX_TURN_COLUMNS = 16
@@ -38,57 +38,89 @@ MAX_TURN_COLUMNS = 16
 def session_messages(cfg: LoadConfig, n_sessions: int, turns: int, seed: int, tokenizer=None) -> list[list[str]]:
     """The user messages of each conversation (``n_sessions`` lists of ``turns`` texts of ~``cfg.isl`` tokens),
     distinct from each other (drawn from ``seed``)."""
-    msgs = build_prefix_workload(n_sessions * turns, cfg.isl, cfg.osl, 0.0, 1, tokenizer, seed, as_token_ids=False)
+    spec = PromptSpec(cfg.isl, cfg.osl, group_size=1)
+    msgs = build_workload(n_sessions * turns, spec, tokenizer, seed, as_token_ids=False)
     return [[str(m.prompt) for m in msgs[s * turns : (s + 1) * turns]] for s in range(n_sessions)]
 
 
-async def run_sessions_async(
-    cfg: LoadConfig, messages: Sequence[Sequence[str]], think_time_s: float = 0.0, tokenizer=None
-) -> tuple[list[dict], dict]:
-    """Run the conversations ``messages`` (one list of user messages each), ``cfg.max_concurrency`` at a time
-    (None: all at once), turns in order, ``think_time_s`` between a reply and the next turn. A failed turn ends its
-    conversation (the later turns are not sent). Returns ``(records, run_info)`` like
-    :func:`kit.serve.load.run_load_async`.
+class SessionSchedule:
+    """The conversations ``messages`` (one list of user messages each), ``users`` at a time, turns in order, a
+    think time between a reply and the next turn (a schedule of :mod:`kit.serve.schedule`).
+
+    Args:
+        messages: each conversation's user messages (text).
+        users: conversations in flight at once (>= 1).
+        osl: output tokens asked for per turn.
+        think_time_s: pause between a reply and the next turn (s, >= 0).
 
     Raises:
-        UserError: think_time_s < 0, no conversation, or no model id.
+        UserError: no conversation, users < 1, or think_time_s < 0.
     """
 
-    if not (think_time_s >= 0) or not messages:
-        raise UserError(f"think_time_s={think_time_s} (>= 0); {len(messages)} conversations (>= 1)")
-    model = cfg.model or await get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s)
-    url, headers = cfg.api_url(), cfg.request_headers()
-    sem = asyncio.Semaphore(int(cfg.max_concurrency or len(messages)))
-    done: list[tuple] = []  # (session, turn, request, capture)
+    kind = "sessions"
+    unique_prompts = False  # each turn resends its conversation's history: prefix-cache hits are intended
 
-    async def conversation(s: int, session, t_run: float) -> None:
-        history: list[dict] = []
-        async with sem:
-            for k, text in enumerate(messages[s]):
-                if k and think_time_s:
-                    await asyncio.sleep(think_time_s)
-                history.append({"role": "user", "content": text})
-                prompt = "\n".join(m["content"] for m in history)
-                req = RequestInput(prompt, None, cfg.osl)
-                body = cfg.request_body(model, req)
-                if cfg.endpoint == "chat":
-                    body["messages"] = list(history)
-                cap = await stream_one(session, cfg, url, body, headers)
-                done.append((s, k + 1, req, cap))
-                if cap.error is not None:
-                    return
-                history.append({"role": "assistant", "content": "".join(cap.chunk_texts)})
+    def __init__(self, messages: Sequence[Sequence[str]], users: int, osl: int, think_time_s: float = 0.0):
+        if not messages or int(users) < 1 or not (float(think_time_s) >= 0):
+            raise UserError(
+                f"{len(messages)} conversations (>= 1), users={users} (>= 1), think_time_s={think_time_s} (>= 0 s)"
+            )
+        self.messages, self.users, self.osl = [list(m) for m in messages], int(users), int(osl)
+        self.think_time_s = float(think_time_s)
+        self.turns = max(len(m) for m in self.messages)
+        self.planned = sum(len(m) for m in self.messages)
+        self.label = f"{self.users} users x {self.turns} turns"
+        self.steady = Steady(target=min(self.users, len(self.messages)), unit="session_id")
 
-    async with StreamPool() as session:
-        t_run = time.perf_counter()
-        await asyncio.gather(*(conversation(s, session, t_run) for s in range(len(messages))))
-    count = token_counter(tokenizer)
-    records = []
-    for i, (s, k, req, cap) in enumerate(sorted(done, key=lambda x: (x[0], x[1]))):
-        rec = request_record(cap, req, count, t_run, 0.0, i, False)
-        records.append({**rec, "session_id": s, "turn": k, "think_s": think_time_s if k > 1 else 0.0})
-    dur = max(r["end_s"] for r in records) - min(r["sent_s"] for r in records)
-    return records, {"duration_s": dur, "model": model, "url": cfg.shown_url}
+    def planned_max_tokens(self) -> list[tuple[bool, int]]:
+        """``(False, osl)`` for every planned turn."""
+        return [(False, self.osl)] * self.planned
+
+    async def sends(self, run: RunClock) -> AsyncIterator[Send]:
+        """Each conversation's turns as their replies (and think times) allow, ``users`` conversations at once."""
+        ready: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        todo = iter(range(len(self.messages)))
+        live = {"open": 0}
+
+        def start_next() -> None:
+            s = next(todo, None)
+            if s is None:
+                if live["open"] == 0:
+                    ready.put_nowait(None)  # every conversation has ended
+                return
+            live["open"] += 1
+            ready.put_nowait(self.turn(s, 0, [], on_end))
+
+        def on_end(s: int, k: int, history: list[dict], cap) -> None:
+            if cap is not None and cap.error is None and k + 1 < len(self.messages[s]):
+                history = history + [{"role": "assistant", "content": "".join(cap.chunk_texts)}]
+                nxt = self.turn(s, k + 1, history, on_end)
+                loop.call_later(0.0 if run.stopped else self.think_time_s, ready.put_nowait, nxt)
+                return
+            if k + 1 < len(self.messages[s]):  # its later turns: failed, not sent (counted, never silently dropped)
+                why = "not sent: an earlier turn of its conversation failed"
+                ready.put_nowait(self.turn(s, k + 1, history, on_end, skip=why))
+                return
+            live["open"] -= 1
+            start_next()
+
+        for _ in range(min(self.users, len(self.messages))):
+            start_next()
+        while (item := await ready.get()) is not None:
+            yield item
+
+    def turn(self, s: int, k: int, history: list[dict], on_end, skip: str | None = None) -> Send:
+        """Turn ``k`` of conversation ``s`` after ``history`` (user and assistant messages so far); ``skip``: a
+        turn recorded as failed without being sent."""
+        msgs = history + [{"role": "user", "content": self.messages[s][k]}]
+        req = RequestInput("\n".join(m["content"] for m in msgs), None, self.osl)
+        fields = {"session_id": s, "turn": k + 1, "think_s": self.think_time_s if k else 0.0}
+        return Send(req, messages=msgs, fields=fields, on_done=lambda cap: on_end(s, k, msgs, cap), skip=skip)
+
+    def columns(self, records: Sequence[dict]) -> dict:
+        """:func:`session_columns` and the row's ``concurrency``: the conversations in flight."""
+        return session_columns(records, self.turns, self.think_time_s) | {"concurrency": self.users}
 
 
 def per_turn(records: Sequence[dict]) -> pd.DataFrame:
@@ -137,20 +169,23 @@ def session_columns(records: Sequence[dict], turns: int, think_time_s: float) ->
 
 class SessionBackend(ServedBackend):
     """Multi-turn sessions as stored, resumable points of the grid runner: one point per concurrency (concurrent
-    conversations), each with its own fresh messages (seeded by its ``point_id``).
+    conversations), each with its own fresh messages (seeded by its ``point_id``), measured like every served
+    point (:meth:`kit.serve.sweep.ServedBackend.measure`).
 
     Args:
         turns: turns per conversation (>= 1). think_time_s: pause between a reply and the next turn (s, >= 0).
-        kwargs: the arguments of :class:`kit.serve.sweep.ServedBackend`.
+        options: the options of :class:`kit.serve.sweep.ServedBackend` (no explicit workload, no prefix axis).
 
     Raises:
-        UserError: turns < 1, think_time_s < 0, or ServedBackend's errors.
+        UserError: turns < 1, think_time_s < 0, a workload or prefix fractions, or ServedBackend's errors.
     """
 
-    def __init__(self, config, concurrencies, out_dir, *, turns: int = 3, think_time_s: float = 0.0, **kw):
+    def __init__(self, config, concurrencies, out_dir, *, turns: int = 3, think_time_s: float = 0.0, **options):
         if int(turns) < 1 or not (float(think_time_s) >= 0):
             raise UserError(f"turns={turns} (>= 1), think_time_s={think_time_s} (>= 0 s)")
-        super().__init__(config, concurrencies, out_dir, **kw)
+        if options.get("workload") is not None or list(options.get("prefix_fractions", [0.0])) != [0.0]:
+            raise UserError("sessions draw their own messages: give no workload and no prefix fractions")
+        super().__init__(replace(config, warmup_requests=0), concurrencies, out_dir, **options)
         self.turns, self.think_time_s = int(turns), float(think_time_s)
 
     def points(self) -> list[GridPoint]:
@@ -162,13 +197,9 @@ class SessionBackend(ServedBackend):
             ]
         return self._points
 
-    def measure(self, point: GridPoint) -> dict:
-        """Run the point's conversations; the row of :func:`kit.serve.aggregate.aggregate` plus
-        :func:`session_columns`."""
-        c: LoadConfig = replace(point.config, warmup_requests=0)
+    def schedule_for(self, point: GridPoint) -> SessionSchedule:
+        """The point's conversations: ``ceil(num_requests / turns)`` of them, ``max_concurrency`` at a time."""
+        c: LoadConfig = point.config
         n_sessions = math.ceil(int(c.num_requests or 1) / self.turns)
         msgs = session_messages(c, n_sessions, self.turns, point_seed(c.seed, point.point_id), self.tokenizer)
-        records, info = run_coro(run_sessions_async(c, msgs, self.think_time_s, self.tokenizer))
-        detail = write_detail(self.out_dir, point.point_id, records, c)
-        row = {**aggregate(records, c, info), **self.extra, "point_id": point.point_id, "x_detail_file": str(detail)}
-        return row | session_columns(records, self.turns, self.think_time_s)
+        return SessionSchedule(msgs, int(c.max_concurrency or n_sessions), c.osl, self.think_time_s)

@@ -5,37 +5,31 @@ Trace format (the Mooncake trace, ``kvcache-ai/Mooncake`` ``FAST25-release/trace
 (one id per block of ``block_tokens`` prompt tokens, 512 in Mooncake's traces; requests that share leading ids
 share that prefix). Prompts are built so that shared ids give shared prefix blocks (:func:`trace_workload`).
 Replay is open-loop: request ``i`` is sent at ``(timestamp_i − timestamp_0) × time_scale`` ms after the start
-whatever is in flight (``max_concurrency`` is not applied); each record keeps ``scheduled_s`` beside ``sent_s``
-and the row reports how late the sends were (``x_trace_late_ms_p50/p99/max``).
+whatever is in flight (``max_concurrency`` is not applied). :class:`TraceSchedule` is a schedule of the one request
+loop (:mod:`kit.serve.schedule`), so a replayed row gets the same guarantees as every served row; each record keeps
+``due_s`` (its time in the trace) beside ``sent_s``, and the row reports how late the sends were
+(``x_send_late_ms_p50/p99/max``, as every open-loop row does).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from kit import metrics as M
 from kit.errors import InputNotFoundError, UserError
 from kit.grid import GridPoint
-from kit.serve.aggregate import aggregate
-from kit.serve.client import get_model_id, request_record, stream_request, token_counter
-from kit.serve.http1 import StreamPool
-from kit.serve.load import LoadConfig, run_coro
-from kit.serve.prefix import ID_RANGE, point_seed
-from kit.serve.sweep import ServedBackend, served_point_id, write_detail
-from kit.serve.workload import RequestInput
+from kit.serve.load import LoadConfig
+from kit.serve.point import served_point_id
+from kit.serve.schedule import RunClock, Send, Steady
+from kit.serve.sweep import ServedBackend
+from kit.serve.workload import ID_RANGE, RequestInput, point_seed
 
 #: prompt tokens per hash id in Mooncake's traces
 MOONCAKE_BLOCK_TOKENS = 512
-#: a request wakes this long before its time and yields to the event loop until it is due (the loop's timer
-#: rounds to whole milliseconds)
-SPIN_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -106,64 +100,46 @@ def trace_workload(
     return out
 
 
-async def replay_async(
-    cfg: LoadConfig, entries: Sequence[TraceEntry], workload: Sequence[RequestInput], tokenizer=None, time_scale=1.0
-) -> tuple[list[dict], dict]:
-    """Send ``workload[i]`` at ``(entries[i].timestamp_ms − entries[0].timestamp_ms) × time_scale`` ms after the
-    start (open loop). Returns ``(records, run_info)`` like :func:`kit.serve.load.run_load_async`; each record
-    adds ``scheduled_s`` (s since the start). Never raises for server faults (they are failed records).
+class TraceSchedule:
+    """A trace's requests at its timestamps: request ``i`` due ``(timestamp_i − timestamp_0) × time_scale`` ms after
+    the start, no concurrency cap (a schedule of :mod:`kit.serve.schedule`; the steady window is an open loop's).
+
+    Args:
+        entries: the trace (:func:`load_trace`), sorted by timestamp.
+        workload: one request per entry (:func:`trace_workload`).
+        time_scale: multiplies the trace's time line (> 0; 0.5 replays twice as fast).
 
     Raises:
-        UserError: ``time_scale`` not > 0, entries and workload of different lengths, or no model id.
+        UserError: ``time_scale`` not > 0, or entries and workload of different lengths (or none).
     """
 
-    if not (time_scale > 0) or len(entries) != len(workload) or not entries:
-        raise UserError(f"time_scale={time_scale} (> 0); {len(entries)} entries for {len(workload)} requests")
-    model = cfg.model or await get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s)
-    url, headers, t_first = cfg.api_url(), cfg.request_headers(), entries[0].timestamp_ms
-    at = [(e.timestamp_ms - t_first) / 1000.0 * time_scale for e in entries]
-    caps: list = [None] * len(entries)
+    kind = "trace"
+    steady = Steady()
 
-    async def one(i: int, session, t_run: float) -> None:
-        due = t_run + at[i]
-        await asyncio.sleep(max(0.0, due - time.perf_counter() - SPIN_S))
-        while time.perf_counter() < due:  # the last SPIN_S: yield to the loop rather than trust its timer's ms
-            await asyncio.sleep(0)
-        body = cfg.request_body(model, workload[i])
-        caps[i] = await stream_one(session, cfg, url, body, headers)
+    def __init__(self, entries: Sequence[TraceEntry], workload: Sequence[RequestInput], time_scale: float = 1.0):
+        if not (float(time_scale) > 0) or len(entries) != len(workload) or not entries:
+            raise UserError(f"time_scale={time_scale} (> 0); {len(entries)} entries for {len(workload)} requests")
+        t_first = entries[0].timestamp_ms
+        self.at = [(e.timestamp_ms - t_first) / 1000.0 * float(time_scale) for e in entries]
+        self.workload, self.planned = list(workload), len(workload)
+        self.label = f"trace x{time_scale:g}"
+        # requests that share a hash id share that block on purpose: their prefix-cache hits are intended
+        ids = [h for e in entries for h in e.hash_ids]
+        self.unique_prompts = len(ids) == len(set(ids))
 
-    async with StreamPool() as session:
-        t_run = time.perf_counter()
-        await asyncio.gather(*(one(i, session, t_run) for i in range(len(entries))))
-    count = token_counter(tokenizer)
-    records = []
-    for i, cap in enumerate(caps):
-        rec = request_record(cap, workload[i], count, t_run, 0.0, i, False)
-        records.append({**rec, "scheduled_s": at[i]})
-    dur = max(r["end_s"] for r in records) - min(r["sent_s"] for r in records)
-    return records, {"duration_s": dur, "model": model, "url": cfg.shown_url}
+    def planned_max_tokens(self) -> list[tuple[bool, int]]:
+        """``(False, output_length)`` of every entry."""
+        return [(False, r.max_tokens) for r in self.workload]
 
+    async def sends(self, run: RunClock) -> AsyncIterator[Send]:
+        """Every request at its time in the trace."""
+        for at, req in zip(self.at, self.workload):
+            yield Send(req, at_s=at)
 
-async def stream_one(session, cfg: LoadConfig, url: str, body: dict, headers: dict):
-    """:func:`kit.serve.client.stream_request` of one request under ``cfg``'s timeouts, event-size cap and
-    secrets (scrubbed from error texts)."""
-    return await stream_request(
-        session,
-        url,
-        body,
-        headers,
-        cfg.timeout_s,
-        cfg.stall_timeout_s,
-        first_byte_timeout_s=cfg.first_byte_timeout_s,
-        max_event_bytes=cfg.max_event_bytes,
-        secrets=tuple(cfg.secrets()),
-    )
-
-
-def lateness_ms(records: Sequence[dict]) -> dict:
-    """Percentiles (p50, p99, n) and max of how late each request was sent: (sent_s − scheduled_s) × 1000 ms."""
-    late = [(r["sent_s"] - r["scheduled_s"]) * 1000.0 for r in records if "scheduled_s" in r]
-    return {**M.percentiles(late, (50, 99)), "max": max(late) if late else None}
+    def columns(self, records: Sequence[dict]) -> dict:
+        """The offered request rate (entries / the trace's span, s) and no concurrency (the replay has no cap)."""
+        span = self.at[-1] - self.at[0]
+        return {"request_rate": len(self.at) / span if span > 0 else float("inf"), "concurrency": None}
 
 
 class TraceBackend(ServedBackend):
@@ -202,19 +178,8 @@ class TraceBackend(ServedBackend):
             self._points = [GridPoint(pid, cols, f"trace {self.trace_path.name}", c)]
         return self._points
 
-    def measure(self, point: GridPoint) -> dict:
-        """Replay the trace; the row of :func:`kit.serve.aggregate.aggregate` plus the lateness columns."""
+    def schedule_for(self, point: GridPoint) -> TraceSchedule:
+        """The replay of the trace with this point's prompts (token ids on ``/v1/completions``)."""
         c: LoadConfig = point.config
         wl = trace_workload(self.entries, c.seed, self.block_tokens, c.endpoint == "completions")
-        records, info = run_coro(replay_async(c, self.entries, wl, self.tokenizer, self.time_scale))
-        detail = write_detail(self.out_dir, point.point_id, records, c)
-        late = lateness_ms(records)
-        span = (self.entries[-1].timestamp_ms - self.entries[0].timestamp_ms) / 1000.0 * self.time_scale
-        row = aggregate(records, replace(c, request_rate=len(records) / span if span > 0 else float("inf")), info)
-        row |= {**self.extra, **point.columns, "point_id": point.point_id, "x_detail_file": str(detail)}
-        row |= {
-            "x_trace_late_ms_p50": late["p50"],
-            "x_trace_late_ms_p99": late["p99"],
-            "x_trace_late_ms_max": late["max"],
-        }
-        return row
+        return TraceSchedule(self.entries, wl, self.time_scale)

@@ -1,14 +1,27 @@
 """Workloads of the served view: the requests a load point sends and when they arrive.
 
 :class:`RequestInput` is one request (prompt and lengths); :func:`build_workload` draws ``n`` random prompts of a
-target input length (ISL) asking for a target output length (OSL), optionally spread uniformly around them;
-:data:`WORKLOAD_PRESETS` names the usual ISL/OSL pairs; :func:`arrival_gaps_s` draws the gaps between arrivals for
-a request rate and burstiness. The load generator that sends them is :mod:`kit.serve.load`. Prompts are random
-(no prefix sharing), so a server's prefix cache cannot shorten prefill.
+target input length (ISL) asking for a target output length (OSL), optionally spread uniformly around them, with
+an optional shared prefix per group of requests; :func:`fresh_workload` gives each point of a sweep prompts no
+other point sends; :data:`WORKLOAD_PRESETS` names the usual ISL/OSL pairs; :func:`arrival_gaps_s` draws the gaps
+between arrivals for a request rate and burstiness. The loop that sends them is :mod:`kit.serve.loop`.
+
+Why fresh prompts per point: a sweep that sends the same prompts at every concurrency lets a server's prefix cache
+serve every point after the first, so the sweep measures the cache, not the model (vLLM issue 54227 saw TTFT 49×
+too low). A point's prompts are drawn from a seed derived from the sweep's seed and the point's key
+(:func:`point_seed`), so they differ between points and are the same when a point is measured again.
+
+A prefix-shared workload splits the requests into groups of ``group_size``; the first ``round(prefix_fraction ×
+isl)`` tokens of every prompt in a group are the same (like a system prompt), the rest are the request's own. A
+perfect prefix cache then serves :func:`intended_hit_rate` of the prompt tokens;
+:func:`kit.serve.aggregate.achieved_hit_rate` is what the server reports
+(``usage.prompt_tokens_details.cached_tokens``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,67 +52,138 @@ class RequestInput:
     max_tokens: int
 
 
-def build_workload(
-    n: int,
-    isl: int,
-    osl: int,
-    tokenizer=None,
-    seed: int = 0,
-    isl_range: float = 0.0,
-    osl_range: float = 0.0,
-    as_token_ids: bool = False,
-) -> list[RequestInput]:
-    """``n`` random prompts of ~``isl`` tokens, each asking for ~``osl`` output tokens.
+#: token ids drawn for prompts without a tokenizer
+ID_RANGE = (1000, 20000)
+#: most distinct prompts one point draws (a longer run reuses them in order)
+MAX_PROMPTS = 4096
 
-    With an HF tokenizer, prompts are random non-special token ids decoded to text and re-encoded (truncated to
-    the target length), and ``input_tokens`` is the re-encoded length. With ``as_token_ids`` (or no tokenizer)
-    the prompt is the token id list itself (``/v1/completions`` accepts it). Without a tokenizer and without
-    ``as_token_ids``, the prompt is ``isl`` random words and ``input_tokens`` is None (unknown).
+
+def point_seed(seed: int, key: int | str) -> int:
+    """A 63-bit seed from a sweep's ``seed`` and a point's key (its index or ``point_id``): distinct keys give
+    unrelated prompt streams; the same key gives the same prompts again."""
+    digest = hashlib.sha1(json.dumps([int(seed), str(key)]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _vocab(tokenizer) -> np.ndarray | None:
+    if tokenizer is None or not (hasattr(tokenizer, "decode") and hasattr(tokenizer, "vocab_size")):
+        return None
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    return np.array([i for i in range(int(tokenizer.vocab_size)) if i not in special])
+
+
+def _as_request(ids: list[int], osl: int, tokenizer, vocab, as_token_ids: bool) -> RequestInput:
+    if as_token_ids:
+        return RequestInput(ids, len(ids), osl)
+    if vocab is None:  # no tokenizer: one word per token, count unknown to the client
+        return RequestInput(" ".join(f"w{i}" for i in ids), None, osl)
+    text = tokenizer.decode(ids)
+    return RequestInput(text, len(tokenizer(text, add_special_tokens=False)["input_ids"]), osl)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """The lengths and sharing of a workload's prompts.
+
+    Attributes:
+        isl, osl: input and output tokens per request (>= 1).
+        isl_range, osl_range: draw each request's lengths uniformly in ``x·(1 ± r)``, 0 <= r < 1 (the shared
+            prefix keeps its nominal length; the request's own part makes up the rest).
+        prefix_fraction: share of each prompt common to its group (0: every prompt its own), in [0, 1].
+        group_size: requests per sharing group (>= 1).
+    """
+
+    isl: int
+    osl: int
+    isl_range: float = 0.0
+    osl_range: float = 0.0
+    prefix_fraction: float = 0.0
+    group_size: int = 8
+
+    def check(self) -> PromptSpec:
+        """Returns self. Raises: UserError naming a length or group size < 1, a fraction outside [0, 1], or a
+        range outside [0, 1)."""
+        if min(self.isl, self.osl, self.group_size) < 1:
+            raise UserError(f"isl={self.isl}, osl={self.osl}, group_size={self.group_size}; all must be >= 1")
+        if not 0.0 <= float(self.prefix_fraction) <= 1.0:
+            raise UserError(f"prefix_fraction={self.prefix_fraction}; must be in [0, 1]")
+        if not (0.0 <= self.isl_range < 1.0 and 0.0 <= self.osl_range < 1.0):
+            raise UserError(f"isl_range={self.isl_range}, osl_range={self.osl_range}; both must be in [0, 1)")
+        return self
+
+
+def build_workload(
+    n: int, spec: PromptSpec, tokenizer=None, seed: int = 0, as_token_ids: bool = False
+) -> list[RequestInput]:
+    """``n`` prompts of ``spec.isl`` tokens asking for ``spec.osl``; within each group of ``spec.group_size``
+    consecutive requests the first ``round(prefix_fraction × isl)`` tokens are shared, the rest drawn per request.
+    With an HF tokenizer, random non-special ids (decoded to text unless ``as_token_ids``); without one, ids in
+    :data:`ID_RANGE` (sent as ids with ``as_token_ids``, else as words ``w<id>``, token count unknown). Prompts
+    are distinct (redrawn on a clash) whenever the unshared part has at least one token.
 
     Raises:
-        UserError: n, isl or osl < 1, or a range outside [0, 1).
+        UserError: n < 1, or a bad ``spec`` (:meth:`PromptSpec.check`).
     """
-    if n < 1 or isl < 1 or osl < 1:
-        raise UserError(f"n={n}, isl={isl}, osl={osl}; all must be >= 1")
-    for name, r in (("isl_range", isl_range), ("osl_range", osl_range)):
-        if not 0.0 <= r < 1.0:
-            raise UserError(f"{name}={r}; must be in [0, 1)")
+    if int(n) < 1:
+        raise UserError(f"n={n}; a workload needs at least one request")
+    spec.check()
     rng = np.random.default_rng(seed)
+    vocab = _vocab(tokenizer)
 
-    def draw(x: int, r: float) -> int:
+    def length(x: int, r: float) -> int:
         lo, hi = max(1, int(round(x * (1 - r)))), max(1, int(round(x * (1 + r))))
         return int(rng.integers(lo, hi + 1)) if hi > lo else x
 
-    hf = tokenizer is not None and hasattr(tokenizer, "decode") and hasattr(tokenizer, "vocab_size")
-    if hf:
-        special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        vocab = np.array([i for i in range(int(tokenizer.vocab_size)) if i not in special])
-    out = []
-    for _ in range(n):
-        li, lo_ = draw(isl, isl_range), draw(osl, osl_range)
-        if hf:
-            ids = [int(x) for x in rng.choice(vocab, size=li)]
-            if as_token_ids:
-                out.append(RequestInput(ids, li, lo_))
-                continue
-            text = tokenizer.decode(ids)
-            re_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            if len(re_ids) > li:
-                text = tokenizer.decode(re_ids[:li])
-                re_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            out.append(RequestInput(text, len(re_ids), lo_))
-        elif as_token_ids:
-            out.append(RequestInput([int(x) for x in rng.integers(1000, 20000, size=li)], li, lo_))
-        else:
-            words = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta"]
-            out.append(RequestInput(" ".join(rng.choice(words, size=li)), None, lo_))
+    def draw(k: int) -> list[int]:
+        if vocab is not None:
+            return [int(x) for x in rng.choice(vocab, size=k)]
+        return [int(x) for x in rng.integers(*ID_RANGE, size=k)]
+
+    n_prefix = int(round(float(spec.prefix_fraction) * spec.isl))
+    out, seen, prefix = [], set(), []
+    for i in range(int(n)):
+        if i % spec.group_size == 0:
+            prefix = draw(n_prefix)
+        own = max(0, length(spec.isl, spec.isl_range) - n_prefix)
+        ids = prefix + draw(own)
+        while own and tuple(ids) in seen:
+            ids = prefix + draw(own)
+        seen.add(tuple(ids))
+        out.append(_as_request(ids, length(spec.osl, spec.osl_range), tokenizer, vocab, as_token_ids))
     return out
+
+
+def intended_hit_rate(n: int, prefix_fraction: float, group_size: int, first: int = 0) -> float:
+    """Fraction of the prompt tokens of requests ``first`` … ``first + n − 1`` of :func:`build_workload`'s
+    workload that a perfect prefix cache serves: every request of a group but its first (index a multiple of
+    ``group_size``) finds the shared prefix, so f × #{i : i mod group_size ≠ 0} / n. ``first`` skips the warm-up
+    requests, which come first."""
+    hits = sum(1 for i in range(int(first), int(first) + int(n)) if i % int(group_size))
+    return float(prefix_fraction) * hits / n if n else 0.0
+
+
+def fresh_workload(
+    cfg: LoadConfig, point_key: int | str, tokenizer=None, prefix_fraction: float = 0.0, group_size: int = 8
+) -> list[RequestInput]:
+    """The requests of one sweep point (warm-up + measured; 256 measured for a duration-only run; at most
+    :data:`MAX_PROMPTS`), drawn from :func:`point_seed` of ``cfg.seed`` and ``point_key`` (the point's index or
+    ``point_id``), so no two points of a sweep send the same prompt; ``prefix_fraction`` > 0 shares prefixes
+    within groups (:func:`build_workload`). Token-id prompts on ``/v1/completions`` without a tokenizer.
+    Lengths ``cfg.isl`` / ``cfg.osl``, drawn within ``cfg.isl_range`` / ``cfg.osl_range`` when set.
+
+    Raises:
+        UserError: see :func:`build_workload`.
+    """
+    n = min((cfg.num_requests or 256) + cfg.warmup_requests, MAX_PROMPTS)
+    ids = tokenizer is None and cfg.endpoint == "completions"
+    spec = PromptSpec(cfg.isl, cfg.osl, cfg.isl_range, cfg.osl_range, prefix_fraction, group_size)
+    return build_workload(n, spec, tokenizer, point_seed(cfg.seed, point_key), ids)
 
 
 def arrival_gaps_s(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
     """Gaps (s) before each of ``n`` requests: zeros for ``request_rate = inf``, else
     Gamma(shape=b, scale=1/(rate·b)) with burstiness b (b = 1: Poisson): mean 1/rate, variance 1/(rate²·b), so
-    ``burstiness = inf`` gives gaps of exactly 1/rate. Convention of vLLM's ``benchmarks/serve.py``; METRICS.md
+    ``burstiness = inf`` gives gaps of exactly 1/rate. Convention of vLLM's ``benchmarks/serve.py``; docs/metrics.md,
     "Arrivals". Every gap returned is finite and >= 0.
 
     Raises:
@@ -117,19 +201,3 @@ def arrival_gaps_s(n: int, request_rate: float, burstiness: float = 1.0, seed: i
     if not np.isfinite(gaps).all():  # e.g. a rate so small that 1/rate overflows
         raise UserError(f"request_rate={request_rate!r}, burstiness={burstiness!r} give non-finite arrival gaps")
     return gaps
-
-
-def default_workload(cfg: LoadConfig, tokenizer=None) -> list[RequestInput]:
-    """The requests a load point sends when none are given: warm-up + measured (256 when unbounded), at most 1024
-    distinct prompts (reused round-robin); token-id prompts on ``/v1/completions`` without a tokenizer."""
-    n = (cfg.num_requests or 256) + cfg.warmup_requests
-    return build_workload(
-        min(n, 1024),
-        cfg.isl,
-        cfg.osl,
-        tokenizer,
-        cfg.seed,
-        cfg.isl_range,
-        cfg.osl_range,
-        as_token_ids=tokenizer is None and cfg.endpoint == "completions",
-    )

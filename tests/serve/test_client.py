@@ -9,7 +9,8 @@ from sse_server import chars, script
 
 from kit.serve import client
 from kit.serve.aggregate import aggregate
-from kit.serve.load import LoadConfig, run_coro
+from kit.serve.load import LoadConfig
+from kit.serve.loop import run_coro
 from kit.serve.sse import SSEParser, StreamCapture, classify_event
 from kit.serve.texts import describe_exception, short_error
 from kit.serve.workload import RequestInput

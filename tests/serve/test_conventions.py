@@ -7,9 +7,10 @@ import pytest
 
 from kit.serve.conventions import CONVENTIONS, metric_conventions
 from kit.serve.load import LoadConfig
-from kit.serve.prefix import fresh_workload
+from kit.serve.loop import run_coro, run_schedule
+from kit.serve.schedule import Arrivals
 from kit.serve.simserver import SimModel, SimServer
-from kit.serve.steady import run_handover
+from kit.serve.workload import fresh_workload
 from kit.view.workload_plots import conventions_plot
 
 # case E1: ttft 500 ms, e2el 1000 ms, 6 tokens, chunk gaps [100, 300, 100], token-normalised ITL [100] x 5
@@ -45,7 +46,8 @@ def test_case_e1_under_every_convention():
 def test_four_tokens_per_chunk_make_the_conventions_disagree(tmp_path):
     with SimServer(SimModel(ttft_base_ms=20, tpot_base_ms=3, tokens_per_chunk=4)) as sim:
         cfg = LoadConfig(url=sim.url, model="sim", num_requests=4, warmup_requests=0, isl=8, osl=17, max_concurrency=2)
-        records, _ = run_handover(cfg, fresh_workload(cfg, 0), tokenizer=lambda s: len(s.split()))
+        sched = Arrivals.from_config(cfg, fresh_workload(cfg, 0))
+        records, _ = run_coro(run_schedule(cfg, sched, tokenizer=lambda s: len(s.split())))
     t = metric_conventions(records).set_index("convention")
     raw, norm = t.loc["raw chunk gaps", "p50"], t.loc["token-normalised gaps", "p50"]
     assert raw == pytest.approx(4 * norm, rel=0.15) and raw == pytest.approx(12, rel=0.25)

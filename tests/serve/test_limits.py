@@ -9,8 +9,10 @@ import pytest
 from sse_server import dead_url
 
 from kit.errors import UserError
-from kit.serve import load
-from kit.serve.load import LoadConfig, run_coro, run_load_async
+from kit.serve import schedule
+from kit.serve.load import LoadConfig
+from kit.serve.loop import run_coro, run_schedule
+from kit.serve.schedule import Arrivals
 from kit.serve.workload import RequestInput, arrival_gaps_s
 
 NAN, INF = float("nan"), float("inf")
@@ -46,7 +48,7 @@ def test_e4_paced_run_at_infinite_burstiness_spreads_the_requests(scripted):
         warmup_requests=0,
         max_concurrency=4,
     )
-    recs, _ = run_coro(run_load_async(cfg, [RequestInput("p", 1, 1)]))
+    recs, _ = run_coro(run_schedule(cfg, Arrivals.from_config(cfg, [RequestInput("p", 1, 1)])))
     sent = sorted(r["sent_s"] for r in recs)
     assert all(r["ok"] for r in recs)
     assert sent[-1] - sent[0] == pytest.approx(0.75, abs=0.1)  # never all within a few ms
@@ -54,10 +56,10 @@ def test_e4_paced_run_at_infinite_burstiness_spreads_the_requests(scripted):
 
 
 def test_the_arrival_loop_refuses_a_non_finite_gap(monkeypatch):
-    monkeypatch.setattr(load, "arrival_gaps_s", lambda n, *a: np.array([0.1, NAN, 0.1])[:n])
+    monkeypatch.setattr(schedule, "arrival_gaps_s", lambda n, *a: np.array([0.1, NAN, 0.1])[:n])
     cfg = LoadConfig(url=dead_url(), model="m", num_requests=3, warmup_requests=0, request_rate=10.0)
     with pytest.raises(AssertionError, match="arrival gap nan"):
-        run_coro(run_load_async(cfg, [RequestInput("p", 1, 1)]))
+        run_coro(run_schedule(cfg, Arrivals.from_config(cfg, [RequestInput("p", 1, 1)])))
 
 
 BAD = [

@@ -1,5 +1,6 @@
-"""kit.serve.load (with kit.serve.workload and kit.serve.selfcheck): the config and its defaults, workloads,
-arrivals, aggregation (case E3), and run_load_async against the scripted SSE server."""
+"""kit.serve.load (with kit.serve.workload, kit.serve.loop and kit.serve.selfcheck): the config and its defaults,
+workloads, arrivals, aggregation (case E3), and the request loop's closed and open loops against the scripted SSE
+server."""
 
 import asyncio
 import math
@@ -8,11 +9,24 @@ import time
 import pytest
 from sse_server import chars, dead_url
 
-from kit.serve import load
 from kit.serve.aggregate import aggregate
 from kit.serve.load import LoadConfig
+from kit.serve.loop import not_sent, run_coro, run_schedule
+from kit.serve.schedule import Arrivals
 from kit.serve.selfcheck import LoopProbe
-from kit.serve.workload import WORKLOAD_PRESETS, RequestInput, arrival_gaps_s, build_workload, default_workload
+from kit.serve.workload import (
+    WORKLOAD_PRESETS,
+    PromptSpec,
+    RequestInput,
+    arrival_gaps_s,
+    build_workload,
+    fresh_workload,
+)
+
+
+def run(cfg, workload, tokenizer=None):
+    """The closed or open loop of ``cfg`` over ``workload`` through the one request loop."""
+    return run_coro(run_schedule(cfg, Arrivals.from_config(cfg, workload), tokenizer))
 
 
 def late_ok(measured: float, scripted: float, late: float) -> bool:
@@ -74,7 +88,7 @@ def test_e3_goodput():
 
 def test_not_sent_counts_every_planned_request():
     cfg = LoadConfig(url="http://x", num_requests=3, warmup_requests=2, osl=5)
-    recs, info = load.not_sent(cfg, [RequestInput("p", 1, 7)], "no model")
+    recs, info = not_sent(cfg, Arrivals.from_config(cfg, [RequestInput("p", 1, 7)]), "no model")
     assert len(recs) == 5 and sum(r["warmup"] for r in recs) == 2 and {r["max_tokens"] for r in recs} == {7}
     assert info["setup_error"] == "no model" and info["x_client_check"] == "not applied: no request was sent"
     row = aggregate(recs, cfg, info)
@@ -96,23 +110,25 @@ def test_arrivals_gamma_poisson_and_inf():
 
 def test_workload_presets_and_token_ids():
     assert WORKLOAD_PRESETS["seed"] == (1024, 400) and WORKLOAD_PRESETS["8k/1k"] == (8192, 1024)
-    w = build_workload(6, 50, 20, None, seed=1, osl_range=0.5, as_token_ids=True)
+    w = build_workload(6, PromptSpec(50, 20, osl_range=0.5), seed=1, as_token_ids=True)
     assert all(len(r.prompt) == 50 and r.input_tokens == 50 for r in w)
     assert all(10 <= r.max_tokens <= 30 for r in w) and len({r.max_tokens for r in w}) > 1
-    words = build_workload(2, 7, 3, None)
+    words = build_workload(2, PromptSpec(7, 3))
     assert len(words[0].prompt.split()) == 7 and words[0].input_tokens is None
     with pytest.raises(ValueError, match="isl_range"):
-        build_workload(2, 7, 3, None, isl_range=1.5)
-    dw = default_workload(LoadConfig(url="http://x", num_requests=3, warmup_requests=1, isl=5, osl=2))
+        build_workload(2, PromptSpec(7, 3, isl_range=1.5))
+    with pytest.raises(ValueError, match="n=0"):
+        build_workload(0, PromptSpec(7, 3))
+    dw = fresh_workload(LoadConfig(url="http://x", num_requests=3, warmup_requests=1, isl=5, osl=2), 0)
     assert len(dw) == 4 and all(isinstance(r.prompt, list) and len(r.prompt) == 5 for r in dw)
 
 
-# ---------------------------------------------------------------- run_load_async against the scripted server
+# ---------------------------------------------------------------- the request loop against the scripted server
 def test_e1_end_to_end_over_http(scripted):
     cfg = LoadConfig(
         url=scripted.url, model="e1", endpoint="chat", num_requests=2, max_concurrency=2, warmup_requests=0
     )
-    recs, info = load.run_coro(load.run_load_async(cfg, [RequestInput("hi", 2, 64)], tokenizer=chars))
+    recs, info = run(cfg, [RequestInput("hi", 2, 64)], chars)
     for r in recs:
         assert r["ok"] and r["output_tokens"] == 6
         # times from the send are scripted at fixed offsets: they can only come out late ...
@@ -124,7 +140,7 @@ def test_e1_end_to_end_over_http(scripted):
 
 def test_client_queue_is_reported_not_hidden(scripted):
     cfg = LoadConfig(url=scripted.url, model="e2a", num_requests=4, max_concurrency=1, warmup_requests=0)
-    recs, _ = load.run_coro(load.run_load_async(cfg, [RequestInput("hi", 2, 1)], tokenizer=chars))
+    recs, _ = run(cfg, [RequestInput("hi", 2, 1)], chars)
     queues = sorted(r["client_queue_ms"] for r in recs)
     assert queues[0] < 50 and queues[-1] > 800  # the 4th waited ~3 x 300 ms for its slot ...
     assert all(late_ok(r["ttft_ms"], 300, 120) for r in recs)  # ... and TTFT does not include it
@@ -135,7 +151,7 @@ def test_duration_mode_stops_sending(scripted):
         url=scripted.url, model="normal", num_requests=None, duration_s=0.5, osl=4, max_concurrency=2, warmup_requests=0
     )
     t = time.perf_counter()
-    recs, info = load.run_coro(load.run_load_async(cfg, [RequestInput("hi", 2, 4)], tokenizer=chars))
+    recs, info = run(cfg, [RequestInput("hi", 2, 4)], chars)
     assert time.perf_counter() - t < 3 and len(recs) > 4 and all(r["ok"] for r in recs)
 
 
@@ -149,7 +165,7 @@ def test_request_rate_spaces_arrivals(scripted):
         warmup_requests=0,
         seed=2,
     )
-    recs, info = load.run_coro(load.run_load_async(cfg, [RequestInput("hi", 2, 1)], tokenizer=chars))
+    recs, info = run(cfg, [RequestInput("hi", 2, 1)], chars)
     sent = sorted(r["sent_s"] for r in recs)
     expected = arrival_gaps_s(6, 20.0, 1.0, 2).cumsum()
     assert sent[-1] - sent[0] == pytest.approx(expected[-1] - expected[0], abs=0.1)  # a late first send shortens it
@@ -157,10 +173,8 @@ def test_request_rate_spaces_arrivals(scripted):
 
 
 def test_model_listing_failure_returns_failed_records():
-    # run_load_async itself returns the failed records (it does not raise)
-    recs, info = load.run_coro(
-        load.run_load_async(LoadConfig(url=dead_url(), num_requests=2, warmup_requests=0), [RequestInput("hi", 2, 4)])
-    )
+    # the loop itself returns the failed records (it does not raise)
+    recs, info = run(LoadConfig(url=dead_url(), num_requests=2, warmup_requests=0), [RequestInput("hi", 2, 4)])
     assert len(recs) == 2 and not any(r["ok"] for r in recs) and "/v1/models" in info["setup_error"]
 
 

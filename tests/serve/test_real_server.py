@@ -21,7 +21,8 @@ from kit.serve import recipes
 from kit.serve.checkpoint import build_tiny_checkpoint
 from kit.serve.client import load_tokenizer
 from kit.serve.load import LoadConfig
-from kit.serve.sweep import run_load_point, run_served_sweep, served_point_id
+from kit.serve.point import measure_point, served_point_id
+from kit.serve.sweep import run_served_sweep
 from kit.store import load_results
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,7 @@ def test_completions_and_chat_stream(server, tmp_path):
         cfg = LoadConfig(
             url=srv.url, endpoint=endpoint, isl=32, osl=12, num_requests=3, max_concurrency=3, warmup_requests=1
         )
-        row = run_load_point(cfg, tmp_path / endpoint, tokenizer=tok)
+        row = measure_point(cfg, out_dir=tmp_path / endpoint, tokenizer=tok)
         assert row["model"] == model  # from /v1/models
         assert row["completed"] == 3 and row["failed"] == 0, row["error"]
         assert row["x_output_tokens_estimated"] == 0  # usage came in the last chunk
@@ -80,7 +81,7 @@ def test_concurrency_sweep_keeps_that_many_in_flight(server, tmp_path):
 def test_ignore_eos_rejected_is_counted_not_raised(server, tmp_path):
     srv, _, tok = server
     cfg = LoadConfig(url=srv.url, isl=8, osl=4, num_requests=2, warmup_requests=0, ignore_eos=True)
-    row = run_load_point(cfg, tmp_path, tokenizer=tok)
+    row = measure_point(cfg, out_dir=tmp_path, tokenizer=tok)
     assert row["failed"] == 2 and "HTTP 422" in row["error"] and "ignore_eos" in row["error"]
 
 

@@ -14,7 +14,7 @@ from sse_server import dead_url
 from kit import results as R
 from kit.serve import server_metrics as S
 from kit.serve.load import LoadConfig
-from kit.serve.sweep import run_load_point
+from kit.serve.point import measure_point
 from kit.validity import invalid_note, validity
 
 # 1 warm-up + 6 measured requests of 8 output tokens each: the server counts 56 generation tokens; per request
@@ -23,11 +23,11 @@ CFG = dict(model="normal", num_requests=6, warmup_requests=1, isl=8, osl=8, max_
 
 
 def served_point(url: str, out: Path, period_s: float = 0.02) -> dict:
-    """A served point with the hooks the served backend gets: watch /metrics around run_load_point, add the
+    """A served point with the hooks the served backend gets: watch /metrics around measure_point, add the
     server columns (client tokens incl. warm-up, from the detail file) and the validity verdict."""
     cfg = LoadConfig(url=url, **CFG)
     with S.ServerMetricsWatch(url, period_s=period_s) as watch:
-        row = run_load_point(cfg, out)
+        row = measure_point(cfg, out_dir=out)
     records = [json.loads(x) for x in Path(row["x_detail_file"]).read_text().splitlines()]
     row.update(watch.columns(S.client_output_tokens(records)))
     row.update(validity(row))
@@ -43,7 +43,7 @@ def naming(request):
 def test_deltas_hit_rate_acceptance_in_both_namings(naming, tmp_path):
     srv = start(naming, prefix_hits=False)
     try:
-        run_load_point(LoadConfig(url=srv.url, **CFG), tmp_path / "before")  # counters already non-zero
+        measure_point(LoadConfig(url=srv.url, **CFG), out_dir=tmp_path / "before")  # counters already non-zero
         row = served_point(srv.url, tmp_path / "point")
     finally:
         srv.stop()
@@ -181,7 +181,7 @@ def test_transformers_serve_has_no_metrics(tmp_path):
         srv.wait_ready(120, poll_s=0.25)
         cfg = LoadConfig(url=srv.url, num_requests=2, warmup_requests=0, isl=8, osl=4, max_concurrency=2)
         with S.ServerMetricsWatch(srv.url, period_s=0.1) as watch:
-            row = run_load_point(cfg, tmp_path / "out", tokenizer=load_tokenizer(str(ckpt)))
+            row = measure_point(cfg, out_dir=tmp_path / "out", tokenizer=load_tokenizer(str(ckpt)))
     row.update(watch.columns(row["x_output_tokens_total"]))
     assert row["completed"] == 2, row["error"]
     assert row["x_server_metrics"] == f"not available: HTTP 404 from {srv.url}/metrics"

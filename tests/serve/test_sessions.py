@@ -6,9 +6,10 @@ import pytest
 
 from kit.errors import UserError
 from kit.grid import run_grid
-from kit.serve.load import LoadConfig, run_coro
-from kit.serve.prefix import read_detail
-from kit.serve.sessions import SessionBackend, per_turn, run_sessions_async, session_messages, session_totals
+from kit.serve.load import LoadConfig
+from kit.serve.loop import run_coro, run_schedule
+from kit.serve.point import read_detail
+from kit.serve.sessions import SessionBackend, SessionSchedule, per_turn, session_messages, session_totals
 from kit.serve.simserver import SimModel, SimServer
 from kit.view.workload_plots import per_turn_plot
 
@@ -26,7 +27,7 @@ def test_each_turn_sends_the_history_plus_a_new_message(sim):
     sim.log.clear()
     cfg = LoadConfig(url=sim.url, model="sim", isl=8, osl=3, max_concurrency=2)
     msgs = session_messages(cfg, 2, 3, seed=5)
-    recs, info = run_coro(run_sessions_async(cfg, msgs, think_time_s=0.1))
+    recs, info = run_coro(run_schedule(cfg, SessionSchedule(msgs, users=2, osl=3, think_time_s=0.1)))
     assert len(recs) == 6 and all(r["ok"] for r in recs) and info["model"] == "sim"
     for s in (0, 1):
         rs = sorted((r for r in recs if r["session_id"] == s), key=lambda r: r["turn"])
@@ -44,7 +45,7 @@ def test_each_turn_sends_the_history_plus_a_new_message(sim):
 def test_chat_history_is_a_message_list(sim):
     sim.log.clear()
     cfg = LoadConfig(url=sim.url, model="sim", endpoint="chat", isl=4, osl=2, max_concurrency=1)
-    recs, _ = run_coro(run_sessions_async(cfg, session_messages(cfg, 1, 2, seed=1)))
+    recs, _ = run_coro(run_schedule(cfg, SessionSchedule(session_messages(cfg, 1, 2, seed=1), users=1, osl=2)))
     assert [r["turn"] for r in recs] == [1, 2] and all(r["ok"] for r in recs)
     last = sim.log[-1]["prompt"]
     assert [m["role"] for m in last] == ["user", "assistant", "user"] and last[1]["content"] == " w0 w1"
@@ -68,3 +69,35 @@ def test_session_backend_rows_per_turn_and_totals(sim, tmp_path):
     assert (tmp_path / "turns.png").stat().st_size > 0
     with pytest.raises(UserError, match="turns=0"):
         SessionBackend(cfg, [1], tmp_path, turns=0)
+    with pytest.raises(UserError, match="users=0"):
+        SessionSchedule([["hi"]], users=0, osl=2)
+
+
+def test_users_bound_the_conversations_in_flight_and_a_failed_turn_ends_its_conversation(sim):
+    """Three conversations, two users: the third starts only when one ends; its turns follow its own replies."""
+    sim.log.clear()
+    cfg = LoadConfig(url=sim.url, model="sim", isl=4, osl=2)
+    msgs = session_messages(cfg, 3, 2, seed=2)
+    recs, _ = run_coro(run_schedule(cfg, SessionSchedule(msgs, users=2, osl=2)))
+    assert sorted((r["session_id"], r["turn"]) for r in recs) == [(s, k) for s in range(3) for k in (1, 2)]
+    first = {s: min(r["sent_s"] for r in recs if r["session_id"] == s) for s in range(3)}
+    ends = {s: max(r["end_s"] for r in recs if r["session_id"] == s) for s in range(3)}
+    assert first[2] >= min(ends[0], ends[1]) - 1e-3  # the third conversation waited for a user to be free
+    assert max(r["inflight_at_send"] for r in recs) <= 2
+
+
+def test_a_failed_turn_ends_its_conversation(scripted):
+    """'flaky' fails every other request: each conversation stops at its first failed turn; its later turns are
+    never sent but recorded as failed (not sent), so the row's failures count every turn that did not complete."""
+    n0 = len(scripted.requests)
+    cfg = LoadConfig(url=scripted.url, model="flaky", isl=4, osl=2, num_requests=6)
+    msgs = session_messages(cfg, 2, 3, seed=4)
+    recs, _ = run_coro(run_schedule(cfg, SessionSchedule(msgs, users=1, osl=2)))
+    assert len(recs) == 6
+    for s in (0, 1):
+        rs = sorted((r for r in recs if r["session_id"] == s), key=lambda r: r["turn"])
+        assert [r["turn"] for r in rs] == [1, 2, 3]
+        sent = [r for r in rs if not r.get("not_sent")]
+        assert all(r["ok"] for r in sent[:-1]) and not sent[-1]["ok"] and len(sent) <= 2
+        assert all(not r["ok"] and "earlier turn of its conversation failed" in r["error"] for r in rs[len(sent) :])
+    assert len(scripted.requests) - n0 == sum(not r.get("not_sent") for r in recs)

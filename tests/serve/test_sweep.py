@@ -22,7 +22,8 @@ from kit.serve import cli as serve_cli
 from kit.serve import sweep
 from kit.serve.cli import summary_line
 from kit.serve.load import LoadConfig
-from kit.serve.sweep import run_load_point, run_served_sweep, served_point_id
+from kit.serve.point import measure_point, served_point_id
+from kit.serve.sweep import run_served_sweep
 from kit.store import load_results
 from kit.view.plots import plot_served
 
@@ -77,12 +78,12 @@ def test_fault_stall_past_the_timeout(scripted, tmp_path):
 
 def test_fault_truncated_stream_and_total_timeout(scripted, tmp_path):
     cfg = LoadConfig(url=scripted.url, model="truncate", num_requests=2, warmup_requests=0)
-    row = run_load_point(cfg, tmp_path, tokenizer=chars)
+    row = measure_point(cfg, out_dir=tmp_path, tokenizer=chars)
     assert row["failed"] == 2 and "broken stream" in row["error"]
     cfg = LoadConfig(
         url=scripted.url, model="slow", num_requests=1, warmup_requests=0, osl=100, timeout_s=0.5, stall_timeout_s=5
     )
-    row = run_load_point(cfg, tmp_path, tokenizer=chars)
+    row = measure_point(cfg, out_dir=tmp_path, tokenizer=chars)
     assert row["failed"] == 1 and "exceeded" in row["error"]
 
 
@@ -147,7 +148,7 @@ def test_model_listing_failure_counts_every_planned_request(tmp_path):
     )
     assert list(df["failed"]) == [4, 4] and list(df["completed"]) == [0, 0]
     # a duration-only run plans no count: one failed request
-    row = run_load_point(LoadConfig(url=url, num_requests=None, duration_s=1.0, warmup_requests=0))
+    row = measure_point(LoadConfig(url=url, num_requests=None, duration_s=1.0, warmup_requests=0))
     assert row["failed"] == 1 and row["x_detail_file"] is None
 
 
@@ -156,24 +157,24 @@ def test_silent_server_timeouts_name_what_when_and_where(silent_server, tmp_path
     # no model given: the listing waits at most models_timeout_s, then every planned request fails with that text
     t = time.perf_counter()
     cfg = LoadConfig(url=url, num_requests=2, warmup_requests=0, models_timeout_s=0.5)
-    row = run_load_point(cfg, tmp_path / "a")
+    row = measure_point(cfg, out_dir=tmp_path / "a")
     assert time.perf_counter() - t < 3 and row["failed"] == 2 and "within the 0.5 s --models-timeout-s" in row["error"]
     # requests: silence before any response (first-byte timeout) and the total timeout, each with what/when/where
-    row = run_load_point(
+    row = measure_point(
         LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=5, first_byte_timeout_s=0.4),
-        tmp_path / "b",
+        out_dir=tmp_path / "b",
     )
     assert f"no response from {url}/v1/completions within 0.4 s" in row["error"]
-    row = run_load_point(
+    row = measure_point(
         LoadConfig(url=url, model="m", num_requests=1, warmup_requests=0, timeout_s=0.4, stall_timeout_s=5),
-        tmp_path / "c",
+        out_dir=tmp_path / "c",
     )
     assert f"request to {url}/v1/completions exceeded 0.4 s" in row["error"]
 
 
 def test_html_error_page_is_one_short_line_in_the_summary(scripted, tmp_path):
     cfg = LoadConfig(url=scripted.url, model="html502", num_requests=2, warmup_requests=0)
-    row = run_load_point(cfg, tmp_path, tokenizer=chars)
+    row = measure_point(cfg, out_dir=tmp_path, tokenizer=chars)
     assert row["failed"] == 2 and "HTTP 502: 502 Bad Gateway" in row["error"]
     line = summary_line(row)
     for text in (row["error"], line):
@@ -183,8 +184,8 @@ def test_html_error_page_is_one_short_line_in_the_summary(scripted, tmp_path):
 
 
 def test_selfcheck_not_applied_without_successful_streams(tmp_path):
-    row = run_load_point(
-        LoadConfig(url=dead_url(), model="m", num_requests=20, max_concurrency=4, warmup_requests=0), tmp_path
+    row = measure_point(
+        LoadConfig(url=dead_url(), model="m", num_requests=20, max_concurrency=4, warmup_requests=0), out_dir=tmp_path
     )
     assert row["failed"] == 20
     assert row["x_client_bound"] is False and row["x_client_warning"] is None
@@ -291,16 +292,16 @@ def test_ctrl_c_swallowed_by_a_finaliser_stops_the_served_sweep(scripted, tmp_pa
         def __del__(self):
             signal.raise_signal(signal.SIGINT)
 
-    real, calls = sweep.run_load_point, []
+    real, calls = sweep.measure_point, []
 
-    def run_load_point(*a, **k):
+    def measure_point(*a, **k):
         calls.append(1)
         row = real(*a, **k)
         obj = Finaliser()
         del obj
         return row
 
-    monkeypatch.setattr(sweep, "run_load_point", run_load_point)
+    monkeypatch.setattr(sweep, "measure_point", measure_point)
     cfg = LoadConfig(url=scripted.url, model="normal", num_requests=2, osl=8, warmup_requests=0)
     with pytest.raises(KeyboardInterrupt):
         run_served_sweep(cfg, [1, 2, 4], tmp_path, tokenizer=chars, progress=False)
@@ -313,7 +314,7 @@ def test_bad_input_is_a_user_error_before_any_network(silent_server, tmp_path):
     with pytest.raises(OutputPathError):
         run_served_sweep(LoadConfig(url=silent_server.url), [1], f / "sub", progress=False)
     with pytest.raises(OutputPathError):
-        run_load_point(LoadConfig(url=silent_server.url, model="m"), f)
+        measure_point(LoadConfig(url=silent_server.url, model="m"), out_dir=f)
     with pytest.raises(ValueError, match="concurrencies"):
         run_served_sweep(LoadConfig(url=silent_server.url), [0], tmp_path, progress=False)
     assert not silent_server.pending()

@@ -7,14 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from kit.errors import InputNotFoundError, UserError
 from kit.grid import run_grid
-from kit.serve.load import LoadConfig, run_coro
-from kit.serve.prefix import read_detail
+from kit.serve.load import LoadConfig
+from kit.serve.loop import run_coro, run_schedule
+from kit.serve.point import read_detail
 from kit.serve.simserver import SimModel, SimServer
-from kit.serve.trace import TraceBackend, load_trace, replay_async, trace_workload
+from kit.serve.trace import TraceBackend, TraceSchedule, load_trace, trace_workload
 
 TRACE = Path(__file__).parents[1] / "fixtures" / "mooncake_small.jsonl"
 
@@ -51,13 +53,14 @@ def test_replayed_start_times_match_the_trace(sim_process, time_scale):
     worst = []
     for _ in range(3):
         wl = trace_workload(entries, block_tokens=16)
-        records, info = run_coro(replay_async(cfg, entries, wl, None, time_scale))
+        records, info = run_coro(run_schedule(cfg, TraceSchedule(entries, wl, time_scale)))
         assert [r["ok"] for r in records] == [True] * len(entries)
         assert [r["output_tokens"] for r in records] == [e.output_length for e in entries]
         late = []
         for e, r in zip(entries, records, strict=True):
-            assert r["scheduled_s"] == pytest.approx((e.timestamp_ms - t0) / 1000 * time_scale)
-            late.append((r["sent_s"] - r["scheduled_s"]) * 1000)
+            assert r["due_s"] == pytest.approx((e.timestamp_ms - t0) / 1000 * time_scale)
+            late.append((r["sent_s"] - r["due_s"]) * 1000)
+            assert r["send_late_ms"] == pytest.approx(late[-1], abs=0.5)
         assert min(late) >= 0.0 and sorted(late)[len(late) // 2] <= 1.5, late
         worst.append(max(late))
         if max(late) <= 5.0:
@@ -84,7 +87,8 @@ def test_trace_point_is_stored_and_resumed(sim, tmp_path):
     df = run_grid(TraceBackend(cfg, TRACE, tmp_path, block_tokens=16, time_scale=0.25), tmp_path, progress=False)
     row = df.iloc[0].to_dict()
     assert row["status"] == "ok" and row["completed"] == 24 and row["x_time_scale"] == 0.25
-    assert row["x_trace_late_ms_p50"] >= 0 and row["concurrency"] is None
+    assert row["x_send_late_ms_p50"] >= 0 and row["x_send_late_n"] == 24 and pd.isna(row["concurrency"])
+    assert row["x_schedule"] == "trace" and row["x_valid"], row["x_invalid_reasons"]
     assert row["request_rate"] == pytest.approx(24 / (0.920 - 0.060) / 0.25)
     assert len(read_detail(row)) == 24
     n_sent = len(sim.log)

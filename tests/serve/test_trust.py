@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 from sse_server import chars, dead_url, start_in_thread
 
-from kit.serve import load as load_mod
+from kit.serve import loop as loop_mod
 from kit.serve.cli import summary_line
 from kit.serve.client import get_model_id, load_tokenizer
-from kit.serve.load import LoadConfig, run_coro
+from kit.serve.load import LoadConfig
+from kit.serve.loop import run_coro
+from kit.serve.point import measure_point, served_point_id
 from kit.serve.redact import redact_url, scrub, secrets_of
-from kit.serve.sweep import run_load_point, run_served_sweep, served_point_id
+from kit.serve.sweep import run_served_sweep
 
 PASSWORD, TOKEN, KEY = "Pa55w0rdXYZ", "tok3nSECRET99", "sk-kit-secret-777"
 
@@ -80,7 +82,9 @@ def test_no_secret_reaches_a_file_or_a_printed_line(scripted, tmp_path, capsys, 
 def test_redirects_are_failed_requests_never_followed(scripted, tmp_path):
     base = scripted.url + "/redirect"
     n0 = len(scripted.requests)
-    row = run_load_point(LoadConfig(url=base, model="normal", num_requests=2, warmup_requests=0, osl=2), tmp_path)
+    row = measure_point(
+        LoadConfig(url=base, model="normal", num_requests=2, warmup_requests=0, osl=2), out_dir=tmp_path
+    )
     assert row["completed"] == 0 and row["failed"] == 2
     assert "HTTP 307 redirect to /v1/completions not followed" in row["error"]
     assert len(scripted.requests) == n0  # nothing was re-sent to where the redirect pointed
@@ -121,10 +125,11 @@ def test_point_identity_includes_the_server_but_not_its_credentials():
 
 @pytest.mark.slow
 def test_silent_server_ends_quickly_with_progress_and_an_early_stop(silent_server, tmp_path, monkeypatch):
-    monkeypatch.setattr(load_mod, "STATUS_INTERVAL_S", 0.1)
+    monkeypatch.setattr(loop_mod, "STATUS_INTERVAL_S", 0.1)
     t = time.perf_counter()
-    row = run_load_point(
-        LoadConfig(url=silent_server.url, num_requests=2, warmup_requests=0, models_timeout_s=0.5), tmp_path / "a"
+    row = measure_point(
+        LoadConfig(url=silent_server.url, num_requests=2, warmup_requests=0, models_timeout_s=0.5),
+        out_dir=tmp_path / "a",
     )
     assert time.perf_counter() - t < 3 and "within the 0.5 s --models-timeout-s" in row["error"]
     lines = []
@@ -137,7 +142,7 @@ def test_silent_server_ends_quickly_with_progress_and_an_early_stop(silent_serve
         first_byte_timeout_s=0.3,
     )
     t = time.perf_counter()
-    row = run_load_point(cfg, tmp_path / "b", on_status=lambda s: lines.append(s.line()))
+    row = measure_point(cfg, out_dir=tmp_path / "b", on_status=lambda s: lines.append(s.line()))
     assert time.perf_counter() - t < 5  # not 41 timeouts one after another
     assert row["failed"] == 40 and row["completed"] == 0
     assert "stopped early: the first 3 requests all timed out" in row["x_stopped_early"]
@@ -169,7 +174,7 @@ def test_the_early_stop_applies_only_while_requests_are_left():
 def test_an_endless_line_fails_the_request_and_the_run_ends(scripted, tmp_path):
     cfg = LoadConfig(url=scripted.url, model="endless", num_requests=2, warmup_requests=0, max_event_bytes=2**20)
     t = time.perf_counter()
-    row = run_load_point(cfg, tmp_path)
+    row = measure_point(cfg, out_dir=tmp_path)
     assert time.perf_counter() - t < 20 and row["failed"] == 2
     assert "exceeded 1048576 bytes (max_event_bytes)" in row["error"]
 
@@ -202,7 +207,7 @@ def test_tokenizer_not_on_this_machine_is_the_kits_own_line():
 
 @pytest.mark.slow
 def test_empty_but_successful_completions_are_not_called_failures(scripted, tmp_path):
-    row = run_load_point(LoadConfig(url=scripted.url, model="e2b", num_requests=3, warmup_requests=0), tmp_path)
+    row = measure_point(LoadConfig(url=scripted.url, model="e2b", num_requests=3, warmup_requests=0), out_dir=tmp_path)
     assert row["completed"] == 3 and row["failed"] == 0
     assert "failures only" not in row["x_client_check"]
     assert "successful requests streamed no text" in row["x_client_check"]

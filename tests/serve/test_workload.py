@@ -1,5 +1,6 @@
-"""kit.serve.prefix: fresh prompts per sweep point (case E8) and prefix-shared workloads, against the simulated
-server (kit.serve.simserver), which logs every prompt it receives and reports the prefix-cache hits it served."""
+"""kit.serve.workload and the served sweep: fresh prompts per sweep point (case E8) and prefix-shared workloads,
+against the simulated server (kit.serve.simserver), which logs every prompt it receives and reports the
+prefix-cache hits it served."""
 
 import json
 
@@ -7,15 +8,11 @@ import pytest
 
 from kit.errors import UserError
 from kit.grid import run_grid
+from kit.serve.aggregate import achieved_hit_rate
 from kit.serve.load import LoadConfig
-from kit.serve.prefix import (
-    FreshServedBackend,
-    achieved_hit_rate,
-    build_prefix_workload,
-    fresh_workload,
-    intended_hit_rate,
-)
 from kit.serve.simserver import SimModel, SimServer
+from kit.serve.sweep import ServedBackend
+from kit.serve.workload import PromptSpec, build_workload, fresh_workload, intended_hit_rate
 from kit.store import load_results
 from kit.view.workload_plots import prefix_plot
 
@@ -31,7 +28,7 @@ def test_e8_no_prompt_is_sent_twice_across_a_two_concurrency_sweep(sim, tmp_path
     """Case E8: concurrency [1, 2], 4 measured + 1 warm-up each -> 10 distinct prompts of 10 sent."""
     sim.log.clear()
     cfg = LoadConfig(url=sim.url, model="sim", num_requests=4, warmup_requests=1, isl=16, osl=4)
-    df = run_grid(FreshServedBackend(cfg, [1, 2], tmp_path), tmp_path, progress=False)
+    df = run_grid(ServedBackend(cfg, [1, 2], tmp_path), tmp_path, progress=False)
     prompts = [json.dumps(x["prompt"]) for x in sim.log]
     assert len(prompts) == 10 and len(set(prompts)) == 10
     assert sum(x["cached"] for x in sim.log) == 0  # nothing for a prefix cache to serve
@@ -39,7 +36,7 @@ def test_e8_no_prompt_is_sent_twice_across_a_two_concurrency_sweep(sim, tmp_path
     assert df["x_fresh_prompts"].all() and (df["x_prefix_hit_rate_intended"] == 0).all()
     # measured again (no resume): the same point sends its same prompts, still distinct from the other point's
     sim.log.clear()
-    run_grid(FreshServedBackend(cfg, [1, 2], tmp_path), tmp_path, progress=False, resume=False)
+    run_grid(ServedBackend(cfg, [1, 2], tmp_path), tmp_path, progress=False, resume=False)
     assert sorted(prompts) == sorted(json.dumps(x["prompt"]) for x in sim.log)
 
 
@@ -59,7 +56,7 @@ def test_fresh_workload_is_keyed_by_point_and_deterministic():
 
 
 def test_prefix_groups_share_exactly_the_prefix():
-    wl = build_prefix_workload(10, 20, 4, prefix_fraction=0.5, group_size=4, seed=3, as_token_ids=True)
+    wl = build_workload(10, PromptSpec(20, 4, prefix_fraction=0.5, group_size=4), seed=3, as_token_ids=True)
     heads = [tuple(r.prompt[:10]) for r in wl]
     assert len(set(heads[:4])) == 1 and len(set(heads[4:8])) == 1 and heads[0] != heads[4] != heads[8]
     assert len({tuple(r.prompt) for r in wl}) == 10  # the unshared tails keep every prompt distinct
@@ -69,7 +66,7 @@ def test_prefix_groups_share_exactly_the_prefix():
     assert intended_hit_rate(10, 0.0, 4) == 0.0
     for bad in ({"prefix_fraction": 1.5}, {"group_size": 0}):
         with pytest.raises(UserError):
-            build_prefix_workload(4, 8, 2, **{"prefix_fraction": 0.5, "group_size": 2, **bad})
+            build_workload(4, PromptSpec(8, 2, **{"prefix_fraction": 0.5, "group_size": 2, **bad}))
 
 
 def test_achieved_hit_rate_reads_cached_tokens():
@@ -89,7 +86,7 @@ def test_prefix_fraction_as_a_sweep_axis_hits_the_cache_as_intended(sim, tmp_pat
     intended hit rate exactly; the row records the intended sharing."""
     cfg = LoadConfig(url=sim.url, model="sim", num_requests=8, warmup_requests=0, isl=16, osl=2)
     sim.log.clear()
-    backend = FreshServedBackend(cfg, [2], tmp_path, prefix_fractions=[0.0, 0.5], group_size=4)
+    backend = ServedBackend(cfg, [2], tmp_path, prefix_fractions=[0.0, 0.5], group_size=4)
     df = run_grid(backend, tmp_path, progress=False).set_index("x_prefix_fraction")
     assert len(load_results(tmp_path)) == 2 and len(set(df["point_id"])) == 2
     assert df.loc[0.5, "x_prefix_hit_rate_intended"] == pytest.approx(0.5 * 6 / 8)
