@@ -4,10 +4,11 @@
     .venv/bin/python docs/build.py --executed DIR       # reuse notebooks already executed (mirror of notebooks/)
     .venv/bin/python docs/build.py --no-execute         # render the committed notebooks without outputs
 
-The source tree is ``OUT/src``: ``docs/conf.py``, ``docs/*.md`` (``index.md``, ``architecture.md``), an API page
-generated from every public module of the ``kit`` package and its subpackages (:func:`api_modules`), and every
-notebook under ``notebooks/`` (the executed copy when there is one). HTML goes to ``OUT/html`` (default ``OUT`` =
-``docs/_build``). MyST-NB never executes anything (``nb_execution_mode = "off"``): a notebook is
+The source tree is ``OUT/src``: ``docs/conf.py``, ``docs/*.md`` (``index.md``, ``metrics.md``, ``architecture.md``),
+an API page generated from every public module of the ``kit`` package and its subpackages (:func:`api_modules`), and
+every notebook under ``notebooks/`` (the executed copy when there is one; its links to ``docs/`` pages mapped by
+:func:`docs_links_for_site`). HTML goes to ``OUT/html`` (default ``OUT`` = ``docs/_build``). MyST-NB never
+executes anything (``nb_execution_mode = "off"``): a notebook is
 executed once, by papermill, and a notebook whose execution fails fails the build.
 
 Exit code: 0 on success; non-zero when a notebook fails to execute or Sphinx reports a warning or an error.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import pkgutil
+import re
 import shutil
 import subprocess
 import sys
@@ -99,11 +101,20 @@ def assemble(src: Path, executed: Path | None) -> list[str]:
         target = src / "notebooks" / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         if done is not None and done.exists():
-            shutil.copy2(done, target)
+            source = done
         else:
-            shutil.copy2(NOTEBOOKS / rel, target)
+            source = NOTEBOOKS / rel
             bare.append(rel)
+        target.write_text(docs_links_for_site(source.read_text(encoding="utf-8")), encoding="utf-8")
     return bare
+
+
+def docs_links_for_site(text: str) -> str:
+    """A notebook's links to the docs pages as the site needs them. A notebook links a page by its path in the
+    repository (``[metrics](../../docs/metrics.md)`` from ``notebooks/reference/``: right on GitHub and in
+    Jupyter); in the source tree the pages sit at the root beside ``notebooks/``, so ``<up to the root>docs/X.md``
+    becomes ``<up to the root>X.md``."""
+    return re.sub(r"\]\(((?:\.\./)+)docs/", r"](\1", text)
 
 
 def build(
