@@ -2,7 +2,8 @@
 
 Column names carry units. Sources for the conventions: vLLM ``vllm/benchmarks/serve.py`` (``calculate_metrics``),
 SGLang ``bench_serving.py`` / ``bench_one_batch.py``, AIPerf metric docs, InferenceX ``utils/process_result.py``,
-nccl-tests ``doc/PERFORMANCE.md``. Where those tools disagree the choice here is the kit's and is stated.
+nccl-tests ``doc/PERFORMANCE.md``. Where those tools disagree the choice here is the kit's and is stated. Every
+metric with its formula, unit, source and worked cases (E1 ... C1): ``docs/metrics.md`` (a page of the docs site).
 
 In-process, static batch (B = concurrency, C = context_len):
     ttft_ms        = prefill_ms                         (a static batch's first token comes out of prefill)
@@ -125,10 +126,10 @@ def request_timings(
 ) -> RequestTimings:
     """Per-request TTFT, E2EL, TPOT, chunk gaps and token-normalised ITL from token-bearing chunks.
 
-    The per-token rule (METRICS.md "Served", cases E1, E5, E7): each chunk gap is split evenly over the tokens
-    the later chunk carried, and the first chunk's k − 1 extra tokens enter ``itl_ms`` as 0-ms entries (its wait
-    is the TTFT, not a gap), so ``len(itl_ms) = output_tokens − 1`` and ``mean(itl_ms) = tpot_ms`` whenever the
-    chunk counts add up to ``output_tokens``.
+    The per-token rule (docs/metrics.md, "Served benchmarks"; cases E1, E5, E7): each chunk gap is split evenly
+    over the tokens the later chunk carried, and the first chunk's k − 1 extra tokens enter ``itl_ms`` as 0-ms
+    entries (its wait is the TTFT, not a gap), so ``len(itl_ms) = output_tokens − 1`` and
+    ``mean(itl_ms) = tpot_ms`` whenever the chunk counts add up to ``output_tokens``.
 
     Args:
         chunk_times_s: arrival time (s) of each *token-bearing* chunk, in order (role-only, empty and usage-only

@@ -1,7 +1,7 @@
 """Model presets: real ``transformers`` architectures built from configs with random weights, on any device.
 
 Nothing here downloads: presets are configs written out below (shapes from each model's published
-``config.json`` on the Hugging Face Hub, as recorded in ``../shared/reference/models.csv``), built with
+``config.json`` on the Hugging Face Hub, as recorded in ``kit/data/models.csv`` with their sources), built with
 ``AutoModelForCausalLM.from_config`` directly on the target device and dtype. A real checkpoint is loaded from a
 local directory (``config.json`` + ``*.safetensors``) with ``local_files_only=True``.
 

@@ -6,7 +6,7 @@
 row with ``x_valid = False`` is a problem row for :func:`kit.results.ok_mask` (``kit.results.PROBLEM_FLAGS``), so
 every summary, panel, export and compare shows it flagged and never counts it ok.
 
-The checks (METRICS.md, "Served, windows, searches and validity"): no request failed; no preemption during the
+The checks (``docs/metrics.md``, "Validity"): no request failed; no preemption during the
 point; no prefix-cache hit where the workload promised unique prompts (a cache serving the prompts inflates
 throughput and shrinks TTFT); server- and client-counted output tokens agree within :data:`TOKEN_TOLERANCE`; the
 client was not the bottleneck; every request returned the requested output length; (in-process) the logits stayed

@@ -12,8 +12,8 @@ are optional imports. When none works every power column is missing and ``x_ener
 Units are converted once, at the reader (case T1): NVML reports mW and mJ, amd-smi W for socket power, µW for the
 power cap and an energy count × a resolution in µJ, RAPL µJ. Energy per token is always W × s = J.
 
-Formulas (METRICS.md, "Energy"): ``energy_j`` = the counter difference over the point when every device has a
-counter, else the trapezoid integral of sampled power (``x_energy_method`` says which);
+Formulas (``docs/metrics.md``, "Energy and power"): ``energy_j`` = the counter difference over the point when
+every device has a counter, else the trapezoid integral of sampled power (``x_energy_method`` says which);
 ``avg_power_w = energy_j / duration``; ``j_per_output_token = energy_j / Σ output tokens``;
 ``j_per_token = energy_j / Σ (input + output) tokens``; ``pct_tdp = 100 × avg_power_w / (TDP × devices)``;
 ``x_energy_usd = energy_j / 3.6e6 × $/kWh`` (1 kWh = 3.6 MJ).

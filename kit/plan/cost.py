@@ -1,6 +1,6 @@
 """Cost per token for any result rows (measured, served or planned), and comparisons at equal interactivity.
 
-Formulas live once in :mod:`kit.metrics` (``../shared/METRICS.md``, Cost):
+Formulas live once in :mod:`kit.metrics` (``docs/metrics.md``, Cost):
 ``usd_per_mtok = usd_per_gpu_hr × n_gpus / (tok_s × 3600) × 1e6``, ``tok_per_usd = tok_s × 3600 /
 (usd_per_gpu_hr × n_gpus)``, ``tok_s_per_gpu = tok_s / n_gpus``. Every row records the price, its *basis* (``tco``
 owning cost, ``assumed-rental``, ``on-demand``, or ``user``) and which throughput column the cost used

@@ -5,7 +5,7 @@ tensor-parallel (TP) ranks; GQA k/v projections and caches split by kv heads (re
 ranks); an MLA latent cache, norms and routers replicated on every rank; routed experts split over expert-parallel
 (EP) ranks, then TP within an expert.
 
-Formulas: ``../shared/METRICS.md`` (Planner section). KV bytes/token: MHA/GQA ``2 × layers × n_kv_heads ×
+Formulas: ``docs/metrics.md`` (Planner formulas). KV bytes/token: MHA/GQA ``2 × layers × n_kv_heads ×
 head_dim × bytes``; MLA ``layers × (kv_lora_rank + qk_rope_head_dim) × bytes`` (DeepSeek-V3 paper, §2.1.1; no factor
 2). Every function takes an :class:`kit.plan.spec.ArchSpec`.
 """
@@ -63,7 +63,7 @@ def kv_bytes_per_token(spec: ArchSpec, kv_dtype="bfloat16", tp: int = 1) -> floa
     MHA/GQA: ``2 × n_kv_layers × n_kv_heads × head_dim × bytes``; under TP each rank holds n_kv/tp heads (at least
     one: kv heads are replicated when fewer than ranks). MLA: ``n_kv_layers × (kv_lora_rank + qk_rope_head_dim) ×
     bytes``, no factor 2 and replicated on every TP rank. Sliding-window and linear-attention layers add no per-token
-    cache (see :func:`state_bytes_per_seq`). Source: ../shared/METRICS.md (Llama-3.1-8B bf16 → 131,072;
+    cache (see :func:`state_bytes_per_seq`). Source: docs/metrics.md, case P1 (Llama-3.1-8B bf16 → 131,072;
     DeepSeek-V3 bf16 → 70,272, fp8 → 35,136).
 
     Raises:
@@ -84,7 +84,7 @@ def state_bytes_per_seq(
     Sliding-window layers: ``n_swa × min(window, context) × 2 × kv_heads × head_dim × kv bytes``. Linear attention
     (KDA / gated delta rule): ``n_linear × (heads × head_dim² × state bytes + 3 × heads × head_dim × (conv_kernel − 1)
     × kv bytes)`` (recurrent state + short-conv tail of q, k, v); heads split over TP. Kimi K3 bf16 → 232,316,928
-    B/seq; fp32 state → 449,372,160 (../shared/reference/models.csv).
+    B/seq; fp32 state → 449,372,160 (``kit/data/models.csv``).
 
     Raises:
         UserError: unknown dtype, tp < 1.
