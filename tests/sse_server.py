@@ -1,6 +1,6 @@
 """A scripted OpenAI-style SSE server for tests and the load-generator benchmark.
 
-It replays exact chunk timings (cases E1-E3 of ../shared/cases/CASES.md) and injects faults. The scenario is
+It replays exact chunk timings (cases E1-E3 of docs/metrics.md, "Worked cases") and injects faults. The scenario is
 chosen by the request's ``model`` field:
 
 ==============  ==========================================================================================

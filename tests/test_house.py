@@ -139,11 +139,44 @@ def test_notebooks_never_hide_a_failure():
 
 def test_package_metadata_license_and_typing():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    from kit.track.db import DISTRIBUTIONS
+
+    assert meta["name"] == DISTRIBUTIONS["kit"] != "kit"  # `kit` on PyPI is another project; the import name stays
     assert meta["license"] == "Apache-2.0"  # an SPDX expression, matching LICENSE
     text = (ROOT / "LICENSE").read_text()
     assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
     assert (KIT / "py.typed").exists()
     assert not any(d.startswith("httpx") for d in meta["dependencies"])  # not used by the kit
+
+
+#: what a user who clones the repository does not have: the reference folder beside the checkout and its metric
+#: notes (the literals are built here so this file does not match itself)
+OUTSIDE_REFERENCES = ("../" + "shared", "METRICS" + ".md", "shared/" + "cases", "shared/" + "reference")
+SELF_CONTAINED_PLACES = ("kit", "notebooks", "docs", "benchmarks", "tests", "README.md")
+#: generated or cached folders under those places (never committed)
+NOT_SOURCE = {"_build", "__pycache__", ".ipynb_checkpoints", ".pytest_cache", "results"}
+
+
+def _text_files(place: Path):
+    if place.is_file():
+        yield place
+        return
+    for p in sorted(place.rglob("*")):
+        if p.is_file() and not NOT_SOURCE.intersection(p.relative_to(ROOT).parts):
+            yield p
+
+
+def test_the_project_points_at_nothing_outside_it():
+    """Docs, docstrings, notebooks, benchmarks and tests never send a reader (or a test) to files outside the
+    repository: metric definitions are docs/metrics.md, data ships in kit/data/ or tests/data/."""
+    hits = []
+    for place in SELF_CONTAINED_PLACES:
+        for p in _text_files(ROOT / place):
+            for i, line in enumerate(p.read_bytes().decode("utf-8", "replace").splitlines(), 1):
+                hits += [f"{_rel(p)}:{i}: {ref}" for ref in OUTSIDE_REFERENCES if ref in line]
+    assert not hits, "references to files a clone does not have (point at docs/metrics.md or shipped data):\n" + (
+        "\n".join(hits)
+    )
 
 
 def _module_name(path: Path) -> str:
