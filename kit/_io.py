@@ -1,14 +1,16 @@
 """Files and places: atomic writes, output-path checks, the shipped data files, the cache directory, a free port.
 
-Every file the kit writes as a whole (Parquet, JSON sidecars, calibrations, doctor reports, exports) goes through
-:func:`atomic_write_bytes` / :func:`atomic_write_text`: a uniquely named temporary file beside the target (same
-directory, so the rename never crosses file systems), flushed and fsync'd, then :func:`os.replace`; a reader sees
-the old file or the new one, never half of one, and the temporary file is removed on any failure. Append logs
-(``points.jsonl``) are written by :class:`kit.results.ResultStore`, a line at a time with fsync.
+Every file the kit writes as a whole (Parquet, JSON sidecars, calibrations, doctor reports, exports, figures) goes
+through :func:`atomic_write_with` (or its :func:`atomic_write_bytes` / :func:`atomic_write_text`): a uniquely named
+temporary file beside the target (same directory, so the rename never crosses file systems), fsync'd, then
+:func:`os.replace`; a reader sees the old file or the new one, never half of one, the temporary file is removed on
+any failure, and a file-system error is one :class:`kit.errors.OutputPathError` line naming the path. Append logs
+(``points.jsonl``) are written by :class:`kit.store.ResultStore`, a line at a time with fsync.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -76,64 +78,53 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temporary file beside it, fsync, :func:`os.replace`); creates the
-    parent directory. Returns the path.
+def atomic_write_with(path: str | Path, write) -> Path:
+    """Atomically create ``path`` with ``write(tmp_path)``, a callable that writes a file by name (e.g.
+    ``DataFrame.to_parquet``, ``Figure.savefig``): a uniquely named temporary file beside ``path`` (same directory,
+    so the rename never crosses file systems; the mode ``open()`` would give), fsync'd, then :func:`os.replace`.
+    The temporary file is removed on any failure. Creates the parent directory. Returns the path.
 
     Raises:
-        OutputPathError: the directory cannot be created or written (one line naming the path).
+        OutputPathError: the directory cannot be created or written, the disk is full, the name is too long: one
+            line, ``cannot write PATH: REASON``. Other exceptions of ``write`` propagate unchanged.
     """
     p = Path(path)
+    tmp = None
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    except OSError as e:
-        raise OutputPathError(f"cannot write {p}: {e.strerror or e}") from None
-    os.chmod(tmp, _file_mode())  # mkstemp makes 0600; results are meant to be shared like any file written here
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return p
-
-
-def atomic_write_text(path: str | Path, text: str, what: str = "--out", example: str = "out.json") -> Path:
-    """Check ``path`` with :func:`check_out_file`, then write ``text`` (UTF-8) atomically. Returns the path.
-
-    Raises:
-        OutputPathError: see :func:`check_out_file`.
-    """
-    return atomic_write_bytes(check_out_file(path, what, example), text.encode("utf-8"))
-
-
-def atomic_write_with(path: str | Path, write) -> Path:
-    """Atomically create ``path`` with ``write(tmp_path)`` (for writers that want a file name, e.g.
-    ``DataFrame.to_parquet``): the temporary file is fsync'd, then replaces ``path``."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    os.close(fd)
-    os.chmod(tmp, _file_mode())
-    try:
+        os.close(fd)
+        os.chmod(tmp, _file_mode())  # mkstemp makes 0600; results are meant to be shared like any file written here
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        tmp = None
+    except OutputPathError:
         raise
+    except OSError as e:
+        raise OutputPathError(f"cannot write {p}: {e.strerror or e}") from e
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
     return p
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """:func:`atomic_write_with` of ``data``. Returns the path. Raises: OutputPathError (one line naming the path)."""
+    return atomic_write_with(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def atomic_write_text(path: str | Path, text: str, what: str = "--out", example: str = "out.json") -> Path:
+    """Check ``path`` with :func:`check_out_file`, then write ``text`` (UTF-8) atomically
+    (:func:`atomic_write_with`). Returns the path. The one text writer of the kit.
+
+    Raises:
+        OutputPathError: see :func:`check_out_file` (``what`` and ``example`` name the path in its messages) and
+            :func:`atomic_write_with`.
+    """
+    return atomic_write_bytes(check_out_file(path, what, example), text.encode("utf-8"))
 
 
 def data_path(name: str) -> Path:

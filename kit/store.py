@@ -49,7 +49,8 @@ def _now() -> str:
 
 
 def _os_error(path: Path, e: OSError) -> OutputPathError:
-    return OutputPathError(f"cannot write {path}: {e.strerror or e}")
+    """``e`` as one line naming ``path`` (an OutputPathError of the atomic writers already names its path)."""
+    return e if isinstance(e, OutputPathError) else OutputPathError(f"cannot write {path}: {e.strerror or e}")
 
 
 def read_log(path: str | Path) -> list[dict]:
@@ -196,14 +197,16 @@ def save_results(
     """Write ``df`` to ``path`` (a ``.parquet`` file, or a directory → ``results.parquet``) + a JSON sidecar.
 
     The sidecar (same stem, ``.json``) holds ``metadata`` (the latest run's), ``runs`` (every run's metadata
-    that wrote rows here, oldest first) and the schema. Both writes are atomic.
+    that wrote rows here, oldest first) and the schema. Both writes are atomic (the directory is created).
 
     Returns: the Parquet path.
+
+    Raises:
+        OutputPathError: the directory cannot be created or a file cannot be written (one line naming the path).
     """
     path = Path(path)
     if path.suffix != ".parquet":
         path = path / "results.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
     df = coerce(df)
     atomic_write_with(path, lambda tmp: df.to_parquet(tmp, index=False))
     side = {

@@ -22,10 +22,17 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
 
     def boom(tmp):
         open(tmp, "w").write("half")
-        raise OSError("disk full")
+        raise OSError(28, "No space left on device")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputPathError, match=f"^cannot write {p}: No space left on device$"):  # one line
         atomic_write_with(p, boom)
+    assert p.read_text() == "old" and os.listdir(tmp_path) == ["r.parquet"]
+
+    def not_os(tmp):
+        raise ValueError("not a table")
+
+    with pytest.raises(ValueError, match="not a table"):  # the writer's own errors propagate unchanged
+        atomic_write_with(p, not_os)
     assert p.read_text() == "old" and os.listdir(tmp_path) == ["r.parquet"]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kit.errors import OutputPathError, UserError
+from kit.errors import UserError
 from kit.results import ok_mask, row_problems, verdict
 
 #: x_ columns holding per-step lists; dropped from flat exports (CSV, Markdown)
@@ -196,18 +196,14 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
     Raises: OutputPathError (one line naming the path) when ``out_dir`` is not a writable directory or a file
     cannot be written.
     """
-    from kit._io import check_out_dir
+    from kit._io import atomic_write_text, atomic_write_with, check_out_dir
     from kit.store import save_results
-    from kit.view.files import write_atomic, write_text_atomic
 
     out = check_out_dir(out_dir, "CI export directory", "results/ci")
     meta = metadata if metadata is not None else df.attrs.get("metadata", {})
-    try:
-        paths = {"parquet": save_results(df, out / "results.parquet", meta)}
-    except OSError as e:
-        raise OutputPathError(f"cannot write {out / 'results.parquet'}: {e.strerror or e}") from e
+    paths = {"parquet": save_results(df, out / "results.parquet", meta)}
     flat = df.drop(columns=[c for c in LIST_COLUMNS if c in df.columns])
-    paths["csv"] = write_atomic(out / "results.csv", lambda tmp: flat.to_csv(tmp, index=False))
+    paths["csv"] = atomic_write_with(out / "results.csv", lambda tmp: flat.to_csv(tmp, index=False))
     points = ci_summary(df)
     statuses = {s: int(n) for s, n in df["status"].value_counts().items()} if len(df) else {}
     n_ok = int(ok_mask(df).sum()) if len(df) else 0
@@ -218,7 +214,9 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
         "statuses": statuses,
         "points": points,
     }
-    paths["summary_json"] = write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    paths["summary_json"] = atomic_write_text(
+        out / "summary.json", json.dumps(summary, indent=2, default=str), "CI export file", "summary.json"
+    )
     cols = ["dtype", "context_len", "concurrency", "verdict", "ttft_ms", "tpot_ms_p50", "tpot_n", "decode_tok_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for p in points:
@@ -228,7 +226,7 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
             cells.append("-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)))
         lines.append("| " + " | ".join(cells) + " |")
     md = f"{summary['n_ok']}/{summary['n_points']} points ok\n\n" + "\n".join(lines) + "\n"
-    paths["summary_md"] = write_text_atomic(out / "summary.md", md)
+    paths["summary_md"] = atomic_write_text(out / "summary.md", md, "CI export file", "summary.md")
     return paths
 
 

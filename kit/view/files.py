@@ -1,9 +1,6 @@
-"""Writing what the views make (PNGs, CSV/JSON/Markdown exports): atomically, with one-line errors.
-
-Every file goes through :func:`kit._io.atomic_write_with` (a unique temporary file beside the target, fsync,
-rename), so a reader never sees a truncated PNG or half a CSV, and a failed write leaves neither a partial file nor
-a ``.tmp`` behind. A file-system error (disk full, read-only directory, a name too long) becomes one
-:class:`kit.errors.OutputPathError` line naming the path.
+"""Files the views make: PNG figures (atomically, through :func:`kit._io.atomic_write_with`, so a reader never sees
+a truncated PNG and a failed write leaves neither a partial file nor a ``.tmp`` behind; a file-system error is one
+:class:`kit.errors.OutputPathError` line naming the path) and file-name prefixes.
 """
 
 from __future__ import annotations
@@ -12,40 +9,21 @@ import re
 from pathlib import Path
 
 from kit._io import atomic_write_with
-from kit.errors import OutputPathError, UserError
+from kit.errors import UserError
 
 #: characters allowed in a file-name prefix (no path separators, no spaces)
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._+-]*")
 
 
-def write_atomic(path: str | Path, write) -> Path:
-    """Create ``path`` atomically with ``write(tmp_path)`` (a callable writing a file by name). Returns the path.
-
-    Raises:
-        OutputPathError: the directory cannot be made or written, the disk is full, the name is too long; the
-            message is ``cannot write PATH: REASON``.
-    """
-    p = Path(path)
-    try:
-        return atomic_write_with(p, write)
-    except OSError as e:
-        raise OutputPathError(f"cannot write {p}: {e.strerror or e}") from e
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """:func:`write_atomic` of UTF-8 ``text``. Raises: OutputPathError (see :func:`write_atomic`)."""
-    return write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
 def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     """Save a matplotlib figure as PNG at ``path`` (``dpi`` dots per inch) atomically, then close it.
 
-    Raises: OutputPathError (see :func:`write_atomic`).
+    Raises: OutputPathError (see :func:`kit._io.atomic_write_with`).
     """
     import matplotlib.pyplot as plt
 
     try:
-        return write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
+        return atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
     finally:
         plt.close(fig)
 

@@ -247,9 +247,9 @@ class ControlPanel:
     def on_export(self, _button=None) -> Path | None:
         """Export handler: write the results as ``run_dir/export.parquet`` or ``export.csv``; returns the path
         (None when there is nothing to export or the write failed; the message area says why)."""
+        from kit._io import atomic_write_with
         from kit.store import save_results
         from kit.view.analysis import LIST_COLUMNS  # per-step lists do not fit a CSV cell
-        from kit.view.files import write_atomic
 
         if self.frame.empty:
             self._say("nothing to export yet: run a sweep first", error=True)
@@ -258,7 +258,7 @@ class ControlPanel:
         try:
             if self.export_format.value == "csv":
                 flat = self.frame.drop(columns=list(LIST_COLUMNS), errors="ignore")
-                path = write_atomic(out / "export.csv", lambda tmp: flat.to_csv(tmp, index=False))
+                path = atomic_write_with(out / "export.csv", lambda tmp: flat.to_csv(tmp, index=False))
             else:
                 path = save_results(self.frame, out / "export.parquet", metadata=self.frame.attrs.get("metadata", {}))
         except (OSError, KitError) as e:  # one line naming the path

@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import pytest  # noqa: E402
 
+from kit._io import atomic_write_text  # noqa: E402
 from kit.errors import OutputPathError, UserError  # noqa: E402
 from kit.measure.engine import run_point  # noqa: E402
 from kit.measure.sweep import SweepConfig  # noqa: E402
@@ -20,7 +21,7 @@ from kit.results import to_frame  # noqa: E402
 from kit.view import plots  # noqa: E402
 from kit.view.analysis import concurrency_knee, export_for_ci, scaling_exponents  # noqa: E402
 from kit.view.compare_view import compare_frame, compare_summary  # noqa: E402
-from kit.view.files import check_prefix, prefix_for, save_figure, write_text_atomic  # noqa: E402
+from kit.view.files import check_prefix, prefix_for, save_figure  # noqa: E402
 from kit.view.panel import ControlPanel  # noqa: E402
 from kit.view.render import point_problems, results_table, table_html  # noqa: E402
 
@@ -172,7 +173,7 @@ def test_read_only_directory(tmp_path, monkeypatch):
     real = tempfile.mkstemp
     monkeypatch.setattr(tempfile, "mkstemp", read_only)
     for write in (
-        lambda: write_text_atomic(ro / "summary.md", "x"),
+        lambda: atomic_write_text(ro / "summary.md", "x"),
         lambda: plots.save_standard_plots(_frame(), ro),
         lambda: export_for_ci(_frame(), ro),
     ):
