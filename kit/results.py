@@ -116,6 +116,16 @@ COLUMNS: tuple[Column, ...] = (
     Column("tok_s_basis", "string", "which tok/s the cost columns use (decode_tok_s, output_tok_s, total_tok_s)"),
 )
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+#: the headline measurements of an in-process point, in the order its tables and CI summaries show them
+HEADLINE_COLUMNS = (
+    "ttft_ms",
+    "tpot_ms_p50",
+    "tpot_ms_p90",
+    "tpot_n",
+    "decode_tok_s",
+    "tok_s_per_stream",
+    "peak_mem_gb",
+)
 _DTYPES = {c.name: c.dtype for c in COLUMNS}
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kit.errors import UserError
-from kit.results import ok_mask, row_problems, verdict
+from kit.results import HEADLINE_COLUMNS, ok_mask, row_problems, verdict
 
 #: x_ columns holding per-step lists; dropped from flat exports (CSV, Markdown)
 LIST_COLUMNS = ("x_step_ms", "x_prefill_ms")
@@ -157,13 +157,7 @@ def ci_summary(df: pd.DataFrame) -> list[dict]:
         "repeats",
         "status",
         "error",
-        "ttft_ms",
-        "tpot_ms_p50",
-        "tpot_ms_p90",
-        "tpot_n",
-        "decode_tok_s",
-        "tok_s_per_stream",
-        "peak_mem_gb",
+        *HEADLINE_COLUMNS,
     ]
     out = []
     verdicts = verdict(df) if len(df) else pd.Series([], dtype=object)

@@ -12,23 +12,11 @@ import io
 import pandas as pd
 
 from kit.errors import UserError
-from kit.results import row_problems, verdict
+from kit.results import HEADLINE_COLUMNS, row_problems, verdict
 from kit.view.plots import heatmap, throughput_vs_concurrency, tpot_vs_context
 
 #: columns of the results table shown in the panel (all from the kit.results schema)
-TABLE_COLUMNS = (
-    "dtype",
-    "context_len",
-    "concurrency",
-    "status",
-    "ttft_ms",
-    "tpot_ms_p50",
-    "tpot_ms_p90",
-    "tpot_n",
-    "decode_tok_s",
-    "tok_s_per_stream",
-    "peak_mem_gb",
-)
+TABLE_COLUMNS = ("dtype", "context_len", "concurrency", "status", *HEADLINE_COLUMNS)
 
 
 def results_table(df: pd.DataFrame | None, columns=TABLE_COLUMNS) -> pd.DataFrame:
