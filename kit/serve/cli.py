@@ -124,47 +124,13 @@ def add_cli(subparsers) -> None:
 
 def _cli_serve_bench(args) -> int:
     """Exit 0 when at least one request of the sweep completed, else 1 (2: a user error, from kit.cli.main)."""
-    out = check_out_dir(args.out, "--out", "results/serve-bench")  # before any network work
-    for c in args.concurrency:
-        check_number("--concurrency", c, lo=1, hi=MAX_CONCURRENCY, integer=True)
-    cfg = config_from_args(LoadConfig, args, url=args.url, max_concurrency=args.concurrency[0])
-    if args.workload:
-        cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
-    cfg.validate()
-    mode = config_from_args(ServedMode, args).validate()  # before any network work, like the load settings
-    if args.accelerator:  # a catalog name: the rows' price and tok/s/GPU columns look it up
-        from kit.catalog import load_catalog
-
-        args.accelerator = load_catalog().resolve(args.accelerator)
+    out, cfg, mode = configs_from_args(args)  # every check before any network work
     secrets = cfg.secrets()
 
     def note(text: str) -> None:  # on stderr: with --json, stdout holds the JSON object only
         print(scrub(f"kit serve-bench: {text}", secrets), file=sys.stderr, flush=True)
 
-    model_error = None
-    if not cfg.model:  # listed once here (the tokenizer needs it too), not again by the sweep
-        where = redact_url(endpoint_url(cfg.url, "/v1/models"))  # the path before any query string
-        note(f"listing models at {where} (up to {cfg.models_timeout_s:g} s)")
-        try:
-            cfg.model = run_coro(get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s))
-        except UserError as e:
-            model_error = str(e)
-            note(f"{e}; no request is sent, every planned request is counted as failed")
-    tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    if args.tokenizer is None and cfg.model:
-        try:
-            tok = load_tokenizer(cfg.model)
-        except UserError as e:
-            note(f"{short_error(e, 400)}; prompts are token ids, and per-token ITL needs per-chunk usage")
-    last = {"line": "", "t": 0.0}
-
-    def on_status(state) -> None:  # throttled: a changed line, or every 10 s while nothing changes
-        line, now = state.line(), time.monotonic()
-        key = line.rsplit(",", 1)[0]
-        if key != last["line"] or now - last["t"] >= 10:
-            note(line)
-            last.update(line=key, t=now)
-
+    model_error, tok = resolve_model_and_tokenizer(cfg, args.tokenizer, note)
     extra = {k: v for k, v in (("accelerator", args.accelerator), ("n_gpus", args.n_gpus)) if v is not None}
     measured: set = set()
 
@@ -185,40 +151,17 @@ def _cli_serve_bench(args) -> int:
         on_point=on_point,
         model_error=model_error,
         retry_killed=args.retry_killed,
-        on_status=on_status,
+        on_status=status_printer(note),
     )
     rc = 0 if (df["completed"].fillna(0) > 0).any() else 1
-    plot = None
-    if args.plot:
-        from kit.view.plots import plot_served
-        from kit.view.workload_plots import slo_search_plot
-
-        plot = out / "serve-bench.png"
-        if search is not None:  # the answer on the goodput curve
-            fig = slo_search_plot(search.rows, search.answer, search.axis, search.slo_fraction, search.line)
-        else:
-            fig = plot_served(df)
-        fig.savefig(plot, dpi=110)
+    plot = save_plot(df, search, out) if args.plot else None
     resumed = [r for r in df.to_dict("records") if r["point_id"] not in measured]
     if args.json:
-        print(
-            scrub(
-                json.dumps(
-                    {
-                        "out": str(out),
-                        "results": str(out / "results.parquet"),
-                        "points": len(df),
-                        "measured": len(measured),
-                        "resumed": len(resumed),
-                        "plot": str(plot) if plot else None,
-                        "exit_code": rc,
-                        "search": search.to_json() if search is not None else None,
-                        "rows": json.loads(df.to_json(orient="records")),
-                    }
-                ),
-                secrets,
-            )
-        )
+        summary = {"out": str(out), "results": str(out / "results.parquet"), "points": len(df)}
+        summary |= {"measured": len(measured), "resumed": len(resumed), "plot": str(plot) if plot else None}
+        summary |= {"exit_code": rc, "search": search.to_json() if search is not None else None}
+        summary["rows"] = json.loads(df.to_json(orient="records"))
+        print(scrub(json.dumps(summary), secrets))
         return rc
     for r in resumed:
         print(scrub(f"(recorded earlier) {summary_line(r)}", secrets))
@@ -231,3 +174,79 @@ def _cli_serve_bench(args) -> int:
     if search is not None:
         print(search.line)
     return rc
+
+
+def configs_from_args(args):
+    """``(out, LoadConfig, ServedMode)`` of the command line, each checked (before any network work); a catalog
+    name in ``--accelerator`` is resolved in place.
+
+    Raises:
+        UserError / OutputPathError: naming the bad option and what is allowed.
+    """
+    out = check_out_dir(args.out, "--out", "results/serve-bench")
+    for c in args.concurrency:
+        check_number("--concurrency", c, lo=1, hi=MAX_CONCURRENCY, integer=True)
+    cfg = config_from_args(LoadConfig, args, url=args.url, max_concurrency=args.concurrency[0])
+    if args.workload:
+        cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
+    cfg.validate()
+    mode = config_from_args(ServedMode, args).validate()
+    if args.accelerator:  # a catalog name: the rows' price and tok/s/GPU columns look it up
+        from kit.catalog import load_catalog
+
+        args.accelerator = load_catalog().resolve(args.accelerator)
+    return out, cfg, mode
+
+
+def resolve_model_and_tokenizer(cfg: LoadConfig, tokenizer: str | None, note) -> tuple[str | None, object]:
+    """List the model once (it goes into ``cfg.model``; the sweep does not list it again) and load the tokenizer
+    (``--tokenizer``, else the model id's when it is on this machine). Returns ``(model_error, tokenizer)``;
+    what could not be had is said through ``note``.
+
+    Raises:
+        UserError: an explicit ``--tokenizer`` that is not on this machine.
+    """
+    model_error = None
+    if not cfg.model:
+        where = redact_url(endpoint_url(cfg.url, "/v1/models"))  # the path before any query string
+        note(f"listing models at {where} (up to {cfg.models_timeout_s:g} s)")
+        try:
+            cfg.model = run_coro(get_model_id(cfg.url, cfg.api_key_env, cfg.models_timeout_s))
+        except UserError as e:
+            model_error = str(e)
+            note(f"{e}; no request is sent, every planned request is counted as failed")
+    tok = load_tokenizer(tokenizer) if tokenizer else None
+    if tokenizer is None and cfg.model:
+        try:
+            tok = load_tokenizer(cfg.model)
+        except UserError as e:
+            note(f"{short_error(e, 400)}; prompts are token ids, and per-token ITL needs per-chunk usage")
+    return model_error, tok
+
+
+def status_printer(note):
+    """An ``on_status`` hook that notes a point's progress line when it changes, or every 10 s while it does not."""
+    last = {"line": "", "t": 0.0}
+
+    def on_status(state) -> None:
+        line, now = state.line(), time.monotonic()
+        key = line.rsplit(",", 1)[0]
+        if key != last["line"] or now - last["t"] >= 10:
+            note(line)
+            last.update(line=key, t=now)
+
+    return on_status
+
+
+def save_plot(df, search, out):
+    """``OUT/serve-bench.png``: the served figure, or the SLO search's answer on its goodput curve."""
+    from kit.view.plots import plot_served
+    from kit.view.workload_plots import slo_search_plot
+
+    plot = out / "serve-bench.png"
+    if search is not None:
+        fig = slo_search_plot(search.rows, search.answer, search.axis, search.slo_fraction, search.line)
+    else:
+        fig = plot_served(df)
+    fig.savefig(plot, dpi=110)
+    return plot

@@ -3,9 +3,9 @@
 Holds the tokenizer helpers, the request body and headers, :func:`stream_request` (send one streaming request to
 ``/v1/completions`` or ``/v1/chat/completions`` and time every server-sent event; the SSE parser and the event
 classifier are :mod:`kit.serve.sse`), :func:`request_record` (one request's metrics, via :mod:`kit.metrics`) and
-:func:`get_model_id`. The load generator that drives many such requests (:class:`kit.serve.load.LoadConfig`) is
-:mod:`kit.serve.load`; the served sweep and ``kit serve-bench`` are :mod:`kit.serve.sweep`. Definitions of every
-metric: ``METRICS.md``, "Served".
+:func:`get_model_id`. The one request loop that drives many such requests is :mod:`kit.serve.loop`; the served
+sweep is :mod:`kit.serve.sweep` and ``kit serve-bench`` :mod:`kit.serve.cli`. Definitions of every metric:
+docs/metrics.md, "Served".
 
 Measuring choices (and the mistakes they avoid):
 
@@ -36,6 +36,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -150,27 +151,45 @@ def request_headers(api_key_env: str | None = DEFAULT_API_KEY_ENV, url: str | No
     return {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(api_key_env, url)}
 
 
-async def stream_request(
-    pool: StreamPool,
-    url: str,
-    body: dict,
-    headers: dict,
-    timeout_s: float,
-    stall_timeout_s: float,
-    *,
-    first_byte_timeout_s: float | None = None,
-    max_event_bytes: int = MAX_EVENT_BYTES,
-    secrets: tuple[str, ...] = (),
-) -> StreamCapture:
+@dataclass(frozen=True)
+class StreamLimits:
+    """How long one streaming request may take and how large its events may be.
+
+    Attributes:
+        timeout_s: the whole request, s.
+        stall_timeout_s: longest silence within the body, s.
+        first_byte_timeout_s: longest wait for the response head after sending, s (None: ``stall_timeout_s``).
+        max_event_bytes: largest SSE event (or unfinished line) accepted, bytes.
+        secrets: strings masked in error texts (URL credentials, the API key).
+    """
+
+    timeout_s: float
+    stall_timeout_s: float
+    first_byte_timeout_s: float | None = None
+    max_event_bytes: int = MAX_EVENT_BYTES
+    secrets: tuple[str, ...] = ()
+
+    @property
+    def first_byte_s(self) -> float:
+        """The head's deadline, s."""
+        return self.stall_timeout_s if self.first_byte_timeout_s is None else self.first_byte_timeout_s
+
+    @property
+    def connect_s(self) -> float:
+        """The TCP connect's deadline, s (at most 30 s, the request's and the head's)."""
+        return min(30.0, self.timeout_s, self.first_byte_s)
+
+
+async def stream_request(pool: StreamPool, url: str, body: dict, headers: dict, limits: StreamLimits) -> StreamCapture:
     """Send one streaming request over a connection of ``pool`` (:class:`kit.serve.http1.StreamPool`) and capture
     every event's arrival time. Never raises for server faults.
 
     Redirects are not followed (the numbers must describe the server the user named): a 3xx is a failed request
-    naming where it pointed. The response head must arrive within ``first_byte_timeout_s`` (default
-    ``stall_timeout_s``), every later read within ``stall_timeout_s``, the whole request within ``timeout_s``
-    (all s). An SSE event over ``max_event_bytes`` fails the request. A kept-alive connection that the server
-    closed before answering is replaced once by a new one. Error texts carry the redacted URL
-    (:func:`kit.serve.redact.redact_url`) and have ``secrets`` masked.
+    naming where it pointed. The response head must arrive within ``limits.first_byte_s``, every later read within
+    ``limits.stall_timeout_s``, the whole request within ``limits.timeout_s`` (all s). An SSE event over
+    ``limits.max_event_bytes`` fails the request. A kept-alive connection that the server closed before answering
+    is replaced once by a new one. Error texts carry the redacted URL (:func:`kit.serve.redact.redact_url`) and
+    have ``limits.secrets`` masked.
 
     Returns:
         :class:`kit.serve.sse.StreamCapture`; ``error`` is set for an HTTP status other than 200, a redirect,
@@ -178,59 +197,23 @@ async def stream_request(
         or truncated stream, or a failed connection.
     """
     cap = StreamCapture()
-    parser = SSEParser(max_event_bytes)
-    first_byte = stall_timeout_s if first_byte_timeout_s is None else first_byte_timeout_s
-    connect_s = min(30.0, timeout_s, first_byte)
+    parser = SSEParser(limits.max_event_bytes)
     shown = redact_url(url)
-    phase = "connect"
-    conn = None
-
+    st: dict = {"phase": "connect", "conn": None}  # where a timeout happened; the connection to release
     sink = partial(cap.add_read, parser)  # called in the connection's data_received: per read, not per event
     cap.t_send = time.perf_counter()
     try:
         key, request = build_request(url, json.dumps(body).encode(), headers)
-        async with asyncio.timeout(timeout_s):
-            for attempt in (0, 1):
-                phase = "connect"
-                conn = pool.take(key)
-                reused = conn is not None
-                if conn is None:
-                    conn = await pool.connect(key, connect_s)
-                phase = "headers"
-                conn.start(request, sink)
-                try:
-                    status, resp_headers = await asyncio.wait_for(asyncio.shield(conn.head), first_byte)
-                    break
-                except StreamError as e:
-                    pool.release(conn)
-                    if not (reused and e.kind == "disconnected" and attempt == 0):
-                        raise
-            phase = "body"
+        async with asyncio.timeout(limits.timeout_s):
+            status, resp_headers = await _open(pool, key, request, sink, limits, st)
+            st["phase"] = "body"
             cap.http_status = status
-            await _wait_body(conn, stall_timeout_s)
-            if 300 <= status < 400:
-                where = redact_url(resp_headers.get("location", "(no Location)"))
-                cap.error = (
-                    f"HTTP {status} redirect to {where} not followed (the kit sends requests only to the "
-                    "URL it was given; pass the final URL)"
-                )
-            elif status != 200:
-                # 404 / 405: most often a wrong path or endpoint, so the message names what was posted to
-                where = f" (POST {shown})" if status in (404, 405) else ""
-                cap.error = f"HTTP {status}{where}: {conn.error_body.decode('utf-8', 'replace')[:500]}"
-            else:
-                cap.add_events(parser.close(), time.perf_counter())
-                cap.finish()
-                ctype = resp_headers.get("content-type", "")
-                if cap.error and not cap.n_events and "event-stream" not in ctype:
-                    cap.error = (
-                        f"HTTP 200 with Content-Type {ctype or '(none)'!r} and no server-sent event: not a stream "
-                        '(does the server honour "stream": true on this endpoint?)'
-                    )
+            await _wait_body(st["conn"], limits.stall_timeout_s)
+            _judge(cap, st["conn"], parser, status, resp_headers, shown)
     except TimeoutError:
         el = time.perf_counter() - cap.t_send
-        limit = {"connect": connect_s, "headers": first_byte}.get(phase, stall_timeout_s)
-        cap.error = timeout_text(phase, shown, el, timeout_s, limit)
+        limit = {"connect": limits.connect_s, "headers": limits.first_byte_s}.get(st["phase"], limits.stall_timeout_s)
+        cap.error = timeout_text(st["phase"], shown, el, limits.timeout_s, limit)
     except EventTooLarge as e:
         cap.error = f"{e}; the request is counted as failed ({shown})"
     except StreamError as e:
@@ -239,13 +222,59 @@ async def stream_request(
     except (OSError, ValueError) as e:
         cap.error = f"{describe_exception(e)} ({shown})"
     finally:
+        conn = st["conn"]
         if conn is not None:
             if cap.error is not None and not conn.done.done():
                 conn.keep_alive = False
             pool.release(conn)
     cap.t_end = time.perf_counter()
-    cap.error = scrub(cap.error, secrets)
+    cap.error = scrub(cap.error, limits.secrets)
     return cap
+
+
+async def _open(pool: StreamPool, key, request: bytes, sink, limits: StreamLimits, st: dict) -> tuple[int, dict]:
+    """Send ``request`` on a pooled (or new) connection and wait for the response head; ``(status, headers)``.
+    A kept-alive connection the server closed before answering is replaced once by a new one. ``st`` holds the
+    phase (for a timeout's text) and the connection (for its release)."""
+    for attempt in (0, 1):
+        st["phase"] = "connect"
+        conn = pool.take(key)
+        reused = conn is not None
+        if conn is None:
+            conn = await pool.connect(key, limits.connect_s)
+        st["phase"], st["conn"] = "headers", conn
+        conn.start(request, sink)
+        try:
+            return await asyncio.wait_for(asyncio.shield(conn.head), limits.first_byte_s)
+        except StreamError as e:
+            st["conn"] = None
+            pool.release(conn)
+            if not (reused and e.kind == "disconnected" and attempt == 0):
+                raise
+    raise AssertionError("unreachable: the second attempt returns or raises")
+
+
+def _judge(cap: StreamCapture, conn: StreamConnection, parser: SSEParser, status: int, headers: dict, shown: str):
+    """Set ``cap.error`` from a finished response: a redirect (never followed), an HTTP error (404/405 name what was
+    posted to), or a 200 whose body was not a stream; else finish the capture's events."""
+    if 300 <= status < 400:
+        where = redact_url(headers.get("location", "(no Location)"))
+        cap.error = (
+            f"HTTP {status} redirect to {where} not followed (the kit sends requests only to the URL it was given; "
+            "pass the final URL)"
+        )
+    elif status != 200:
+        where = f" (POST {shown})" if status in (404, 405) else ""  # most often a wrong path or endpoint
+        cap.error = f"HTTP {status}{where}: {conn.error_body.decode('utf-8', 'replace')[:500]}"
+    else:
+        cap.add_events(parser.close(), time.perf_counter())
+        cap.finish()
+        ctype = headers.get("content-type", "")
+        if cap.error and not cap.n_events and "event-stream" not in ctype:
+            cap.error = (
+                f"HTTP 200 with Content-Type {ctype or '(none)'!r} and no server-sent event: not a stream "
+                '(does the server honour "stream": true on this endpoint?)'
+            )
 
 
 async def _wait_body(conn: StreamConnection, stall_timeout_s: float) -> None:
@@ -303,7 +332,7 @@ def request_record(
     counts, else ``count_tokens`` (tokenizer, ``add_special_tokens=False``); ``tokens_per_chunk_source`` says
     which. Without any of them the tokens per chunk are unknown: when ``output_tokens`` is no more than the
     chunk count each chunk is taken as one token (``"assumed_1"``), otherwise the per-token ITL is unknown
-    (``itl_ms`` None, ``itl_unknown`` True; the chunk gaps keep their own name; METRICS.md, case E7).
+    (``itl_ms`` None, ``itl_unknown`` True; the chunk gaps keep their own name; docs/metrics.md, case E7).
     ``output_tokens``: ``usage.completion_tokens``, else the tokenizer count of the whole text, else the chunk
     count (then ``output_tokens_estimated`` is True). Times in the record are ms; ``sent_s`` / ``end_s`` are
     seconds since the run started.

@@ -45,6 +45,30 @@ class StreamError(Exception):
         self.kind = kind
 
 
+def whole_frames(data: bytes) -> bytes | None:
+    """The data of a read made only of whole chunked frames ``size CRLF data CRLF ...`` (split once), or None when
+    the read is anything else. Exact, because every size must equal the length of the data after it: a frame whose
+    data holds a CRLF fails that check and the read takes the general path, as does a read with the last frame
+    (size 0)."""
+    parts = data.split(b"\r\n")
+    if len(parts) == 3:  # one frame (a paced stream's read)
+        try:
+            size = int(parts[0], 16)
+        except ValueError:
+            return None
+        return parts[1] if size and size == len(parts[1]) else None
+    if not len(parts) & 1:
+        return None
+    datas = parts[1::2]
+    try:
+        sizes = list(map(int, parts[0:-1:2], repeat(16)))
+    except ValueError:
+        return None
+    if sizes == list(map(len, datas)) and 0 not in sizes:
+        return b"".join(datas) if len(datas) > 1 else datas[0]
+    return None
+
+
 class StreamConnection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection: :meth:`start` sends a request; ``head`` (a Future of ``(status,
     headers)``, header names lower-case) resolves when the response head arrives, ``done`` when its body ends.
@@ -171,27 +195,14 @@ class StreamConnection(asyncio.Protocol):
         if self._buf:
             data, self._buf = self._buf + data, b""
         elif not self._left and self._state == _CHUNKED and data.endswith(b"\r\n"):
-            # fast path: a read of whole frames "size CRLF data CRLF ...", split once; exact, because every size
-            # must equal the length of the data after it (a frame whose data holds a CRLF fails that check and
-            # the read takes the general path, as does a read with the last frame, size 0)
-            parts = data.split(b"\r\n")
-            if len(parts) == 3:  # one frame (a paced stream's read)
-                try:
-                    size = int(parts[0], 16)
-                except ValueError:
-                    size = 0
-                if size and size == len(parts[1]):
-                    self._sink(parts[1], now)
-                    return
-            elif len(parts) & 1:
-                datas = parts[1::2]
-                try:
-                    sizes = list(map(int, parts[0:-1:2], repeat(16)))
-                except ValueError:
-                    sizes = None
-                if sizes == list(map(len, datas)) and 0 not in sizes:
-                    self._sink(b"".join(datas) if len(datas) > 1 else datas[0], now)
-                    return
+            whole = whole_frames(data)
+            if whole is not None:
+                self._sink(whole, now)
+                return
+        self._chunked_general(data, now)
+
+    def _chunked_general(self, data: bytes, now: float) -> None:
+        """Any read of a chunked body: frames cut anywhere, extensions, the last frame (size 0) and its trailer."""
         out = []
         pos, n = 0, len(data)
         find = data.find

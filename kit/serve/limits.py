@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -43,46 +44,66 @@ def json_object_arg(text: str) -> dict:
     return value
 
 
-def check_number(
-    name: str,
-    value,
-    *,
-    lo: float | None = None,
-    hi: float | None = None,
-    lo_open: bool = False,
-    integer: bool = False,
-    allow_inf: bool = False,
-    allow_none: bool = False,
-    meaning: str = "",
-):
-    """``value`` if it is a number within the limits, else :class:`kit.errors.UserError` naming ``name``.
+@dataclass(frozen=True)
+class NumberRule:
+    """What a number may be (:func:`check_number`).
 
-    Args:
+    Attributes:
         lo, hi: inclusive bounds (``lo_open``: ``lo`` itself is not allowed); None: unbounded on that side.
-        integer: a whole number (a bool is not one).
+        integer: a whole number (a bool is not one; a float like 4.0 is taken as 4).
         allow_inf: ``+inf`` is allowed (its meaning given in ``meaning``).
         allow_none: None is allowed (e.g. "no limit").
+        meaning: a few words on the value (its unit, what inf or None mean), shown in the message.
     """
-    if value is None and allow_none:
-        return None
-    allowed = ("an integer" if integer else "a number" if allow_inf else "a finite number") + (
-        (f" > {lo:g}" if lo_open else f" >= {lo:g}") if lo is not None else ""
-    )
-    allowed += f" and <= {hi:,}" if hi is not None else ""
-    allowed += (", or inf" if allow_inf else "") + (", or None" if allow_none else "")
-    allowed += f" ({meaning})" if meaning else ""
-    bad = isinstance(value, bool) or not isinstance(value, (Integral, Real) if not integer else Integral)
-    if integer and isinstance(value, float) and value.is_integer():
-        bad = False
-        value = int(value)
-    if not bad:
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    integer: bool = False
+    allow_inf: bool = False
+    allow_none: bool = False
+    meaning: str = ""
+
+    def allowed(self) -> str:
+        """What is allowed, in words: ``"an integer >= 1 and <= 4,096, or None (...)"``."""
+        text = "an integer" if self.integer else "a number" if self.allow_inf else "a finite number"
+        if self.lo is not None:
+            text += f" > {self.lo:g}" if self.lo_open else f" >= {self.lo:g}"
+        text += f" and <= {self.hi:,}" if self.hi is not None else ""
+        text += (", or inf" if self.allow_inf else "") + (", or None" if self.allow_none else "")
+        return text + (f" ({self.meaning})" if self.meaning else "")
+
+    def breaks(self, value) -> bool:
+        """True when ``value`` (not None) is not allowed."""
+        if isinstance(value, bool) or not isinstance(value, Integral if self.integer else (Integral, Real)):
+            return not (self.integer and isinstance(value, float) and value.is_integer())
         v = float(value)
-        bad = math.isnan(v) or (math.isinf(v) and not (allow_inf and v > 0))
-        if not bad and not math.isinf(v):
-            bad = (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi)
-    if bad:
-        raise UserError(f"{name}={value!r}; must be {allowed}")
-    return value
+        if math.isnan(v) or (math.isinf(v) and not (self.allow_inf and v > 0)):
+            return True
+        if math.isinf(v):
+            return False
+        return (self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo)) or (
+            self.hi is not None and v > self.hi
+        )
+
+
+def check_number(name: str, value, **rule):
+    """``value`` if it is a number the rule allows (an integral float as an int when ``integer``), else
+    :class:`kit.errors.UserError` naming ``name``, the value and what is allowed.
+
+    Args:
+        rule: :class:`NumberRule`'s fields (``lo``, ``hi``, ``lo_open``, ``integer``, ``allow_inf``,
+            ``allow_none``, ``meaning``).
+
+    Raises:
+        UserError: the value is not allowed. TypeError: an unknown rule name.
+    """
+    r = NumberRule(**rule)
+    if value is None and r.allow_none:
+        return None
+    if value is None or r.breaks(value):
+        raise UserError(f"{name}={value!r}; must be {r.allowed()}")
+    return int(value) if r.integer and isinstance(value, float) else value
 
 
 def check_load_config(cfg: LoadConfig, endpoints) -> None:

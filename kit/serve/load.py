@@ -15,12 +15,7 @@ import math
 from dataclasses import dataclass
 
 from kit.cli import config_field
-from kit.serve.client import (
-    DEFAULT_API_KEY_ENV,
-    ENDPOINTS,
-    request_body,
-    request_headers,
-)
+from kit.serve.client import DEFAULT_API_KEY_ENV, ENDPOINTS, StreamLimits, request_body, request_headers
 from kit.serve.limits import check_load_config, json_object_arg
 from kit.serve.redact import endpoint_url, redact_url, secrets_of
 from kit.serve.sse import MAX_EVENT_BYTES
@@ -142,3 +137,10 @@ class LoadConfig:
         """The HTTP headers of every request (:func:`kit.serve.client.request_headers`; the key from
         ``api_key_env``, unless the URL carries credentials)."""
         return request_headers(self.api_key_env, self.url)
+
+    def stream_limits(self) -> StreamLimits:
+        """The per-request limits of this config (timeouts, event-size cap) and its secrets, for
+        :func:`kit.serve.client.stream_request`."""
+        return StreamLimits(
+            self.timeout_s, self.stall_timeout_s, self.first_byte_timeout_s, self.max_event_bytes, tuple(self.secrets())
+        )

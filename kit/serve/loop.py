@@ -99,6 +99,7 @@ class RequestLoop:
         self.cfg, self.schedule, self.model, self.tokenizer = cfg, schedule, model, tokenizer
         self.on_progress, self.on_status = on_progress, on_status
         self.url, self.headers, self.secrets = cfg.api_url(), cfg.request_headers(), tuple(cfg.secrets())
+        self.limits = cfg.stream_limits()
         self.state = PointProgress(schedule.planned, schedule.label)
         self.gate = Gate()
         self.done: list[tuple] = []  # (request id, send, facts, capture or failed record)
@@ -128,17 +129,7 @@ class RequestLoop:
             body = cfg.request_body(self.model, send.request)
             if send.messages is not None and cfg.endpoint == "chat":
                 body["messages"] = list(send.messages)
-            cap = await stream_request(
-                self.pool,
-                self.url,
-                body,
-                self.headers,
-                cfg.timeout_s,
-                cfg.stall_timeout_s,
-                first_byte_timeout_s=cfg.first_byte_timeout_s,
-                max_event_bytes=cfg.max_event_bytes,
-                secrets=self.secrets,
-            )
+            cap = await stream_request(self.pool, self.url, body, self.headers, self.limits)
             ok, err = cap.error is None, cap.error
         except Exception as e:  # noqa: BLE001 - a client bug must not abort the run either
             err = scrub(f"client error {type(e).__name__}: {e}", self.secrets)

@@ -256,98 +256,61 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
     spec.validate()
     py = python or sys.executable
     env = {**vendor_env(spec.server, spec.accelerator, spec.quantization), **{k: str(v) for k, v in spec.env.items()}}
-    if spec.server in _SPEC_FLAGS:
-        if spec.server == "vllm":
-            a = [
-                "vllm",
-                "serve",
-                spec.model,
-                "--host",
-                spec.host,
-                "--port",
-                str(spec.port),
-                "--tensor-parallel-size",
-                str(spec.tp),
-                "--dtype",
-                spec.dtype,
-            ]
-        else:
-            a = [
-                py,
-                "-m",
-                "sglang.launch_server",
-                "--model-path",
-                spec.model,
-                "--host",
-                spec.host,
-                "--port",
-                str(spec.port),
-                "--tp-size",
-                str(spec.tp),
-                "--dtype",
-                spec.dtype,
-            ]
-        for field_name, flag in _SPEC_FLAGS[spec.server]:
-            value = getattr(spec, field_name)
-            if field_name in ("dp", "ep") and value <= 1:
-                continue
-            if value is True:
-                a.append(flag)
-            elif value:
-                a += [flag, _FLAG_VALUES.get((spec.server, field_name), {}).get(value, str(value))]
-        if spec.server == "vllm":
-            a += ["--enable-expert-parallel"] if spec.ep > 1 else []
-            a += ["--no-enable-prefix-caching"]  # random prompts: a prefix cache would only add noise
-        if spec.nnodes > 1 and spec.server == "vllm":
-            a += [
-                "--nnodes",
-                str(spec.nnodes),
-                "--node-rank",
-                str(spec.node_rank),
-                "--master-addr",
-                spec.master_addr,
-                "--master-port",
-                str(spec.master_port),
-            ]
-            if spec.node_rank > 0:
-                a += ["--headless"]  # only node 0 serves HTTP
-        elif spec.nnodes > 1:
-            a += [
-                "--nnodes",
-                str(spec.nnodes),
-                "--node-rank",
-                str(spec.node_rank),
-                "--dist-init-addr",
-                f"{spec.master_addr}:{spec.master_port}",
-            ]
-    else:  # transformers serve
-        exe = Path(py).with_name("transformers")
-        a = [
-            str(exe) if exe.exists() else "transformers",
-            "serve",
-            spec.model,
-            "--host",
-            spec.host,
-            "--port",
-            str(spec.port),
-            "--dtype",
-            spec.dtype,
-            "--device",
-            "cpu" if spec.platform == "cpu" else "auto",
-        ]
-        a += ["--continuous-batching"] if spec.continuous_batching else ["--no-continuous-batching"]
-        if spec.continuous_batching and spec.max_model_len and spec.max_num_seqs:
-            block = TRANSFORMERS_CB_BLOCK
-            n_blocks = -(-int(spec.max_model_len) * int(spec.max_num_seqs) // block)
-            a += ["--cb-block-size", str(block), "--cb-num-blocks", str(n_blocks)]
-        if spec.continuous_batching and spec.max_batch_tokens:
-            a += ["--cb-max-batch-tokens", str(spec.max_batch_tokens)]
-        if spec.quantization:
-            a += ["--quantization", spec.quantization]
-        if spec.trust_remote_code:
-            a += ["--trust-remote-code"]
-    a += [str(x) for x in spec.extra_args]
-    return a, env
+    if spec.server == "vllm":
+        a = ["vllm", "serve", spec.model, "--host", spec.host, "--port", str(spec.port)]
+        a += ["--tensor-parallel-size", str(spec.tp), "--dtype", spec.dtype, *engine_flags(spec)]
+        a += ["--enable-expert-parallel"] if spec.ep > 1 else []
+        a += ["--no-enable-prefix-caching", *multinode_flags(spec)]  # random prompts: a prefix cache adds noise
+    elif spec.server in _SPEC_FLAGS:  # sglang
+        a = [py, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host, "--port"]
+        a += [str(spec.port), "--tp-size", str(spec.tp), "--dtype", spec.dtype, *engine_flags(spec)]
+        a += multinode_flags(spec)
+    else:
+        a = transformers_argv(spec, py)
+    return a + [str(x) for x in spec.extra_args], env
+
+
+def engine_flags(spec: LaunchSpec) -> list[str]:
+    """The optional flags of a vLLM or SGLang recipe (:data:`_SPEC_FLAGS`), each in the server's spelling."""
+    a: list[str] = []
+    for field_name, flag in _SPEC_FLAGS[spec.server]:
+        value = getattr(spec, field_name)
+        if field_name in ("dp", "ep") and value <= 1:
+            continue
+        if value is True:
+            a.append(flag)
+        elif value:
+            a += [flag, _FLAG_VALUES.get((spec.server, field_name), {}).get(value, str(value))]
+    return a
+
+
+def multinode_flags(spec: LaunchSpec) -> list[str]:
+    """The flags of a server spread over ``spec.nnodes`` nodes ([] for one node): vLLM's master address (node 0
+    alone serves HTTP; the others run ``--headless``) or SGLang's ``--dist-init-addr``."""
+    if spec.nnodes <= 1:
+        return []
+    a = ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank)]
+    if spec.server == "vllm":
+        a += ["--master-addr", spec.master_addr, "--master-port", str(spec.master_port)]
+        return a + (["--headless"] if spec.node_rank > 0 else [])
+    return a + ["--dist-init-addr", f"{spec.master_addr}:{spec.master_port}"]
+
+
+def transformers_argv(spec: LaunchSpec, py: str) -> list[str]:
+    """``transformers serve``'s argv (the console script beside ``py`` when there is one)."""
+    exe = Path(py).with_name("transformers")
+    a = [str(exe) if exe.exists() else "transformers", "serve", spec.model, "--host", spec.host, "--port"]
+    a += [str(spec.port), "--dtype", spec.dtype, "--device", "cpu" if spec.platform == "cpu" else "auto"]
+    a += ["--continuous-batching"] if spec.continuous_batching else ["--no-continuous-batching"]
+    if spec.continuous_batching and spec.max_model_len and spec.max_num_seqs:
+        block = TRANSFORMERS_CB_BLOCK
+        n_blocks = -(-int(spec.max_model_len) * int(spec.max_num_seqs) // block)
+        a += ["--cb-block-size", str(block), "--cb-num-blocks", str(n_blocks)]
+    if spec.continuous_batching and spec.max_batch_tokens:
+        a += ["--cb-max-batch-tokens", str(spec.max_batch_tokens)]
+    if spec.quantization:
+        a += ["--quantization", spec.quantization]
+    return a + (["--trust-remote-code"] if spec.trust_remote_code else [])
 
 
 def shell_line(spec: LaunchSpec) -> str:

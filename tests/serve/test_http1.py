@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from kit.serve.client import stream_request
+from kit.serve.client import StreamLimits, stream_request
 from kit.serve.http1 import StreamConnection, StreamError, StreamPool, build_request
 
 HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -71,7 +71,8 @@ async def serve(responses: list, *, close_after: bool = False):
 
 
 async def one(pool, url, **kw):
-    return await stream_request(pool, url, {"model": "m", "stream": True}, {"Accept": "text/event-stream"}, 5, 2, **kw)
+    limits = StreamLimits(5, 2, **kw)
+    return await stream_request(pool, url, {"model": "m", "stream": True}, {"Accept": "text/event-stream"}, limits)
 
 
 @pytest.mark.parametrize("size", [1, 3, 64, 4096])
@@ -179,7 +180,7 @@ def test_a_stalled_body_times_out_and_its_connection_is_not_reused():
     async def main():
         srv, url, seen = await serve([[HEAD_CHUNKED + chunked(events("s"))[:20]], HEAD_CHUNKED + chunked(events("t"))])
         async with srv, StreamPool() as pool:
-            stalled = await stream_request(pool, url, {}, {}, 5, 0.3)
+            stalled = await stream_request(pool, url, {}, {}, StreamLimits(5, 0.3))
             return stalled, await one(pool, url), seen
 
     stalled, after, seen = run(main())
