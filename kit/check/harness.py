@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 
 from kit import hardware
 from kit.check import cases as K
 from kit.check import sampling as S
 from kit.check.cases import Case
-from kit.check.resolver import resolve_op
+from kit.check.resolver import ResolvedOp, resolve_op
 from kit.dtypes import MODEL_DTYPES, model_dtype, to_torch
 from kit.errors import UserError
 
@@ -228,8 +229,6 @@ class CheckReport:
 
     def first_failure(self) -> dict | None:
         """The first failing row as a dict of plain Python values (JSON-ready), or None when all passed."""
-        import pandas as pd
-
         f = self.failures
         if f.empty:
             return None
@@ -240,8 +239,6 @@ class CheckReport:
 
     def summary(self, max_lines: int = 6) -> str:
         """Readable text: one headline, then one line per failing cell naming dtype, mode, input, first bad row."""
-        import pandas as pd
-
         n, nf = len(self.df), int((~self.df["passed"]).sum())
         skipped = int((self.df["status"] == "skipped").sum())
         head = (
@@ -276,17 +273,14 @@ class CheckReport:
 
 def check_op(
     op: str,
-    impl: Callable | None = None,
+    impl: Callable | ResolvedOp | None = None,
     *,
-    impl_name: str | None = None,
     dtypes: Sequence = ("float32", "float16", "bfloat16"),
     modes: Sequence[str] = MODES,
     device: str = "cpu",
     inputs: Callable | Sequence[Case] | None = None,
     tol: dict[str, tuple[float, float]] | None = None,
-    compile_backend: str = "inductor",
-    compile_kwargs: dict | None = None,
-    seed: int = 0,
+    compile_options: dict | None = None,
 ) -> CheckReport:
     """Compare ``impl`` with the kit's reference for ``op`` over dtypes × modes × inputs.
 
@@ -297,15 +291,17 @@ def check_op(
         op: a key of :data:`OP_CHECKS` (``"top_k_renorm_prob"``, ``"top_p_renorm_prob"``, ``"min_p_renorm_prob"``,
             ``"top_k_mask_logits"``, ``"softmax_with_temperature"``, ``"top_k_top_p_sampling_from_probs"``,
             ``"sampling_from_probs"``). Samplers are called with ``uniform=`` noise.
-        impl: the implementation, with the kit's signature (default: :func:`resolve_op`'s pick).
+        impl: the implementation, with the kit's signature: a callable (the report names it by its qualified name)
+            or a :class:`~kit.check.resolver.ResolvedOp` (named by its library). Default: :func:`resolve_op`'s pick.
         dtypes: names, aliases or torch dtypes among float32, float16, bfloat16 (float64 allowed).
         modes: subset of ``("eager", "compile")``.
         device: torch device string; a dtype the device cannot run is reported as ``skipped``.
-        inputs: cases to use instead of the generated + edge-case ones: a list of :class:`Case` (cast per dtype
-            by the harness) or a callable ``(dtype, device, generator) → [Case]``.
+        inputs: cases to use instead of the generated (seed 0) + edge-case ones: a list of :class:`Case` (cast per
+            dtype by the harness) or a callable ``(dtype, device, generator) → [Case]`` (the generator is seeded
+            with 0; reseed it for other generated inputs: ``OP_CHECKS[op].generate(dtype, device, g.manual_seed(7))``).
         tol: per-dtype ``(atol, rtol)`` overriding :data:`DEFAULT_TOL`.
-        compile_backend / compile_kwargs: passed to ``torch.compile``.
-        seed: seed of the generated inputs.
+        compile_options: keyword arguments of ``torch.compile`` for the compile mode (default: backend
+            ``"inductor"``, no options).
 
     Returns:
         A :class:`CheckReport`.
@@ -313,126 +309,113 @@ def check_op(
     Raises:
         UserError: unknown op, dtype or mode.
     """
-    import pandas as pd
-
     if op not in OP_CHECKS:
         raise UserError(f"unknown op {op!r}; checkable ops: {sorted(OP_CHECKS)}")
     bad_modes = [m for m in modes if m not in MODES]
     if bad_modes or not modes:
         raise UserError(f"modes {list(modes)!r} not allowed; use a non-empty subset of {MODES}")
-    spec = OP_CHECKS[op]
     names = [checked_dtype(d) for d in dtypes]
-    if impl is None:
-        r = resolve_op(op)
-        impl, impl_name = r.fn, impl_name or r.library
-    impl_name = impl_name or getattr(impl, "__qualname__", None) or repr(impl)
+    impl = resolve_op(op) if impl is None else impl
+    if isinstance(impl, ResolvedOp):
+        fn, impl_name = impl.fn, impl.library
+    else:
+        fn, impl_name = impl, getattr(impl, "__qualname__", None) or repr(impl)
+    run = _CheckRun(OP_CHECKS[op], fn, impl_name, device, tuple(modes), compile_options or {})
     tols = {**DEFAULT_TOL, **(tol or {})}
-    rows = []
-    for dname in names:
-        dtype = checked_torch_dtype(dname)
-        atol, rtol = tols[dname]
-        base = {"op": op, "impl": impl_name, "device": str(device), "dtype": dname, "atol": atol, "rtol": rtol}
-        try:
-            hardware.check_dtype_supported(dtype, device)
-        except UserError as e:
-            rows += [
-                {**base, "mode": m, "input": "*", "status": "skipped", "passed": True, "error": str(e)} for m in modes
-            ]
-            continue
-        g = torch.Generator().manual_seed(seed)
-        if inputs is None:
-            cases = spec.generate(dtype, device, g)
-        elif callable(inputs):
-            cases = inputs(dtype, device, g)
-        else:
-            cases = [
-                Case(c.name, (c.args[0].to(dtype=dtype, device=device),) + tuple(c.args[1:]), c.kwargs, c.rows)
-                for c in inputs
-            ]
-        refs = []
-        for c in cases:
-            ref = spec.reference(c.args[0].double(), *c.args[1:], **c.kwargs)
-            q = spec.support(c) if spec.support else None
-            refs.append((ref, q))
-        for mode in modes:
-            fn = impl if mode == "eager" else compiled(impl, compile_backend, **(compile_kwargs or {}))
-            for c, (ref, q) in zip(cases, refs):
-                row = {
-                    **base,
-                    "mode": mode,
-                    "input": c.name,
-                    "shape": str(tuple(c.args[0].shape)),
-                    "batch": c.args[0].shape[0],
-                    "error": None,
-                    "first_bad_row": None,
-                    "first_bad_label": None,
-                    "expected": None,
-                    "got": None,
-                }
-                try:
-                    if mode == "compile":
-                        with _compile_guard():
-                            out = fn(*c.args, **c.kwargs)
-                    else:
-                        out = fn(*c.args, **c.kwargs)
-                    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
-                        raise UserError(
-                            f"output {type(out).__name__} of shape "
-                            f"{tuple(getattr(out, 'shape', ()))}; expected shape {tuple(ref.shape)}"
-                        )
-                except Exception as e:  # the impl failing is a result, not a harness error
-                    rows.append(
-                        {
-                            **row,
-                            "status": "error",
-                            "passed": False,
-                            "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                        }
-                    )
-                    continue
-                if spec.output == "ids":
-                    m = _compare_ids(ref, out, q, c.kwargs["uniform"], atol, rtol)
-                else:
-                    m = _compare_float(ref, out, atol, rtol)
-                bad = m.pop("bad_rows")
-                row.update(m, out_dtype=str(out.dtype).removeprefix("torch."))
-                if bad:
-                    i = bad[0]
-                    row.update(
-                        first_bad_row=i,
-                        first_bad_label=c.rows[i] if c.rows else None,
-                        **_bad_values(ref, out, i, atol, rtol),
-                    )
-                row.update(status="fail" if bad else "pass", passed=not bad)
-                rows.append(row)
-    cols = [
-        "op",
-        "impl",
-        "device",
-        "dtype",
-        "mode",
-        "input",
-        "shape",
-        "status",
-        "passed",
-        "max_abs_err",
-        "max_rel_err",
-        "mismatches",
-        "n_elements",
-        "nonfinite_ref",
-        "nonfinite_out",
-        "first_bad_row",
-        "first_bad_label",
-        "atol",
-        "rtol",
-        "out_dtype",
-        "expected",
-        "got",
-        "error",
-        "batch",
-    ]
-    df = pd.DataFrame(rows).reindex(columns=cols)
+    rows = [row for dname in names for row in run.dtype_rows(dname, tols[dname], inputs)]
+    df = pd.DataFrame(rows).reindex(columns=REPORT_COLUMNS)
     df["passed"] = df["passed"].astype(bool)
     for col in ("mismatches", "n_elements", "nonfinite_ref", "nonfinite_out", "first_bad_row", "batch"):
         df[col] = df[col].astype("Int64")  # integers, missing (<NA>) for error/skipped cells
     return CheckReport(op, impl_name, str(device), df)
+
+
+#: the columns of :attr:`CheckReport.df`, in order
+REPORT_COLUMNS = (
+    "op impl device dtype mode input shape status passed max_abs_err max_rel_err mismatches n_elements nonfinite_ref "
+    "nonfinite_out first_bad_row first_bad_label atol rtol out_dtype expected got error batch"
+).split()
+
+
+@dataclass(frozen=True)
+class _CheckRun:
+    """One :func:`check_op` call: the op's check, the implementation and where and how it runs."""
+
+    spec: OpCheck
+    fn: Callable
+    impl_name: str
+    device: str
+    modes: tuple[str, ...]
+    compile_options: dict
+
+    def dtype_rows(self, dname: str, tol: tuple[float, float], inputs) -> list[dict]:
+        """The rows of one dtype: every mode × input, or one ``skipped`` row per mode when the device cannot run
+        the dtype."""
+        dtype, (atol, rtol) = checked_torch_dtype(dname), tol
+        base = {"op": self.spec.name, "impl": self.impl_name, "device": str(self.device), "dtype": dname}
+        base.update(atol=atol, rtol=rtol)
+        try:
+            hardware.check_dtype_supported(dtype, self.device)
+        except UserError as e:
+            return [
+                {**base, "mode": m, "input": "*", "status": "skipped", "passed": True, "error": str(e)}
+                for m in self.modes
+            ]
+        cases = self._cases(dtype, inputs)
+        refs = [
+            (
+                self.spec.reference(c.args[0].double(), *c.args[1:], **c.kwargs),
+                self.spec.support(c) if self.spec.support else None,
+            )
+            for c in cases
+        ]
+        rows = []
+        for mode in self.modes:
+            fn = self.fn if mode == "eager" else compiled(self.fn, **self.compile_options)
+            rows += [self._cell({**base, "mode": mode}, fn, c, ref, q) for c, (ref, q) in zip(cases, refs)]
+        return rows
+
+    def _cases(self, dtype: torch.dtype, inputs) -> list[Case]:
+        g = torch.Generator().manual_seed(0)
+        if inputs is None:
+            return self.spec.generate(dtype, self.device, g)
+        if callable(inputs):
+            return inputs(dtype, self.device, g)
+        return [
+            Case(c.name, (c.args[0].to(dtype=dtype, device=self.device),) + tuple(c.args[1:]), c.kwargs, c.rows)
+            for c in inputs
+        ]
+
+    def _cell(self, base: dict, fn: Callable, c: Case, ref: torch.Tensor, q) -> dict:
+        """One row: run ``fn`` on case ``c`` (an exception or a wrong shape is an ``error`` row) and compare with
+        the reference output ``ref`` (ids: within the filtered distribution ``q``)."""
+        row = {**base, "input": c.name, "shape": str(tuple(c.args[0].shape)), "batch": c.args[0].shape[0]}
+        row.update(error=None, first_bad_row=None, first_bad_label=None, expected=None, got=None)
+        try:
+            if base["mode"] == "compile":
+                with _compile_guard():
+                    out = fn(*c.args, **c.kwargs)
+            else:
+                out = fn(*c.args, **c.kwargs)
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
+                raise UserError(
+                    f"output {type(out).__name__} of shape "
+                    f"{tuple(getattr(out, 'shape', ()))}; expected shape {tuple(ref.shape)}"
+                )
+        except Exception as e:  # the impl failing is a result, not a harness error
+            error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return {**row, "status": "error", "passed": False, "error": error}
+        atol, rtol = base["atol"], base["rtol"]
+        if self.spec.output == "ids":
+            m = _compare_ids(ref, out, q, c.kwargs["uniform"], atol, rtol)
+        else:
+            m = _compare_float(ref, out, atol, rtol)
+        bad = m.pop("bad_rows")
+        row.update(m, out_dtype=str(out.dtype).removeprefix("torch."))
+        if bad:
+            i = bad[0]
+            row.update(
+                first_bad_row=i, first_bad_label=c.rows[i] if c.rows else None, **_bad_values(ref, out, i, atol, rtol)
+            )
+        row.update(status="fail" if bad else "pass", passed=not bad)
+        return row

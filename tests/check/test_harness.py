@@ -60,16 +60,14 @@ REPORT_COLUMNS = {
 
 
 def test_planted_bug_is_caught_and_named():
-    rep = check_op(
-        "top_p_renorm_prob", top_p_renorm_prob_drops_crossing_token, impl_name="drops-crossing-token", modes=("eager",)
-    )
+    rep = check_op("top_p_renorm_prob", top_p_renorm_prob_drops_crossing_token, modes=("eager",))
     assert not rep.passed and REPORT_COLUMNS <= set(rep.df.columns)
     assert set(rep.failures["dtype"]) == {"float32", "float16", "bfloat16"}
     first = rep.first_failure()
     assert first["first_bad_row"] == 0 and first["mismatches"] > 0
     assert json.loads(json.dumps(first))["first_bad_row"] == 0  # plain Python values, JSON-ready
     text = rep.summary()
-    assert "top_p_renorm_prob" in text and "drops-crossing-token" in text
+    assert "check top_p_renorm_prob: impl 'top_p_renorm_prob_drops_crossing_token'" in text  # op and impl named
     assert "dtype=float16 mode=eager input=generated first bad row=" in text
     assert "input=edge first bad row=0 (p=0)" in text  # edge rows carry their names
     assert "expected tokens" in text and "got      tokens" in text
