@@ -4,11 +4,11 @@
     .venv/bin/python docs/build.py --executed DIR       # reuse notebooks already executed (mirror of notebooks/)
     .venv/bin/python docs/build.py --no-execute         # render the committed notebooks without outputs
 
-The source tree is ``OUT/src``: ``docs/conf.py``, ``docs/*.md`` (``index.md``, ``metrics.md``, ``architecture.md``),
-an API page generated from every public module of the ``kit`` package and its subpackages (:func:`api_modules`), and
-every notebook under ``notebooks/`` (the executed copy when there is one; its links to ``docs/`` pages mapped by
-:func:`docs_links_for_site`). HTML goes to ``OUT/html`` (default ``OUT`` = ``docs/_build``). MyST-NB never
-executes anything (``nb_execution_mode = "off"``): a notebook is
+The source tree is ``OUT/src``: ``docs/conf.py`` with the theme's templates (``docs/_templates``), ``docs/*.md``
+(``index.md``, ``metrics.md``, ``architecture.md``), an API page generated from every public module of the ``kit``
+package and its subpackages (:func:`api_modules`), and every notebook under ``notebooks/`` (the executed copy when
+there is one; its links to ``docs/`` pages mapped by :func:`docs_links_for_site`). HTML goes to ``OUT/html``
+(default ``OUT`` = ``docs/_build``). MyST-NB never executes anything (``nb_execution_mode = "off"``): a notebook is
 executed once, by papermill, and a notebook whose execution fails fails the build.
 
 Exit code: 0 on success; non-zero when a notebook fails to execute or Sphinx reports a warning or an error.
@@ -92,6 +92,7 @@ def assemble(src: Path, executed: Path | None) -> list[str]:
         shutil.rmtree(src)
     src.mkdir(parents=True)
     shutil.copy2(DOCS / "conf.py", src / "conf.py")
+    shutil.copytree(DOCS / "_templates", src / "_templates")
     for md in DOCS.glob("*.md"):
         shutil.copy2(md, src / md.name)
     (src / "api.md").write_text(api_page())

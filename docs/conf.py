@@ -19,7 +19,7 @@ author = "the kit's authors"
 copyright = "the kit's authors"
 extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "**/.ipynb_checkpoints", "build.py"]
+exclude_patterns = ["_build", "_templates", "**/.ipynb_checkpoints", "build.py"]
 root_doc = "index"
 
 # notebooks come executed by papermill; never execute here
@@ -28,6 +28,13 @@ nb_merge_streams = True
 # widget views (ipywidgets) have no saved state in a papermill run: MyST-NB shows their text/plain fallback
 nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None)]
 myst_heading_anchors = 3
+# $...$ and $$...$$ are math, as in Jupyter (the notebooks write formulas that way); pandoc's rule keeps prices
+# plain text: an opening $ is not followed by a space, a closing $ neither follows a space nor precedes a digit
+# ("$6.00 / $2.50" stays text). MathJax renders the math when the page is read online (Sphinx's default CDN copy);
+# offline the TeX source shows.
+myst_enable_extensions = ["dollarmath"]
+myst_dmath_allow_space = False
+myst_dmath_allow_digits = False
 
 # autodoc: document what each module exports, in source order; Google-style sections via napoleon
 autodoc_default_options = {"members": True, "member-order": "bysource", "undoc-members": False}
@@ -56,10 +63,27 @@ nitpick_ignore_regex = [
     (r"py:(attr|data|meth|func|obj)", r"[A-Za-z_][A-Za-z0-9_]*"),  # unqualified short names in prose
 ]
 
-html_theme = "alabaster"
+# pydata-sphinx-theme (https://pydata-sphinx-theme.readthedocs.io). Every page is a top-level entry of the index
+# (one toctree per Diátaxis caption), so the theme's header links (one per top-level page: ~40) and its per-section
+# sidebar (empty) do not fit; instead the left sidebar shows the whole site under the index's captions
+# (_templates/sidebar-nav-global.html) and the header holds the title, search and the light/dark switch, aligned
+# left (aligned with the content, the title is clipped to the sidebar's width and search overlaps it).
+html_theme = "pydata_sphinx_theme"
 html_title = "kit: LLM inference performance exploration"
+templates_path = ["_templates"]
 html_static_path = []
-html_theme_options = {"page_width": "1240px", "sidebar_width": "260px"}
+html_sidebars = {"**": ["sidebar-collapse", "sidebar-nav-global"]}
+html_show_sourcelink = False
+html_theme_options = {
+    "navbar_center": [],
+    "navbar_align": "left",
+    # the page's own contents on the right only on the API page (long); the other pages get the width for their
+    # code, tables and the architecture's layout tree. The last matching pattern wins: "**" first.
+    "secondary_sidebar_items": {"**": [], "api": ["page-toc"]},
+    "show_toc_level": 2,
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version", "theme-version"],
+}
 
 
 # ------------------------------------------------------------------------------------------------ docstring fixes

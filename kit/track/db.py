@@ -40,6 +40,8 @@ log = logging.getLogger("kit")
 DEFAULT_DB = "history.duckdb"
 #: packages whose versions are recorded when installed (the stack under test)
 PACKAGES = ("torch", "transformers", "vllm", "sglang", "flashinfer-python", "flashinfer", "aiter", "kit")
+#: the distribution a name of :data:`PACKAGES` is installed as, where the two differ (pyproject.toml's name)
+DISTRIBUTIONS = {"kit": "llm-perf-kit"}
 
 ROW_COLUMNS = (
     "row_key run_key point_key replicate backend status ok label model dtype concurrency context_len isl osl "
@@ -100,7 +102,7 @@ def package_versions(meta: dict) -> dict:
         v = meta.get(f"{name.replace('-', '_')}_version")
         if v is None:
             try:
-                v = _md.version(name)
+                v = _md.version(DISTRIBUTIONS.get(name, name))
             except _md.PackageNotFoundError:
                 continue
         out[name] = str(v)

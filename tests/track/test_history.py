@@ -186,3 +186,14 @@ def test_runs_started_in_the_same_second_keep_their_order(tmp_path):
     runs = list_runs(db)
     assert list(runs.commit) == ["first", "second", "third"]
     assert list(runs.created_utc)[2] == "2026-12-01T12:00:01.000000+00:00"
+
+
+def test_package_versions_finds_the_kit_under_its_distribution_name():
+    # the kit is installed as llm-perf-kit (`kit` on PyPI is another project): without a kit_version in the run's
+    # metadata the installed version is read under that name; with one, the run's own version wins
+    from importlib import metadata
+
+    from kit.track.db import package_versions
+
+    assert package_versions({})["kit"] == metadata.version("llm-perf-kit")
+    assert package_versions({"kit_version": "9.9.9"})["kit"] == "9.9.9"
