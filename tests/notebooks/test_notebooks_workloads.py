@@ -49,7 +49,7 @@ def test_shared_prefix_and_multi_turn():
     assert len(sessions) == 4 and sessions["completed"].all() and (sessions["turns"] == 2).all()
     replay = load_results(out / "trace")
     assert list(replay["completed"]) == [6] and list(replay["failed"]) == [0]
-    assert replay["x_trace_late_ms_p50"].iloc[0] >= 0
+    assert replay["x_send_late_ms_p50"].iloc[0] >= 0
     assert png(out / "prefix.png") and png(out / "per_turn.png")
 
 
