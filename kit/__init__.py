@@ -1,10 +1,96 @@
-"""kit: an exploration kit for LLM inference performance.
+"""kit: an exploration kit for LLM inference performance — the front door.
 
-Subpackages by concern (``docs/architecture.md``): :mod:`kit.measure` (the one grid runner, the in-process engine
-and sweep, calibration, torchrun ranks), :mod:`kit.serve` (OpenAI-compatible endpoints under load, launch recipes),
-:mod:`kit.plan` (architecture specs, memory fit, roofline, cost), :mod:`kit.check` (reference sampling ops, kernel
-resolver, check harness, fp8, doctor), :mod:`kit.view` (figures, analysis, panel, dashboard, notebooks). Top level:
-cli, errors, metrics, results, store, dtypes, hardware, catalog, models, _io.
+``import kit`` gives the things a notebook or a script reaches for, by short names; each is imported on first use
+(``import kit`` itself loads neither torch nor pandas, so ``kit --help`` stays fast). Every name lives in one module
+of the kit, shown beside it; this façade only points there.
+
+Measure
+    sweep(config=None, out_dir, **fields)      in-process sweep, KV length x concurrency (kit.measure.sweep.run_sweep)
+    serve_bench(url, concurrency, out_dir, **)  benchmark an OpenAI-compatible endpoint: a concurrency sweep, a ramp,
+                                                multi-turn sessions, a trace replay, an SLO search
+                                                (kit.serve.modes.serve_bench)
+    kv_stress(config=None, out_dir, **fields)  the largest context that decodes (kit.measure.stress.run_kv_stress)
+    comm(config=None, **fields)                collective probes: latency, algbw, busbw (kit.measure.comm.run_comm)
+    calibrate(...)                             this device's bandwidth, TFLOPS, step overhead
+                                                (kit.measure.calibrate.calibrate)
+Plan
+    predict(model, concurrency, context_len, config)   one predicted point (kit.plan.roofline.predict_point)
+    predict_grid(...)                                  a predicted grid (kit.plan.roofline.predict_grid)
+    memory_fit(...)                                    weights, KV cache and users per GPU (kit.plan.fit.memory_fit)
+    get_spec(model)                                    an architecture as the planner sees it (kit.plan.spec.get_spec)
+    add_cost(df, ...)                                  $/GPU-hour, $ per million tokens (kit.plan.cost.add_cost_columns)
+Check
+    check_op(op, impl, ...)     an op against the reference per dtype and mode (kit.check.harness.check_op)
+    doctor(config=None, ...)    versions, devices, kernels, dtypes (kit.check.doctor.run_doctor)
+Results
+    load(path)                  a run directory's rows as a DataFrame (kit.store.load_results)
+    compare(sets, prices, ...)  result sets side by side with $/Mtok (kit.view.compare_view.compare_frame)
+    compare_runs(db, base, head)  noise-aware compare of two commits' runs (kit.track.compare.compare)
+    plots                       the figures: kit.plots.throughput_vs_concurrency(df), ... (module kit.view.plots)
+    ControlPanel, CompareView   the notebook widgets (kit.view.panel, kit.view.compare_view)
+Configs
+    SweepConfig, LoadConfig, ServedMode, StressConfig, CommConfig, PredictConfig, DoctorConfig
+Errors
+    KitError, UserError         every user error is a UserError naming the bad value and what is allowed
+
+Subpackages by concern (``docs/architecture.md``): :mod:`kit.measure` (in-process engine and sweep, calibration,
+torchrun ranks, collectives, KV stress, power), :mod:`kit.serve` (OpenAI-compatible endpoints under load, launch
+recipes), :mod:`kit.plan` (specs, memory fit, roofline, cost), :mod:`kit.check` (reference ops, harness, fp8,
+doctor), :mod:`kit.view` (figures, panel, dashboard), :mod:`kit.track` (history per commit). Top level: the grid
+runner, cli, errors, metrics, results (schema), store (files), dtypes, hardware, catalog, models.
 """
 
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+#: the front door: short name -> "module:attribute" (a bare module path for a module)
+FRONT_DOOR = {
+    "sweep": "kit.measure.sweep:run_sweep",
+    "serve_bench": "kit.serve.modes:serve_bench",
+    "kv_stress": "kit.measure.stress:run_kv_stress",
+    "comm": "kit.measure.comm:run_comm",
+    "calibrate": "kit.measure.calibrate:calibrate",
+    "predict": "kit.plan.roofline:predict_point",
+    "predict_grid": "kit.plan.roofline:predict_grid",
+    "memory_fit": "kit.plan.fit:memory_fit",
+    "get_spec": "kit.plan.spec:get_spec",
+    "add_cost": "kit.plan.cost:add_cost_columns",
+    "check_op": "kit.check.harness:check_op",
+    "doctor": "kit.check.doctor:run_doctor",
+    "load": "kit.store:load_results",
+    "compare": "kit.view.compare_view:compare_frame",
+    "compare_runs": "kit.track.compare:compare",
+    "plots": "kit.view.plots",
+    "ControlPanel": "kit.view.panel:ControlPanel",
+    "CompareView": "kit.view.compare_view:CompareView",
+    "SweepConfig": "kit.measure.sweep:SweepConfig",
+    "LoadConfig": "kit.serve.load:LoadConfig",
+    "ServedMode": "kit.serve.modes:ServedMode",
+    "StressConfig": "kit.measure.stress:StressConfig",
+    "CommConfig": "kit.measure.comm:CommConfig",
+    "PredictConfig": "kit.plan.config:PredictConfig",
+    "DoctorConfig": "kit.check.doctor:DoctorConfig",
+    "KitError": "kit.errors:KitError",
+    "UserError": "kit.errors:UserError",
+}
+
+__all__ = sorted(FRONT_DOOR)
+
+
+def __getattr__(name: str):
+    """The front-door name ``name``, imported on first use (then cached in this module)."""
+    target = FRONT_DOOR.get(name)
+    if target is None:
+        raise AttributeError(f"module 'kit' has no attribute {name!r} (the front door: {', '.join(__all__)})")
+    module, _, attr = target.partition(":")
+    value = importlib.import_module(module)
+    value = getattr(value, attr) if attr else value
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(FRONT_DOOR))

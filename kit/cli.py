@@ -236,6 +236,22 @@ def config_from_args(cls, args: argparse.Namespace, **overrides):
     return cls(**kw)
 
 
+def config_with(cls, config, options: dict) -> tuple:
+    """``(config, rest)`` for a library front door that takes a config object or its fields as keywords:
+    ``config`` (default ``cls()``) with those of ``options`` that are fields of ``cls`` set (a new object; the
+    given one is not changed), and the other options.
+
+    Raises:
+        UserError: ``config`` is not a ``cls``.
+    """
+    if config is not None and not isinstance(config, cls):
+        raise UserError(f"config={config!r}: give a {cls.__name__} (or its fields as keywords), or None")
+    names = {f.name for f in dataclasses.fields(cls)}
+    mine = {k: v for k, v in options.items() if k in names}
+    rest = {k: v for k, v in options.items() if k not in names}
+    return dataclasses.replace(config if config is not None else cls(), **mine), rest
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse with the kit's error convention: a bad option is ONE line on stderr naming the option, the value
     and what is allowed (``kit sweep: error: argument --kv: 'abc' is not an integer ...``), exit 2 — not the

@@ -51,22 +51,60 @@ def test_modules_are_small():
     assert not long, f"modules over {MAX_LINES} lines (split by concern): {long}"
 
 
+#: the one documented façade: ``import kit`` gives the front door's short names (lazily); no other module re-exports
+FACADE = KIT / "__init__.py"
+
+
 def test_no_module_level_getattr_shims():
     shims = [
         _rel(p)
         for p in MODULES
-        if any(
+        if p != FACADE
+        and any(
             isinstance(n, ast.FunctionDef) and n.name in ("__getattr__", "__dir__")
             for n in ast.parse(p.read_text()).body
         )
     ]
-    assert not shims, f"module-level __getattr__/__dir__ (a re-export shim): {shims}"
+    assert not shims, f"module-level __getattr__/__dir__ (a re-export shim) outside kit/__init__.py: {shims}"
+
+
+def test_the_front_door_points_at_each_name_s_one_home():
+    """Every short name of ``kit`` resolves to the object defined in the module it names (not a re-export there),
+    and its docstring lists every name."""
+    import importlib
+
+    import kit
+
+    doc = kit.__doc__
+    for name, target in kit.FRONT_DOOR.items():
+        module, _, attr = target.partition(":")
+        obj = getattr(kit, name)
+        if attr:
+            assert obj is getattr(importlib.import_module(module), attr), name
+            assert getattr(obj, "__module__", module) == module, f"{name}: {target} re-exports {obj.__module__}"
+        else:
+            assert obj is importlib.import_module(module), name
+        assert name in doc, f"the front door's docstring does not list {name}"
+    with pytest.raises(AttributeError, match="the front door: "):
+        kit.no_such_name  # noqa: B018
+
+
+def test_import_kit_is_light():
+    """``import kit`` (and so ``kit --help``'s first step) imports neither torch nor pandas."""
+    import subprocess
+    import sys
+
+    code = "import sys, kit; print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
 
 
 def test_all_lists_only_names_the_module_defines():
     """``__all__`` naming an imported name is a re-export: the name has one home and is imported from there."""
     bad = {}
     for p in MODULES:
+        if p == FACADE:  # the front door lists the names it points at (test_the_front_door_points_at_...)
+            continue
         tree = ast.parse(p.read_text())
         defined, listed = set(), []
         for n in tree.body:

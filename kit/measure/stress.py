@@ -36,7 +36,7 @@ import pandas as pd
 
 from kit import dtypes, hardware, models
 from kit._io import atomic_write_text, check_out_dir
-from kit.cli import config_field
+from kit.cli import config_field, config_with
 from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
 from kit.grid import FINISHED_STATUSES, GridPoint, run_grid, split_run_options
@@ -45,7 +45,7 @@ from kit.measure.engine import KV_FILLS, PointConfig, run_point
 from kit.measure.sweep import EngineBackend, SweepConfig
 from kit.plan.spec import get_spec
 from kit.results import ok_mask
-from kit.store import load_results, read_log, run_metadata
+from kit.store import latest_rows, load_results, read_log, run_metadata
 
 log = logging.getLogger("kit")
 DEFAULT_MAX_CONTEXT = 4_194_304
@@ -281,16 +281,19 @@ def fits(row) -> bool:
     return bool(ok_mask(pd.DataFrame([row])).iloc[0])
 
 
-def run_kv_stress(config: StressConfig, out_dir: str | Path, *, runner=None, **run_options) -> pd.DataFrame:
+def run_kv_stress(
+    config: StressConfig | None = None, out_dir: str | Path = "results/kv-stress", *, runner=None, **options
+) -> pd.DataFrame:
     """Find the largest context that decodes (see the module docstring); every probe stored in ``out_dir``.
 
     Args:
-        config: the stress (validated here).
+        config: the stress (validated here; default: :class:`StressConfig`'s defaults).
         out_dir: run directory (created; a re-run resumes from the recorded probes).
         runner: ``runner(model, point, device, seed) -> record`` (default :func:`kit.measure.engine.run_point`).
-        run_options: :func:`kit.grid.run_grid`'s ``resume`` (False: the earlier files move to
-            ``out_dir/previous/`` and every probe is measured again), ``on_point``, ``should_stop``,
-            ``retry_killed`` (``progress`` is off: one line per probe goes to the ``kit`` logger).
+        options: :class:`StressConfig` fields (they override ``config``'s), and :func:`kit.grid.run_grid`'s
+            ``resume`` (False: the earlier files move to ``out_dir/previous/`` and every probe is measured again),
+            ``on_point``, ``should_stop``, ``retry_killed`` (``progress`` is off: one line per probe goes to the
+            ``kit`` logger).
 
     Returns:
         The probes' rows in probe order (the latest row of each), results schema; ``attrs["largest_ok"]`` and
@@ -302,10 +305,11 @@ def run_kv_stress(config: StressConfig, out_dir: str | Path, *, runner=None, **r
     """
     from kit.measure.stress_check import run_check
 
+    config, rest = config_with(StressConfig, config, options)
     out = check_out_dir(out_dir)
-    opts, rest = split_run_options(run_options)
+    opts, rest = split_run_options(rest)
     if rest:
-        raise UserError(f"unknown option(s) {sorted(rest)} for run_kv_stress")
+        raise UserError(f"unknown option(s) {sorted(rest)} for run_kv_stress; give StressConfig fields or run options")
     backend = StressBackend(config, runner)
     search = ContextSearch(config.start, config.max_context, config.resolution)
     recorded = recorded_probes(out, opts.get("resume", True), opts.get("retry_killed", False))
@@ -322,7 +326,7 @@ def run_kv_stress(config: StressConfig, out_dir: str | Path, *, runner=None, **r
     df = pd.DataFrame()
     if probed:
         df = load_results(out)
-        df = df[df["point_id"].isin(probed)].drop_duplicates("point_id", keep="last")
+        df = latest_rows(df, probed)
         df = df.sort_values("point_id", key=lambda ids: ids.map({p: i for i, p in enumerate(probed)}))
     df.attrs.update(largest_ok=search.lo, smallest_failed=search.hi, done=search.next() is None, check=check,
                     max_context=config.max_context)  # fmt: skip

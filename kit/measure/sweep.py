@@ -30,15 +30,15 @@ import torch
 
 from kit import dtypes, hardware, models
 from kit._io import check_out_dir
-from kit.cli import config_field, config_flag, int_list_arg
+from kit.cli import config_field, config_flag, config_with, int_list_arg
 from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
-from kit.grid import GridPoint, run_grid
+from kit.grid import RUN_OPTIONS, GridPoint, run_grid, split_run_options
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
 from kit.measure.power import PowerSampler
 from kit.measure.power_readers import SOURCES as POWER_SOURCES
-from kit.results import verdict
-from kit.store import run_metadata
+from kit.results import ok_mask, verdict
+from kit.store import latest_rows, run_metadata
 from kit.validity import validity
 
 log = logging.getLogger("kit")
@@ -355,25 +355,39 @@ def visible_power_devices() -> list[int] | None:
 
 
 def run_sweep(
-    config: SweepConfig, out_dir: str | Path, *, runner: Callable | None = None, **run_options
+    config: SweepConfig | None = None,
+    out_dir: str | Path = "results/sweep",
+    *,
+    runner: Callable | None = None,
+    **options,
 ) -> pd.DataFrame:
     """Run every point of ``config`` in-process through the grid runner (:func:`kit.grid.run_grid`:
     append-on-finish, resume, OOM and Ctrl-C handling); return every row in ``out_dir``.
 
+    ``kit.sweep(model="tiny-llama", kv_lens=[128, 512], concurrencies=[1, 4], out_dir="results/nb")`` is the same as
+    passing a :class:`SweepConfig`: its fields may be given as keywords (they override ``config``'s).
+
     Args:
+        config: the sweep (default: :class:`SweepConfig`'s defaults).
         out_dir: run directory (created); must not be a file.
         runner: ``runner(model, point, device, seed) -> record``; defaults to :func:`kit.measure.engine.run_point`.
-        run_options: :func:`kit.grid.run_grid`'s ``resume`` (False: earlier files move to
-            ``out_dir/previous/``), ``progress``, ``on_point(record, frame)``, ``should_stop()`` and
+        options: :class:`SweepConfig` fields, and :func:`kit.grid.run_grid`'s ``resume`` (False: earlier files move
+            to ``out_dir/previous/``), ``progress``, ``on_point(record, frame)``, ``should_stop()`` and
             ``retry_killed``.
 
     Returns:
         DataFrame in the :mod:`kit.results` schema (also in ``out_dir/results.parquet``).
 
     Raises:
-            UserError / OutputPathError before any work for bad settings. KeyboardInterrupt is re-raised after
-            the finished points are saved.
+        UserError / OutputPathError before any work for bad settings or an unknown option. KeyboardInterrupt is
+            re-raised after the finished points are saved.
     """
+    config, rest = config_with(SweepConfig, config, options)
+    run_options, unknown = split_run_options(rest)
+    if unknown:
+        raise UserError(
+            f"unknown option(s) {sorted(unknown)}; give SweepConfig fields or run options ({', '.join(RUN_OPTIONS)})"
+        )
     check_out_dir(out_dir)
     return run_grid(EngineBackend(config, runner, work_dir=out_dir), out_dir, **run_options)
 
@@ -408,12 +422,12 @@ def current_rows(df: pd.DataFrame, config: SweepConfig) -> pd.DataFrame:
     """The latest row of each point of ``config`` (a run directory can also hold earlier runs' points)."""
     backend = hardware.detect(config.device).platform
     ids = {sweep_point_id(config, dt, backend, p) for dt, p in config.points()}
-    return df[df["point_id"].isin(ids)].drop_duplicates("point_id", keep="last")
+    return latest_rows(df, ids)
 
 
 def noise_warning(df: pd.DataFrame, ratio: float = 2.0) -> str | None:
     """A warning when TPOT p50 is far above the fastest step (a busy machine), else None."""
-    ok = df[(df["status"] == "ok") & df["tpot_ms_min"].notna()]
+    ok = df[ok_mask(df) & df["tpot_ms_min"].notna()]
     if ok.empty:
         return None
     worst = float((ok["tpot_ms_p50"] / ok["tpot_ms_min"]).max())

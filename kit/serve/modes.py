@@ -12,19 +12,19 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pandas as pd
 
-from kit.cli import config_field, config_flag
+from kit.cli import config_field, config_flag, config_with
 from kit.errors import UserError
-from kit.grid import split_run_options
+from kit.grid import RUN_OPTIONS, split_run_options
 from kit.serve.load import LoadConfig
 from kit.serve.schedule import RAMP_AXES, RAMP_STRATEGIES
 from kit.serve.sessions import SessionBackend
 from kit.serve.slo import AXES, SearchResult, slo_search
-from kit.serve.sweep import RampBackend, ServedBackend, run_backend
+from kit.serve.sweep import BackendOptions, RampBackend, ServedBackend, run_backend
 from kit.serve.trace import TraceBackend
 
 
@@ -166,3 +166,44 @@ def run_mode(
         fr, g = mode.prefix_fraction, mode.prefix_group_size
         backend = ServedBackend(cfg, concs, out, prefix_fractions=fr, group_size=g, **backend_options)
     return run_backend(backend, out, **run_options), None
+
+
+def serve_bench(
+    url: str, concurrency: Sequence[int] = (1, 4, 16), out_dir: str | Path = "results/serve-bench", **options
+) -> pd.DataFrame:
+    """Benchmark an OpenAI-compatible endpoint from a notebook or script: what ``kit serve-bench`` runs.
+
+    ``kit.serve_bench("http://127.0.0.1:8000", [1, 8], isl=128, osl=64, num_requests=32)`` sweeps concurrency with
+    fresh prompts per point; ``turns=3``, ``trace=...``, ``ramp="rate"`` or ``search="concurrency"`` choose another
+    mode (:class:`ServedMode`).
+
+    Args:
+        url: the server's base URL (a trailing ``/v1`` is accepted).
+        concurrency: the concurrencies (sessions: conversations in flight; search: the first is the start).
+        out_dir: the run directory (a re-run resumes).
+        options: :class:`kit.serve.load.LoadConfig` fields (``isl``, ``osl``, ``num_requests``, ``request_rate``,
+            SLOs ...), :class:`ServedMode` fields, the served backend's options (``tokenizer``, ``extra``, ...) and
+            :func:`kit.grid.run_grid`'s options (``resume``, ``progress``, ``on_point``, ...).
+
+    Returns: this run's rows (the latest of each of its points, in order); an SLO search's
+    :class:`kit.serve.slo.SearchResult` is ``rows.attrs["search"]``.
+
+    Raises:
+        UserError: a bad value (named, with what is allowed), before any network work. KeyboardInterrupt: Ctrl-C,
+            after the finished points are saved.
+    """
+    concs = [concurrency] if isinstance(concurrency, int) else list(concurrency)
+    if not concs:
+        raise UserError("concurrency=[]: give one or more integers >= 1")
+    cfg, rest = config_with(LoadConfig, None, {"url": url, "max_concurrency": concs[0], **options})
+    mode, rest = config_with(ServedMode, None, rest)
+    allowed = {f.name for f in fields(BackendOptions)} | set(RUN_OPTIONS)
+    if set(rest) - allowed:
+        raise UserError(
+            f"unknown option(s) {sorted(set(rest) - allowed)}; give LoadConfig or ServedMode fields, "
+            f"or one of {', '.join(sorted(allowed))}"
+        )
+    rows, search = run_mode(mode, cfg.validate(), concs, out_dir, **rest)
+    if search is not None:
+        rows.attrs["search"] = search
+    return rows

@@ -38,7 +38,7 @@ from kit.serve.progress import PointProgress
 from kit.serve.redact import redact_url, scrub
 from kit.serve.schedule import RAMP_AXES, RAMP_STRATEGIES, Arrivals, Ramp, ramp_values
 from kit.serve.workload import RequestInput, fresh_workload, intended_hit_rate
-from kit.store import run_metadata
+from kit.store import latest_rows, run_metadata
 
 log = logging.getLogger("kit")
 
@@ -291,5 +291,5 @@ def run_backend(backend, out: Path, **run_options) -> pd.DataFrame:
     """Run a served backend's grid in ``out``; its points' latest rows, in the order of its points."""
     df = run_grid(backend, out, **run_options)
     order = {p.point_id: i for i, p in enumerate(backend.points())}
-    cur = df[df["point_id"].isin(order)].drop_duplicates("point_id", keep="last")
+    cur = latest_rows(df, order)
     return cur.iloc[cur["point_id"].map(order).argsort()].reset_index(drop=True)
