@@ -29,6 +29,7 @@ import platform
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -256,6 +257,17 @@ def load_results(path: str | Path) -> pd.DataFrame:
         df.attrs["metadata"] = doc.get("metadata", {})
         df.attrs["runs"] = doc.get("runs") or ([df.attrs["metadata"]] if df.attrs["metadata"] else [])
     return df
+
+
+def latest_rows(df: pd.DataFrame, point_ids: Iterable[str] | None = None) -> pd.DataFrame:
+    """The latest row of each point of ``df`` (rows are stored oldest first, so the last one under its
+    ``point_id``), of only the points in ``point_ids`` when given; rows keep ``df``'s order and index.
+
+    A run directory holds every earlier row too: an ``error`` measured again, a ``killed`` point retried, the points
+    of another configuration or run written to the same directory."""
+    if point_ids is not None:
+        df = df[df["point_id"].isin(set(point_ids))]
+    return df.drop_duplicates("point_id", keep="last")
 
 
 class ResultStore:

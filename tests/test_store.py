@@ -6,7 +6,7 @@ import multiprocessing as mp
 import pytest
 
 from kit.errors import OutputPathError, UserError
-from kit.store import ResultStore, load_results, read_log, repair_log, run_lock
+from kit.store import ResultStore, latest_rows, load_results, read_log, repair_log, run_lock
 
 
 def _rec(**kw):
@@ -142,3 +142,15 @@ def test_every_runs_metadata_is_kept(tmp_path):
     assert df.attrs["metadata"]["model"] == "second"
     assert [r["model"] for r in df.attrs["runs"]] == ["first", "second"]
     assert [r["model"] for r in json.loads((tmp_path / "results.json").read_text())["runs"]] == ["first", "second"]
+
+
+def test_latest_rows_keeps_the_last_row_of_each_point(tmp_path):
+    store = ResultStore(tmp_path)
+    for pid, status in (("a", "error"), ("b", "ok"), ("a", "ok"), ("c", "oom"), ("b", "killed")):
+        store.append(_rec(point_id=pid, status=status))
+    df = load_results(tmp_path)
+    latest = latest_rows(df)
+    assert list(zip(latest.point_id, latest.status)) == [("a", "ok"), ("c", "oom"), ("b", "killed")]  # df's order
+    assert list(latest.index) == [2, 3, 4]
+    assert list(latest_rows(df, ["b", "a", "z"]).point_id) == ["a", "b"]  # only those points, none invented
+    assert latest_rows(df, []).empty

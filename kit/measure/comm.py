@@ -279,10 +279,10 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
 
 def _stored_rows(out: Path, point_ids: set[str]) -> pd.DataFrame:
     """The latest stored row of each of ``point_ids`` in the run directory ``out``."""
-    from kit.store import load_results
+    from kit.store import latest_rows, load_results
 
     df = load_results(out)
-    return df[df["point_id"].isin(point_ids)].drop_duplicates("point_id", keep="last").reset_index(drop=True)
+    return latest_rows(df, point_ids).reset_index(drop=True)
 
 
 def fit_links(df: pd.DataFrame) -> dict:

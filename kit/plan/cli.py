@@ -162,12 +162,13 @@ def _cli_plan(args) -> int:
         if cfg.out is not None:
             from kit._io import check_out_dir
             from kit.grid import run_grid
+            from kit.store import latest_rows
 
             ids = [p.point_id for p in backend.points()]
             df = run_grid(
                 backend, check_out_dir(cfg.out, "--out", "results/my-plan"), resume=cfg.resume, progress=False
             )
-            df = df[df["point_id"].isin(ids)].drop_duplicates("point_id", keep="last")
+            df = latest_rows(df, ids)
         else:
             df = to_frame([{**p.columns, **backend.measure(p)} for p in backend.points()])
     else:

@@ -21,6 +21,7 @@ from kit import metrics
 from kit._io import data_path
 from kit.catalog import DEFAULT_BASIS, Catalog, Price, load_catalog
 from kit.errors import UserError
+from kit.results import ok_mask
 
 TOK_S_COLUMNS = ("decode_tok_s", "output_tok_s", "total_tok_s")
 
@@ -120,7 +121,8 @@ def add_cost_columns(
 
 
 def pareto_front(df: pd.DataFrame, x: str = "tok_s_per_stream", y: str = "tok_s_per_gpu") -> pd.DataFrame:
-    """Rows not dominated in (x, y), both to be maximised, sorted by ``x`` ascending (so ``y`` descends).
+    """Rows not dominated in (x, y), both to be maximised, sorted by ``x`` ascending (so ``y`` descends); with a
+    ``status`` column only ok rows (:func:`kit.results.ok_mask`) take part.
 
     Raises:
         ValueError: ``x`` or ``y`` not a column.
@@ -130,7 +132,7 @@ def pareto_front(df: pd.DataFrame, x: str = "tok_s_per_stream", y: str = "tok_s_
             raise UserError(f"column {c!r} not in the frame; have {list(df.columns)[:12]}...")
     d = df.dropna(subset=[x, y])
     if "status" in d.columns:
-        d = d[d["status"] == "ok"]
+        d = d[ok_mask(d)]
     d = d.sort_values([x, y], ascending=[False, False])
     keep, best_y = [], -np.inf
     for i, r in d.iterrows():

@@ -36,6 +36,7 @@ from kit.plan.fit import FitResult, check_context, memory_fit, weight_dtypes_sum
 from kit.plan.sizes import check_pos_int, kv_bytes_per_token, state_bytes_per_seq
 from kit.plan.spec import ArchSpec, get_spec
 from kit.plan.step import prefill_terms, roofline_times
+from kit.results import ok_mask
 
 
 def predict_point(model, concurrency: int = 1, context_len: int = 1024, config: PredictConfig | None = None) -> dict:
@@ -353,7 +354,7 @@ def predict_like(measured: pd.DataFrame, config: PredictConfig | None = None) ->
     missing = [c for c in need if c not in measured.columns]
     if missing:
         raise UserError(f"measured frame lacks column(s) {missing}")
-    ok = measured[(measured.get("status", "ok") == "ok")] if "status" in measured.columns else measured
+    ok = measured[ok_mask(measured)] if "status" in measured.columns else measured
     ok = ok.dropna(subset=need)
     if ok.empty:
         raise UserError("measured frame has no ok rows with model, dtype, concurrency and context_len")
@@ -388,13 +389,14 @@ def predict_like(measured: pd.DataFrame, config: PredictConfig | None = None) ->
 
 def prediction_error(measured: pd.DataFrame, predicted: pd.DataFrame, column: str = "tpot_ms_p50") -> pd.DataFrame:
     """Join measured and predicted rows on (model, dtype, concurrency, context_len) and add the error per point:
-    ``error_pct = 100 × (predicted − measured) / measured`` for ``column``.
+    ``error_pct = 100 × (predicted − measured) / measured`` for ``column``. Only ok rows of either frame
+    (:func:`kit.results.ok_mask`: a flagged row is no measurement) are joined.
 
     Returns: DataFrame with model, dtype, concurrency, context_len, measured, predicted, error_pct, x_bound.
     """
     keys = ["model", "dtype", "concurrency", "context_len"]
-    m = measured[measured["status"] == "ok"] if "status" in measured.columns else measured
-    p = predicted[predicted["status"] == "ok"] if "status" in predicted.columns else predicted
+    m = measured[ok_mask(measured)] if "status" in measured.columns else measured
+    p = predicted[ok_mask(predicted)] if "status" in predicted.columns else predicted
     cols_p = (
         keys + [column] + [c for c in ("x_bound", "x_overhead_ms", "x_t_linear_ms", "x_t_attn_ms") if c in p.columns]
     )

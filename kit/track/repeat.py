@@ -29,6 +29,7 @@ import pandas as pd
 from kit.errors import UserError
 from kit.grid import GridPoint, run_grid
 from kit.results import ok_mask
+from kit.store import latest_rows
 
 #: environment variable of the test hook (ms of sleep before every forward call)
 DELAY_ENV = "KIT_INJECT_DECODE_DELAY_MS"
@@ -186,7 +187,7 @@ def current_run_rows(df: pd.DataFrame, config, runs: int = 1) -> pd.DataFrame:
         return current_rows(df, config)
     plat = hardware.detect(config.device).platform
     ids = {f"{sweep_point_id(config, dt, plat, p)}-r{k}" for dt, p in config.points() for k in range(runs)}
-    return df[df["point_id"].isin(ids)].drop_duplicates("point_id", keep="last")
+    return latest_rows(df, ids)
 
 
 def median_replicates(df: pd.DataFrame) -> pd.DataFrame:

@@ -39,7 +39,7 @@ from kit._io import check_out_dir
 from kit.cli import parse_int_list
 from kit.errors import KitError
 from kit.measure.sweep import SweepConfig
-from kit.results import ok_mask
+from kit.results import ok_mask, verdict
 from kit.view.panel_widgets import build_widgets
 from kit.view.render import (
     figure_png,
@@ -307,7 +307,7 @@ class ControlPanel:
             self.state = "stopped" if stopped else "done"
             el = time.perf_counter() - self._t0
             good = ok_mask(df) if not df.empty else pd.Series([], dtype=bool)
-            n_flagged = int(((df["status"] == "ok") & ~good).sum()) if not df.empty else 0
+            n_flagged = int((verdict(df) == "flagged").sum()) if not df.empty else 0
             self.status.value = (
                 f"<b>{'stopped' if stopped else 'done'}</b>: {len(df)} points "
                 f"({int(good.sum())} ok{f', {n_flagged} flagged' if n_flagged else ''}) in {el:.1f} s → "

@@ -1,4 +1,4 @@
-"""kit.plan.roofline: roofline rows in the results schema, predict_like / compare, stored planner grids."""
+"""kit.plan.roofline: roofline rows in the results schema, predict_like / prediction_error, stored planner grids."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
+from kit.errors import UserError
 from kit.plan.config import PredictConfig
 from kit.plan.device import DEFAULT_GPU_OVERHEAD_MS_PER_LAYER
 from kit.plan.roofline import predict_grid, predict_like, predict_point, prediction_error
@@ -110,6 +111,10 @@ def test_predict_like_one_row_per_grid_point():
     pred = predict_like(measured, PredictConfig("local", calibration=cal))
     assert len(pred) == 1
     assert len(prediction_error(measured, pd.concat([pred, pred]))) == 2  # one per measured row, no cross product
+    flagged = measured.assign(x_logits_finite=[True, False])  # the second row overflowed: not a measurement
+    assert prediction_error(flagged, pred)["measured"].tolist() == [5.0]
+    with pytest.raises(UserError, match="no ok rows"):  # flagged rows are not ok rows
+        predict_like(measured.assign(x_logits_finite=False), PredictConfig("local", calibration=cal))
 
 
 # ---------------------------------------------------------------- stored predictions (the one grid runner)
