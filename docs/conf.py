@@ -50,7 +50,7 @@ nitpick_ignore_regex = [
     (
         r"py:.*",
         r"(pd|pandas|np|numpy|torch|transformers|matplotlib|plt|ipywidgets|httpx|aiohttp|subprocess|tornado|secrets|t|"
-        r"pathlib|typing|collections|datetime|asyncio|concurrent|threading|os|io|nbformat|papermill|"
+        r"pathlib|typing|collections|datetime|_?asyncio|concurrent|threading|os|io|nbformat|papermill|"
         r"argparse|resource|platform|socket|json|re|math|dataclasses|enum|contextlib|filelock|scipy|ssl|uvloop)(\..*)?",
     ),
     (

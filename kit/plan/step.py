@@ -107,7 +107,7 @@ def roofline_times(
     else the matmul peak; prefill attention (many queries per key: GEMM-shaped) uses the matmul peak.
 
     Returns:
-        dict of ms: ``t_linear``, ``t_attn``, ``t_mem`` (both classes at bandwidth), ``t_compute`` (both at the
+        dict of times in ms, ``t_linear``, ``t_attn``, ``t_mem`` (both classes at bandwidth), ``t_compute`` (both at the
         FLOP rate), ``mem_part`` / ``compute_part`` (the summed time split by what bounds each class).
     """
     w_bytes, lin_flops = terms["weight_bytes"], terms["linear_flops"]
