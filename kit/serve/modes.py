@@ -204,6 +204,7 @@ def serve_bench(
             f"or one of {', '.join(sorted(allowed))}"
         )
     rows, search = run_mode(mode, cfg.validate(), concs, out_dir, **rest)
-    if search is not None:
+    if search is not None:  # a copy: search.rows in its own attrs would recurse in every pandas deepcopy
+        rows = rows.copy()
         rows.attrs["search"] = search
     return rows
