@@ -26,6 +26,8 @@ pip_q() {  # quiet pip that still fails loudly: its log is shown when it fails
 if [ "${KIT_KEEP_TORCH:-0}" != "1" ]; then
   pip_q "torch==${KIT_TORCH_VERSION:-2.13.0}"
 fi
+# the distribution was called "kit" before it became llm-perf-kit: an old entry would own the `kit` command
+"$VPY" -m pip uninstall -y -q kit >/dev/null 2>&1 || true
 pip_q -e ".[test]"
 "$VPY" -c "import kit, torch, transformers; print(f'kit set-up ok: torch {torch.__version__}, transformers {transformers.__version__}')"
 echo "$want" > "$stamp"

@@ -13,7 +13,7 @@ appended (fsync'd) to ``OUT/points.jsonl`` and ``OUT/results.parquet`` before th
 measured again; a point an earlier run died on, ``killed``, only with ``retry_killed``); ``resume=False``
 (``--no-resume``) moves the earlier run's files, the detail files too, to ``OUT/previous/<time>/``; Ctrl-C stops
 after the finished points are saved; one process writes ``OUT`` at a time. Rows concatenate with in-process rows
-(:func:`kit.store.to_frame`) and plot with :func:`kit.view.plots.plot_served`.
+(:func:`kit.results.to_frame`) and plot with :func:`kit.view.plots.plot_served`.
 """
 
 from __future__ import annotations
