@@ -10,7 +10,7 @@ Price bases shipped:
 - ``on-demand``: on-demand neocloud index prices (2026).
 
 A user can add accelerators or override prices with their own CSV (same columns; rows with an existing ``name``
-replace it) or with :func:`Catalog.with_price`.
+replace it), or give one price per call (:func:`kit.plan.cost.add_cost_columns`' ``usd_per_gpu_hr``).
 """
 
 from __future__ import annotations
@@ -210,21 +210,6 @@ class Catalog:
             raise UnknownNameError(f"no price for {n} on basis {basis!r}; bases with a price for {n}: {have}")
         r = rows.iloc[0]
         return Price(n, float(r.usd_per_gpu_hr), basis, str(r.get("source", "")))
-
-    def with_price(self, name: str, usd_per_gpu_hr: float, basis: str = "user") -> Catalog:
-        """A copy with one price set (added or replaced).
-
-        Raises:
-            ValueError: price not > 0. KeyError: unknown accelerator.
-        """
-        if not float(usd_per_gpu_hr) > 0:
-            raise UserError(f"usd_per_gpu_hr={usd_per_gpu_hr!r} must be > 0")
-        n = self.resolve(name)
-        keep = self.prices[~((self.prices.accelerator == n) & (self.prices.basis == basis))]
-        new = pd.DataFrame(
-            [{"accelerator": n, "usd_per_gpu_hr": float(usd_per_gpu_hr), "basis": basis, "source": "set by user"}]
-        )
-        return Catalog(self.accelerators.reset_index(drop=True), pd.concat([keep, new], ignore_index=True))
 
     def table(self) -> pd.DataFrame:
         """The accelerators with their ``tco`` price, for display."""

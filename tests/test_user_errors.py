@@ -105,8 +105,10 @@ def test_wrong_tables_and_disjoint_runs_in_the_history_are_user_errors(tmp_path,
     db = str(tmp_path / "h.duckdb")
     rc, err = _rc_and_err(["history", "add", str(tmp_path / "other.parquet"), "--commit", "x", "--db", db], capsys)
     assert rc == 2 and len(err) == 1 and "not a kit results file (no point_id, status or backend column)" in err[0], err
+    from simulated_runs import write_simulated_run
+
     from kit.track.db import Provenance, add_run
-    from kit.track.simulate import simulated_records, write_simulated_run
+    from kit.track.simulate import simulated_records
 
     rng = np.random.default_rng(0)
     a = simulated_records(rng, run_id="2025-01-01T00:00:00+00:00", runs=1, points=[(64, 1)])

@@ -7,15 +7,13 @@ positions are copied into buffers of B x 1 allocated once, the cache is one ``St
 transformers marks as static addresses, and ``dynamic=False``, so the timed steps replay one graph and never
 recompile. Whether they did is counted from dynamo's own counters (:func:`dynamo_compiles`); a point that
 recompiled inside its timed steps carries ``x_recompiles_timed > 0`` and is flagged
-(:data:`kit.results.PROBLEM_FLAGS`). Prefill stays eager (its shape changes with the context).
+(:data:`kit.results.PROBLEM_FLAGS`). Prefill stays eager (its shape changes with the context). A row says how its
+decode steps ran in ``x_engine_mode``: ``eager``, ``compiled`` (CPU) or ``compiled+graphs`` (GPU).
 """
 
 from __future__ import annotations
 
 import torch
-
-#: how a point's decode steps ran (the ``x_engine_mode`` column)
-ENGINE_MODES = ("eager", "compiled", "compiled+graphs")
 
 
 def compile_mode(device: str | torch.device) -> tuple[str, str]:

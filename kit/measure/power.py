@@ -169,10 +169,6 @@ def energy_columns(
     }
 
 
-#: the columns :func:`energy_columns` fills with numbers; all None when power is not available
-POWER_VALUE_COLUMNS = ("avg_power_w", "peak_power_w", "energy_j", "j_per_output_token", "j_per_token", "pct_tdp")
-
-
 def unavailable_columns(why: str) -> dict:
     """The power columns of a point whose power could not be read: numbers missing, the reason in
     ``x_energy_method`` and ``x_power_status`` (``not available: <why>``)."""

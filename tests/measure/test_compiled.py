@@ -74,4 +74,3 @@ def test_eager_rows_say_so_and_compile_modes_per_device(tiny_model):
     assert r["x_engine_mode"] == "eager" and "x_compile_s" not in r
     assert compiled.compile_mode("cpu") == ("default", "compiled")
     assert compiled.compile_mode("cuda") == ("reduce-overhead", "compiled+graphs")
-    assert compiled.ENGINE_MODES == ("eager", "compiled", "compiled+graphs")

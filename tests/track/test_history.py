@@ -9,12 +9,13 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from simulated_runs import simulated_history, write_simulated_run
 
 from kit.cli import main
 from kit.errors import UnknownNameError, UserError
 from kit.track.compare import compare, compare_frames, interval
 from kit.track.db import Provenance, add_run, frames_of, git_provenance, list_runs, load_rows
-from kit.track.simulate import Noise, simulated_history, simulated_records, write_simulated_run
+from kit.track.simulate import Noise, simulated_records
 
 
 @pytest.fixture(scope="module")
@@ -170,8 +171,8 @@ def test_provenance_from_a_git_checkout(tmp_path):
 def test_runs_started_in_the_same_second_keep_their_order(tmp_path):
     # the run ids' random tails sort against time (ffff first, 0000 second): the history orders by the sidecars'
     # microsecond created_utc, and a run without one by its run id's time, in the same ISO format
+    from kit.results import to_frame
     from kit.store import save_results
-    from kit.track.simulate import to_frame
 
     db = tmp_path / "h.duckdb"
     rng = np.random.default_rng(2)

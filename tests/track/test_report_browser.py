@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+from simulated_runs import simulated_history
 
 from kit.track.db import Provenance, add_run
 from kit.track.report import write_report
-from kit.track.simulate import simulated_history
 
 pytestmark = pytest.mark.slow
 CHROMIUM = os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium")
