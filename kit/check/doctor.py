@@ -34,7 +34,7 @@ from kit.cli import DefaultsHelpFormatter, add_config_args, config_field, config
 from kit.errors import UserError
 from kit.hardware import detect
 
-SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 1
 
 _NULLSTR = {"type": ["string", "null"]}
 _NULLNUM = {"type": ["number", "null"]}
@@ -60,7 +60,7 @@ SCHEMA: dict = {
         "packages",
     ],
     "properties": {
-        "schema_version": {"const": SCHEMA_VERSION},
+        "schema_version": {"const": REPORT_SCHEMA_VERSION},
         "ok": {"type": "boolean", "description": "true when problems is empty"},
         "problems": {"type": "array", "items": {"type": "string"}, "description": "what fails --strict"},
         "warnings": {"type": "array", "items": {"type": "string"}},
@@ -285,7 +285,7 @@ def run_doctor(config: DoctorConfig | None = None, **overrides) -> dict:
     dev = {k: info.as_dict()[k] for k in keys}
     dev["memory_gb"] = round(info.memory_gb, 2)
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": REPORT_SCHEMA_VERSION,
         "ok": not problems,
         "problems": problems,
         "warnings": warnings,
@@ -302,7 +302,7 @@ def run_doctor(config: DoctorConfig | None = None, **overrides) -> dict:
         "fp8": fp8,
         "compile": comp,
         "libraries": found,
-        "packages": probes.package_versions(),
+        "packages": probes.installed_versions(),
     }
 
 

@@ -22,7 +22,7 @@ from kit.errors import UserError
 from kit.measure.timing import timed_repeats
 
 #: Python packages whose version is reported (installed or not)
-PACKAGES = ("vllm", "sglang", "flashinfer", "sgl_kernel", "aiter", "triton", "transformers")
+PROBED_PACKAGES = ("vllm", "sglang", "flashinfer", "sgl_kernel", "aiter", "triton", "transformers")
 #: slowest/fastest of the timed repeats above which a matmul timing is flagged noisy
 NOISY_SPREAD = 2.0
 #: a half-precision matmul this many times faster than float32 is implausible (CPU: AMX/AVX-512 bf16 reaches a few
@@ -227,13 +227,13 @@ def gpu_list() -> list[dict]:
     return out
 
 
-def package_versions() -> dict:
-    """Installed version of each of :data:`PACKAGES` (None when not installed), from the package metadata."""
+def installed_versions() -> dict:
+    """Installed version of each of :data:`PROBED_PACKAGES` (None when not installed), from the package metadata."""
     from importlib import metadata
 
     dists = {"sgl_kernel": "sgl-kernel", "flashinfer": "flashinfer-python", "aiter": "amd-aiter"}
     out = {}
-    for name in PACKAGES:
+    for name in PROBED_PACKAGES:
         ver = None
         for dist in (dists.get(name, name), name, name.replace("_", "-")):
             try:

@@ -41,7 +41,7 @@ from kit.serve.launch import Server
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8866
-DEFAULT_OUT = "results/dashboard"
+DASHBOARD_OUT = "results/dashboard"
 #: a static asset Voilà serves as soon as it listens, without starting a kernel (a GET of any other path renders
 #: the notebook: it starts a kernel and runs the panel, so it must not be the readiness probe)
 READY_PATH = "/voila/static/voila.js"
@@ -105,7 +105,7 @@ def write_notebook(out_dir: str | Path, config: SweepConfig | None = None) -> Pa
     """
     import nbformat
 
-    out = check_out_dir(out_dir, "--out", DEFAULT_OUT)
+    out = check_out_dir(out_dir, "--out", DASHBOARD_OUT)
     nb = dashboard_notebook(out, config)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "dashboard.ipynb"
@@ -153,7 +153,7 @@ def voila_server(
 
 
 def launch(
-    out_dir: str | Path = DEFAULT_OUT,
+    out_dir: str | Path = DASHBOARD_OUT,
     port: int = DEFAULT_PORT,
     timeout_s: float = READY_TIMEOUT_S,
     log_path: str | Path | None = None,
@@ -196,7 +196,7 @@ def add_cli(sub) -> None:
     )
     add_config_args(p, SweepConfig)
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port on 127.0.0.1 (0: any free port)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="directory for the runs and voila.log (created)")
+    p.add_argument("--out", default=DASHBOARD_OUT, help="directory for the runs and voila.log (created)")
     p.add_argument(
         "--ready-timeout",
         type=number_arg(float, above=0, unit="s"),

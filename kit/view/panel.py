@@ -53,7 +53,7 @@ from kit.view.render import (
 log = logging.getLogger("kit")
 
 #: output directory when the box is left empty
-DEFAULT_OUT = "results/panel"
+PANEL_OUT = "results/panel"
 
 
 class ControlPanel:
@@ -79,7 +79,7 @@ class ControlPanel:
 
     def __init__(
         self,
-        out_dir: str | Path = DEFAULT_OUT,
+        out_dir: str | Path = PANEL_OUT,
         config: SweepConfig | None = None,
         *,
         threaded: bool = True,
@@ -176,7 +176,7 @@ class ControlPanel:
 
         Raises: OutputPathError when the output directory (or a parent) is a file.
         """
-        out = check_out_dir(self.out_dir.value.strip() or DEFAULT_OUT, "output dir")
+        out = check_out_dir(self.out_dir.value.strip() or PANEL_OUT, "output dir")
         stamp = time.strftime("run-%Y%m%d-%H%M%S")
         run_dir, k = out / stamp, 1
         while run_dir.exists():
@@ -254,7 +254,7 @@ class ControlPanel:
         if self.frame.empty:
             self._say("nothing to export yet: run a sweep first", error=True)
             return None
-        out = self.run_dir or Path(self.out_dir.value.strip() or DEFAULT_OUT)
+        out = self.run_dir or Path(self.out_dir.value.strip() or PANEL_OUT)
         try:
             if self.export_format.value == "csv":
                 flat = self.frame.drop(columns=list(LIST_COLUMNS), errors="ignore")

@@ -43,7 +43,7 @@ def test_cli_json_full_run_validates_against_schema(tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     report = json.loads(proc.stdout)
     validate(report)
-    assert json.loads(out.read_text())["schema_version"] == D.SCHEMA_VERSION
+    assert json.loads(out.read_text())["schema_version"] == D.REPORT_SCHEMA_VERSION
     assert report["ok"] and report["problems"] == []
     assert report["device"]["platform"] in ("cpu", "cuda", "rocm")
     assert {d["dtype"]: d["works"] for d in report["dtypes"]} == {"float32": True, "float16": True, "bfloat16": True}
@@ -168,7 +168,7 @@ def test_out_is_validated_before_the_probes(tmp_path, capsys, monkeypatch):
     monkeypatch.undo()
     out = tmp_path / "sub" / "doctor.json"
     assert cli.main(["doctor", "--quick", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["schema_version"] == D.SCHEMA_VERSION
+    assert json.loads(out.read_text())["schema_version"] == D.REPORT_SCHEMA_VERSION
     assert [p.name for p in out.parent.iterdir()] == ["doctor.json"]
 
 
@@ -250,7 +250,7 @@ def test_probe_fp8_and_compile_sections_here():
         "timed_out": False,
         "error": None,
     }
-    assert set(P.package_versions()) == set(P.PACKAGES)
+    assert set(P.installed_versions()) == set(P.PROBED_PACKAGES)
 
 
 def test_report_names_the_part_and_which_devices_are_visible(monkeypatch):
