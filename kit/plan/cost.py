@@ -21,7 +21,7 @@ from kit import metrics
 from kit._io import data_path
 from kit.catalog import DEFAULT_BASIS, Catalog, Price, load_catalog
 from kit.errors import UserError
-from kit.results import ok_mask
+from kit.results import ok_mask, to_frame
 
 TOK_S_COLUMNS = ("decode_tok_s", "output_tok_s", "total_tok_s")
 
@@ -236,8 +236,6 @@ def published_as_results(basis: str = "assumed-rental", catalog: Catalog | None 
     """The published figures as two result rows per system (single stream at concurrency 1, peak at its published
     concurrency) in the :mod:`kit.results` schema with cost columns — a two-point front per system for
     :func:`compare_at_interactivity`. Systems without a price on ``basis`` are left out."""
-    from kit.results import to_frame
-
     cat = catalog or load_catalog()
     recs = []
     for _, r in published_kimi_k3().iterrows():

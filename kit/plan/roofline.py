@@ -36,7 +36,7 @@ from kit.plan.fit import FitResult, check_context, memory_fit, weight_dtypes_sum
 from kit.plan.sizes import check_pos_int, kv_bytes_per_token, state_bytes_per_seq
 from kit.plan.spec import ArchSpec, get_spec
 from kit.plan.step import prefill_terms, roofline_times
-from kit.results import ok_mask
+from kit.results import ok_mask, to_frame
 
 
 def predict_point(model, concurrency: int = 1, context_len: int = 1024, config: PredictConfig | None = None) -> dict:
@@ -327,8 +327,6 @@ def predict_grid(
     Raises:
         UserError / UnknownNameError: as :func:`predict_point`, before any point is stored.
     """
-    from kit.results import to_frame
-
     backend = PlannerBackend(model, concurrencies, context_lens, config)
     if out_dir is None:
         return to_frame([{**p.columns, **backend.measure(p), "point_id": p.point_id} for p in backend.points()])
@@ -348,8 +346,6 @@ def predict_like(measured: pd.DataFrame, config: PredictConfig | None = None) ->
     Raises:
         UserError: ``measured`` has no ok rows with model, dtype, concurrency and context_len.
     """
-    from kit.results import to_frame
-
     need = ["model", "dtype", "concurrency", "context_len"]
     missing = [c for c in need if c not in measured.columns]
     if missing:
