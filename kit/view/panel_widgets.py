@@ -17,12 +17,39 @@ from kit.view.render import PANEL_PLOTS, table_html
 DEVICES = ("auto", *hardware.PLATFORMS)
 
 
+#: panel attribute → the CSS class the browser test selects it by
+CSS_CLASSES = {
+    "run_button": "kit-run",
+    "stop_button": "kit-stop",
+    "plot": "kit-plot",
+    "table": "kit-table",
+    "message": "kit-message",
+    "status": "kit-status",
+    "kv_lens": "kit-kv",
+    "concurrencies": "kit-concurrency",
+    "decode_steps": "kit-decode-steps",
+    "repeats": "kit-repeats",
+    "warmup_steps": "kit-warmup-steps",
+    "progress": "kit-progress",
+    "compile": "kit-compile",
+}
+
+
 def build_widgets(p, c: SweepConfig, out_dir: str | Path) -> None:
     """Create the panel's widgets as attributes of ``p`` (``p.model``, ``p.kv_lens``, ``p.compile``,
     ``p.run_button`` ..., the whole view as ``p.widget``), initial values from ``c``; ``p.frame`` must exist (the
     empty table is drawn from it). No handler is attached here."""
     import ipywidgets as w
 
+    _config_inputs(p, c, out_dir, w)
+    _controls_and_outputs(p, w)
+    for attr, cls in CSS_CLASSES.items():
+        getattr(p, attr).add_class(cls)
+    _lay_out(p, w)
+
+
+def _config_inputs(p, c: SweepConfig, out_dir: str | Path, w) -> None:
+    """One input per :class:`SweepConfig` field the panel sets (``w``: the ipywidgets module)."""
     lay = w.Layout(width="330px")
     style = {"description_width": "120px"}
     p.model = w.Combobox(
@@ -66,8 +93,19 @@ def build_widgets(p, c: SweepConfig, out_dir: str | Path) -> None:
     )
     p.repeats = w.BoundedIntText(value=c.repeats, min=1, max=1000, description="repeats", layout=lay, style=style)
     p.kv_fill = w.Dropdown(value=c.kv_fill, options=list(KV_FILLS), description="KV fill", layout=lay, style=style)
+    p.compile = w.Checkbox(
+        value=bool(c.compile),
+        description="torch.compile the decode steps",
+        indent=False,
+        layout=lay,
+        tooltip="SweepConfig.compile: decode steps through torch.compile (compile time is outside the timing)",
+    )
     p.out_dir = w.Text(value=str(out_dir), description="output dir", layout=lay, style=style)
     p.input_check = w.HTML(value="")
+
+
+def _controls_and_outputs(p, w) -> None:
+    """Run/stop, progress, status and messages, the plot and its chooser, the table, export."""
     p.run_button = w.Button(description="Run", button_style="success", icon="play")
     p.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
     p.progress = w.IntProgress(value=0, min=0, max=1, description="0/0", layout=w.Layout(width="420px"))
@@ -76,13 +114,6 @@ def build_widgets(p, c: SweepConfig, out_dir: str | Path) -> None:
     p.plot_kind = w.Dropdown(
         value=list(PANEL_PLOTS)[0], options=list(PANEL_PLOTS), description="plot", layout=w.Layout(width="360px")
     )
-    p.compile = w.Checkbox(
-        value=bool(c.compile),
-        description="torch.compile the decode steps",
-        indent=False,
-        layout=lay,
-        tooltip="SweepConfig.compile: decode steps through torch.compile (compile time is outside the timing)",
-    )
     p.plot = w.Image(format="png", layout=w.Layout(max_width="640px", display="none"))
     p.table = w.HTML(value=table_html(p.frame))
     p.export_format = w.Dropdown(
@@ -90,23 +121,10 @@ def build_widgets(p, c: SweepConfig, out_dir: str | Path) -> None:
     )
     p.export_button = w.Button(description="Export", icon="download")
     p.export_path = w.HTML(value="")
-    for widget, cls in (
-        (p.run_button, "kit-run"),
-        (p.stop_button, "kit-stop"),
-        (p.plot, "kit-plot"),
-        (p.table, "kit-table"),
-        (p.message, "kit-message"),
-        (p.status, "kit-status"),
-        (p.kv_lens, "kit-kv"),
-        (p.concurrencies, "kit-concurrency"),
-        (p.decode_steps, "kit-decode-steps"),
-        (p.repeats, "kit-repeats"),
-        (p.warmup_steps, "kit-warmup-steps"),
-        (p.progress, "kit-progress"),
-        (p.compile, "kit-compile"),
-    ):
-        widget.add_class(cls)
 
+
+def _lay_out(p, w) -> None:
+    """``p.widget``: the title, inputs beside the controls, then the plot chooser, the plot and the table."""
     inputs = w.VBox(
         [
             p.model,

@@ -153,24 +153,37 @@ def curves(
     y: str,
     hue: str,
     style: str | None = None,
-    logx: bool = False,
-    logy: bool = True,
-    title: str | None = None,
-    ylabel: str | None = None,
+    log: str = "y",
     markers: bool = True,
-    ax=None,
+    labels: dict | None = None,
 ):
     """One line of ``y`` over ``x`` per ``hue`` value (one colour each), and per ``style`` value one line style and
     marker (e.g. ``source``: published vs planner); rows not ok are left out. Returns the Figure.
 
+    Args:
+        log: the axes on a log scale with plain tick numbers: ``"y"`` (default), ``"xy"``, ``"x"`` or ``""``.
+        markers: a marker on every point (off: lines only, for dense curves).
+        labels: axis texts replacing the defaults (``title``, ``xlabel``, ``ylabel``: keys of matplotlib's
+            ``Axes.set``), e.g. ``{"ylabel": "time per decode step (ms)", "title": "..."}``.
+
     Raises: UserError for a missing column.
     """
     require_columns(df, [x, y, hue, style])
-    fig = ax.figure if ax is not None else plt.figure(figsize=(7, 4.2))
-    ax = ax or fig.add_subplot(111)
+    fig = plt.figure(figsize=(7, 4.2))
+    ax = fig.add_subplot(111)
+    _draw_curves(ax, df, x, y, hue, style, _LOOKS if markers else _PLAIN_LOOKS)
+    _finish_curves(ax, x, y, log, labels)
+    return fig
+
+
+_LOOKS = ["o-", "s--", "^:", "d-."]
+_PLAIN_LOOKS = ["-", "--", ":", "-."]
+
+
+def _draw_curves(ax, df: pd.DataFrame, x: str, y: str, hue: str, style: str | None, looks: list[str]) -> None:
+    """The lines of :func:`curves` on ``ax``: ok rows only, a colour per ``hue`` value, a look per ``style`` value."""
     d = _ok(df)
     colours = {h: f"C{i % 10}" for i, h in enumerate(sorted(d[hue].dropna().unique(), key=str))}
-    looks = ["o-", "s--", "^:", "d-."] if markers else ["-", "--", ":", "-."]
     styles = {s: looks[i % 4] for i, s in enumerate(d[style].dropna().unique())} if style else {}
     for keys, g in d.groupby([hue, style] if style else [hue]):
         g = g.sort_values(x)
@@ -181,14 +194,19 @@ def curves(
             color=colours[keys[0]],
             label=" · ".join(str(k) for k in keys),
         )
-    for on, axis in ((logx, "x"), (logy, "y")):
-        if on:
+
+
+def _finish_curves(ax, x: str, y: str, log: str, labels: dict | None) -> None:
+    """Log axes, texts, grid and legend of a :func:`curves` panel; lays its figure out."""
+    for axis in ("x", "y"):
+        if axis in log:
             _log_plain(ax, axis)
-    ax.set(xlabel=label_of(x), ylabel=ylabel or label_of(y), title=title or f"{label_of(y)} vs {label_of(x)}")
+    ax.set(
+        **{"xlabel": label_of(x), "ylabel": label_of(y), "title": f"{label_of(y)} vs {label_of(x)}", **(labels or {})}
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    ax.figure.tight_layout()
 
 
 def cost_vs_interactivity(
@@ -209,8 +227,10 @@ def cost_vs_interactivity(
     require_columns(df, [hue, x, per_gpu, cost])
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     fronts = pd.concat([pareto_front(g, x, per_gpu) for _, g in df.groupby(hue)], ignore_index=True)
-    curves(fronts, x, per_gpu, hue, logy=False, ax=a1, title="throughput vs interactivity (Pareto front)")
-    curves(df, x, cost, hue, ax=a2, title=title or "cost vs interactivity")
+    _draw_curves(a1, fronts, x, per_gpu, hue, None, _LOOKS)
+    _finish_curves(a1, x, per_gpu, "", {"title": "throughput vs interactivity (Pareto front)"})
+    _draw_curves(a2, df, x, cost, hue, None, _LOOKS)
+    _finish_curves(a2, x, cost, "y", {"title": title or "cost vs interactivity"})
     return fig
 
 

@@ -53,22 +53,26 @@ def require_columns(df: pd.DataFrame, cols) -> None:
 def line_plot(
     df: pd.DataFrame,
     x: str,
-    y: str,
+    y: str | tuple[str, str],
     hue: str,
     label: str | None = None,
     ax=None,
-    logx: bool = True,
-    logy: bool = False,
+    log: str = "x",
     title: str | None = None,
-    band: str | None = None,
 ):
-    """One line of ``y`` over ``x`` per value of ``hue`` (and per ``label`` value, by line style).
+    """One line of ``y`` over ``x`` per value of ``hue`` (and per ``label`` value, by line style); points that are
+    not ok are red ``x`` marks at the bottom of the axes.
 
     Args:
-        band: optional column drawn as a shaded band up to it (e.g. ``tpot_ms_p90`` above ``tpot_ms_p50``).
+        y: the column drawn, or a pair ``(column, upper)``: the line is ``column``, shaded up to ``upper`` (e.g.
+            ``("tpot_ms_p50", "tpot_ms_p90")``).
+        log: the axes on a log scale: ``"x"`` (default; base 2, ticks at the x values), ``"xy"``, ``"y"`` or ``""``
+            (a log y is skipped when no value is positive).
+        ax: draw into this matplotlib Axes (default: a new figure). title: default ``"<y> vs <x>"``.
 
-    Returns: the Figure. Raises: ValueError for a missing column.
+    Returns: the Figure. Raises: UserError (a ValueError) for a missing column.
     """
+    y, band = (y, None) if isinstance(y, str) else y
     require_columns(df, [x, y, hue, label, band])
     fig = ax.figure if ax is not None else plt.figure(figsize=(6.4, 4.2))
     ax = ax or fig.add_subplot(111)
@@ -77,40 +81,18 @@ def line_plot(
     cmap = plt.get_cmap("viridis", max(len(hues), 2))
     bad_any = False
     for gi, (lab, gdf) in enumerate(groups):
-        style = _STYLES[gi % len(_STYLES)]
         for hi, h in enumerate(hues):
             sub = gdf[gdf[hue] == h].sort_values(x)
-            good = ok_mask(sub) if "status" in sub else pd.Series(True, index=sub.index)
-            ok = sub[good]
             name = f"{label_of(hue).split(' (')[0]} {h}" + (f" · {lab}" if lab is not None else "")
-            color = cmap(hi)
-            if len(ok):
-                ax.plot(ok[x], ok[y], style, marker="o", color=color, label=name)
-                if band is not None:
-                    ax.fill_between(
-                        ok[x].astype(float), ok[y].astype(float), ok[band].astype(float), color=color, alpha=0.15
-                    )
-            bad = sub[~good]
-            if len(bad):
-                bad_any = True
-                ax.plot(
-                    bad[x],
-                    [0.0] * len(bad),
-                    "x",
-                    color="red",
-                    markersize=10,
-                    mew=2,
-                    transform=ax.get_xaxis_transform(),
-                    clip_on=False,
-                )
+            bad_any |= _draw_line(ax, sub, x, (y, band), _STYLES[gi % len(_STYLES)], cmap(hi), name)
     if bad_any:
         ax.plot([], [], "x", color="red", mew=2, label="OOM / error (not measured)")
-    if logx:
+    if "x" in log:
         ax.set_xscale("log", base=2)
         xs = sorted(df[x].dropna().unique())
         ax.set_xticks(xs)
         ax.set_xticklabels([str(int(v)) if float(v).is_integer() else str(v) for v in xs])
-    if logy and (pd.to_numeric(df[y], errors="coerce") > 0).any():  # log of nothing positive cannot be drawn
+    if "y" in log and (pd.to_numeric(df[y], errors="coerce") > 0).any():  # log of nothing positive cannot be drawn
         ax.set_yscale("log")
     ax.set_xlabel(label_of(x))
     ax.set_ylabel(label_of(y))
@@ -119,6 +101,25 @@ def line_plot(
     ax.set_title(title or f"{label_of(y).split(' (')[0]} vs {label_of(x).split(' (')[0]}")
     fig.tight_layout()
     return fig
+
+
+def _draw_line(ax, sub: pd.DataFrame, x: str, y_band: tuple[str, str | None], style: str, color, name: str) -> bool:
+    """Draw the ok rows of ``sub`` as one line (shaded up to the band column, if any) and its other rows as red
+    ``x`` marks at the bottom of the axes; True when there were such rows."""
+    y, band = y_band
+    good = ok_mask(sub) if "status" in sub else pd.Series(True, index=sub.index)
+    ok = sub[good]
+    if len(ok):
+        ax.plot(ok[x], ok[y], style, marker="o", color=color, label=name)
+        if band is not None:
+            ax.fill_between(ok[x].astype(float), ok[y].astype(float), ok[band].astype(float), color=color, alpha=0.15)
+    bad = sub[~good]
+    if len(bad):
+        ax.plot(
+            bad[x], [0.0] * len(bad), "x", color="red", markersize=10, mew=2, transform=ax.get_xaxis_transform(),
+            clip_on=False,
+        )  # fmt: skip
+    return bool(len(bad))
 
 
 def throughput_vs_concurrency(df: pd.DataFrame, y: str = "decode_tok_s", label: str | None = None, ax=None):
@@ -130,7 +131,7 @@ def throughput_vs_concurrency(df: pd.DataFrame, y: str = "decode_tok_s", label: 
         "context_len",
         label=label,
         ax=ax,
-        logy=True,
+        log="xy",
         title=_title(df, "decode throughput vs concurrency"),
     )
 
@@ -141,11 +142,10 @@ def tpot_vs_context(df: pd.DataFrame, y: str = "tpot_ms_p50", label: str | None 
     return line_plot(
         df,
         "context_len",
-        y,
+        y if band is None else (y, band),
         "concurrency",
         label=label,
         ax=ax,
-        band=band,
         title=_title(df, "TPOT vs KV-cache length" + (" (band: p50 to p90)" if band else "")),
     )
 
@@ -249,14 +249,14 @@ def compare_plot(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concurrenc
     Raises: UserError (a ValueError) for a missing column.
     """
     require_columns(df, ["label"])
-    logy = y in ("decode_tok_s", "usd_per_mtok", "tok_per_usd")
+    log = "xy" if y in ("decode_tok_s", "usd_per_mtok", "tok_per_usd") else "x"
     return line_plot(
         df,
         x,
         y,
         hue,
         label="label",
-        logy=logy,
+        log=log,
         title=f"{label_of(y).split(' (')[0]} vs {x}: {' vs '.join(map(str, df['label'].unique()))}",
     )
 
@@ -271,7 +271,7 @@ def dtype_plot(df: pd.DataFrame, y: str = "decode_tok_s"):
         y,
         "context_len",
         label="dtype",
-        logy=True,
+        log="xy",
         title=_title(df, f"{label_of(y).split(' (')[0]} by dtype (x: non-finite logits or not measured)"),
     )
 

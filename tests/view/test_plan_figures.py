@@ -108,7 +108,7 @@ def test_curves_colour_per_hue_style_per_source_and_skip_not_ok():
             for c in (1, 8, 64)
         ]
     )
-    fig = plan_plots.curves(df, "tok_s_per_stream", "usd_per_mtok", hue="accelerator", style="source", logx=True)
+    fig = plan_plots.curves(df, "tok_s_per_stream", "usd_per_mtok", hue="accelerator", style="source", log="xy")
     lines = _lines(fig)
     assert len(lines) == 4
     by = {ln.get_label(): ln for ln in lines}
