@@ -290,13 +290,7 @@ def add_run(
     if not provenance.commit:
         raise UserError("no commit: pass --commit SHA or --git PATH (a checkout of the stack under test)")
     run_dir = Path(run_dir)
-    df = load_results(run_dir)
-    if df.empty:
-        raise InputNotFoundError(f"{run_dir} holds no rows")
-    if not {"point_id", "status", "backend"} & set(df.columns):
-        raise InputNotFoundError(f"{run_dir} is not a kit results file (no point_id, status or backend column)")
-    if "status" not in df.columns:
-        df = df.assign(status="ok")
+    df = _run_frame(run_dir)
     metas = {m.get("run_id") or m.get("created_utc"): m for m in df.attrs.get("runs", [])}
     ok = ok_mask(df)
     records = json.loads(df.to_json(orient="records", date_format="iso"))
@@ -318,45 +312,70 @@ def add_run(
                         f"run {rec.get('run_id')} of {run_dir} is already in {db} under commit {had[0]}, not "
                         f"{provenance.commit}: a run measures one commit (nothing was added)"
                     )
-                dev = meta.get("device") if isinstance(meta.get("device"), dict) else {}
-                driver = " ".join(
-                    f"{k} {meta[f'torch_{k.lower()}']}" for k in ("CUDA", "HIP") if meta.get(f"torch_{k.lower()}")
-                )
-                con.execute(
-                    "INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    [
-                        run_key,
-                        rec.get("run_id"),
-                        provenance.commit,
-                        provenance.branch,
-                        provenance.dirty,
-                        provenance.tag,
-                        str(run_dir.resolve()),
-                        meta.get("host"),
-                        _created_utc(meta, rec),
-                        now,
-                        rec.get("device") or dev.get("platform"),
-                        rec.get("device_name") or dev.get("name"),
-                        driver or None,
-                        json.dumps(package_versions(meta)),
-                        price[0],
-                        price[1],
-                    ],
-                )
-            tup = _row_tuple(rec, run_key, is_ok, price, run_dir)
-            if con.execute("SELECT 1 FROM rows WHERE row_key = ?", [tup[0]]).fetchone():
+                values = _run_values(run_key, rec, meta, provenance, run_dir, price, now)
+                con.execute(f"INSERT OR IGNORE INTO runs VALUES ({','.join('?' * len(values))})", values)
+            n = _insert_row(con, _row_tuple(rec, run_key, is_ok, price, run_dir), rec, run_dir)
+            if n is None:
                 known += 1
-                continue
-            con.execute(f"INSERT INTO rows VALUES ({','.join('?' * len(tup))})", list(tup))
-            smp = _samples(rec, run_dir)
-            if smp:
-                con.executemany("INSERT INTO samples VALUES (?,?,?,?)", [(tup[0], *s) for s in smp])
-            added += 1
-            n_samples += len(smp)
+            else:
+                added, n_samples = added + 1, n_samples + n
         con.execute("COMMIT")
     finally:
         con.close()
     return {"runs": keys, "rows_added": added, "rows_known": known, "samples_added": n_samples}
+
+
+def _run_frame(run_dir: Path) -> pd.DataFrame:
+    """The rows of ``run_dir`` (a missing ``status`` means ok).
+
+    Raises:
+        InputNotFoundError: no rows, or not a kit results file.
+    """
+    df = load_results(run_dir)
+    if df.empty:
+        raise InputNotFoundError(f"{run_dir} holds no rows")
+    if not {"point_id", "status", "backend"} & set(df.columns):
+        raise InputNotFoundError(f"{run_dir} is not a kit results file (no point_id, status or backend column)")
+    return df if "status" in df.columns else df.assign(status="ok")
+
+
+def _run_values(
+    run_key: str, rec: dict, meta: dict, provenance: Provenance, run_dir: Path, price: tuple, now: str
+) -> list:
+    """The ``runs`` table's values of one run: identity, provenance, where and when, device, driver, versions,
+    price (``(usd_per_gpu_hr, basis)``)."""
+    dev = meta.get("device") if isinstance(meta.get("device"), dict) else {}
+    driver = " ".join(f"{k} {meta[f'torch_{k.lower()}']}" for k in ("CUDA", "HIP") if meta.get(f"torch_{k.lower()}"))
+    return [
+        run_key,
+        rec.get("run_id"),
+        provenance.commit,
+        provenance.branch,
+        provenance.dirty,
+        provenance.tag,
+        str(run_dir.resolve()),
+        meta.get("host"),
+        _created_utc(meta, rec),
+        now,
+        rec.get("device") or dev.get("platform"),
+        rec.get("device_name") or dev.get("name"),
+        driver or None,
+        json.dumps(package_versions(meta)),
+        price[0],
+        price[1],
+    ]
+
+
+def _insert_row(con, tup: tuple, rec: dict, run_dir: Path) -> int | None:
+    """Insert one row (``tup``: :func:`_row_tuple`) and its raw samples; the number of samples, or None when the
+    row was stored already."""
+    if con.execute("SELECT 1 FROM rows WHERE row_key = ?", [tup[0]]).fetchone():
+        return None
+    con.execute(f"INSERT INTO rows VALUES ({','.join('?' * len(tup))})", list(tup))
+    smp = _samples(rec, run_dir)
+    if smp:
+        con.executemany("INSERT INTO samples VALUES (?,?,?,?)", [(tup[0], *s) for s in smp])
+    return len(smp)
 
 
 def list_runs(db: str | Path) -> pd.DataFrame:

@@ -16,6 +16,8 @@ import numpy as np
 
 #: (KV length, concurrency) of the simulated grid
 DEFAULT_POINTS = ((128, 1), (128, 4), (512, 1), (512, 4))
+#: the price of the simulated rows' cost columns, $/GPU-hour (basis ``user``)
+USD_PER_GPU_HR = 0.1
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,15 @@ def simulated_records(
     repeats: int = 3,
     steps: int = 16,
     run_id: str = "2025-01-01T00:00:00+00:00",
-    usd_per_gpu_hr: float = 0.1,
 ) -> list[dict]:
     """Rows of one simulated run (``runs`` replicates of the grid ``points``, interleaved).
 
     Args:
         factors: ``{(kv, B): multiplier}`` of the step time (1.10 = a 10 % slowdown); missing points: 1.
-        usd_per_gpu_hr: the price of the cost columns ($/GPU-hour, basis ``user``).
+        points: ``(kv, B)`` pairs. noise: :class:`Noise`. runs, repeats, steps: replicates of the grid, timed
+            blocks per point, decode steps per block. run_id: the rows' ``run_id`` and ``timestamp``.
+
+    The cost columns use :data:`USD_PER_GPU_HR` (basis ``user``).
     """
     factors = factors or {}
     out = []
@@ -100,9 +104,9 @@ def simulated_records(
                     "tpot_n": len(step),
                     "ttft_ms": float(np.median(pre)),
                     "decode_tok_s": tok_s,
-                    "usd_per_gpu_hr": usd_per_gpu_hr,
+                    "usd_per_gpu_hr": USD_PER_GPU_HR,
                     "price_basis": "user",
-                    "usd_per_mtok": usd_per_gpu_hr / (tok_s * 3600.0) * 1e6,
+                    "usd_per_mtok": USD_PER_GPU_HR / (tok_s * 3600.0) * 1e6,
                     "x_step_ms": [float(x) for x in step],
                     "x_prefill_ms": [float(x) for x in pre],
                 }
