@@ -76,7 +76,7 @@ def tp_vs_single(model_name: str, dtype: str, batch: int, context_len: int, step
     """
     import tempfile
 
-    from kit.measure.tp import run_tp_point, tp_checkpoint
+    from kit.measure.tp import TPRanks, run_tp_point, tp_checkpoint
 
     ckpt = tp_checkpoint(model_name, dtype, seed=0)
     model = get_model(model_name, dtype, device)
@@ -85,7 +85,7 @@ def tp_vs_single(model_name: str, dtype: str, batch: int, context_len: int, step
     with tempfile.TemporaryDirectory(prefix="kit-bench-tp-") as work:
         for i in range(rounds):
             one.append(run_point(model, p, device)["tpot_ms_p50"])
-            many.append(run_tp_point(ckpt, dtype, p, tp, f"{work}/{i}")["tpot_ms_p50"])
+            many.append(run_tp_point(ckpt, dtype, p, f"{work}/{i}", TPRanks(tp))["tpot_ms_p50"])
     return {**_pair(one, many, ("tp1", f"tp{tp}")), "tp": tp}
 
 

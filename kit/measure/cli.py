@@ -69,17 +69,7 @@ def _cli_sweep(args: argparse.Namespace) -> int:
             cfg, out, runs, resume=not args.no_resume, progress=not args.json, retry_killed=args.retry_killed
         )
     except KeyboardInterrupt:
-        from kit.store import load_results
-
-        try:
-            n = len(current_run_rows(load_results(out), cfg, runs))
-        except FileNotFoundError:
-            n = 0
-        print(
-            f"\ninterrupted: {n} of {len(cfg.points()) * runs} points of this sweep are saved in {out}; "
-            "re-run the same command to resume",
-            file=sys.stderr,
-        )
+        _print_interrupted(cfg, out, runs)
         return 130
     wall = time.perf_counter() - t0
     cur = current_run_rows(df, cfg, runs)
@@ -87,17 +77,10 @@ def _cli_sweep(args: argparse.Namespace) -> int:
     ok = ok_mask(cur)
     n_ok = int(ok.sum())
     bad = cur[~ok].assign(verdict=verdict(cur[~ok]))
-    plots = []
-    if not args.no_plots:
-        from kit.view.files import prefix_for
-        from kit.view.plots import save_standard_plots
-
-        shown = median_replicates(cur) if runs > 1 else cur
-        # another model's sweep in the same --out keeps its plots: this one's get the model as a file-name prefix
-        other_models = set(df.loc[~df["point_id"].isin(cur["point_id"]), "model"].dropna()) - {cfg.model}
-        plots = save_standard_plots(shown, out, prefix=prefix_for(cfg.model) if other_models else "")
+    plots = [] if args.no_plots else _save_plots(df, cur, cfg, out, runs)
     rc = 1 if n_ok == 0 or (args.strict and len(bad)) else 0
     if args.json:
+        summary = replicate_summary(cur).to_dict(orient="records") if runs > 1 else None
         print(
             json.dumps(
                 {
@@ -111,12 +94,47 @@ def _cli_sweep(args: argparse.Namespace) -> int:
                     "noise_warning": noise_warning(cur),
                     "exit_code": rc,
                     "runs": runs,
-                    "summary": replicate_summary(cur).to_dict(orient="records") if runs > 1 else None,
+                    "summary": summary,
                     "rows": _json_rows(cur),
                 }
             )
         )
         return rc
+    _print_text(cur, bad, plots, out, wall, runs, others, rc)
+    return rc
+
+
+def _print_interrupted(cfg: SweepConfig, out, runs: int) -> None:
+    """Say how many points of this sweep are saved and how to resume."""
+    from kit.store import load_results
+
+    try:
+        n = len(current_run_rows(load_results(out), cfg, runs))
+    except FileNotFoundError:
+        n = 0
+    print(
+        f"\ninterrupted: {n} of {len(cfg.points()) * runs} points of this sweep are saved in {out}; "
+        "re-run the same command to resume",
+        file=sys.stderr,
+    )
+
+
+def _save_plots(df: pd.DataFrame, cur: pd.DataFrame, cfg: SweepConfig, out, runs: int) -> list:
+    """The standard PNGs of this sweep's rows ``cur`` (medians over runs); the model as a file-name prefix when
+    another model's rows share ``out`` (its plots are kept)."""
+    from kit.view.files import prefix_for
+    from kit.view.plots import save_standard_plots
+
+    shown = median_replicates(cur) if runs > 1 else cur
+    other_models = set(df.loc[~df["point_id"].isin(cur["point_id"]), "model"].dropna()) - {cfg.model}
+    return save_standard_plots(shown, out, prefix=prefix_for(cfg.model) if other_models else "")
+
+
+def _print_text(
+    cur: pd.DataFrame, bad: pd.DataFrame, plots: list, out, wall: float, runs: int, others: int, rc: int
+) -> None:
+    """The text summary: the table (medians with intervals over runs), plots, counts, the points not ok, the
+    noise warning and why the exit code is not 0."""
     if runs > 1:
         print(f"median of {runs} runs per point (95% interval of the run-to-run spread):")
         print(replicate_summary(cur).to_string(index=False))
@@ -125,6 +143,7 @@ def _cli_sweep(args: argparse.Namespace) -> int:
     for path in plots:
         print(f"plot: {path}")
     reps = f" ({runs} runs of {len(cur) // runs})" if runs > 1 else ""
+    n_ok = len(cur) - len(bad)
     print(
         f"\n{len(cur)} points{reps} ({n_ok} ok, {len(bad)} not ok) in {wall:.1f} s; "
         f"results: {out / 'results.parquet'} (+ results.json metadata, points.jsonl log)"
@@ -142,4 +161,3 @@ def _cli_sweep(args: argparse.Namespace) -> int:
     if rc:
         why = "no point is ok" if n_ok == 0 else f"{len(bad)} points are not ok (--strict)"
         print(f"kit sweep: exit {rc}: {why}", file=sys.stderr)
-    return rc

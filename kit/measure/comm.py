@@ -33,7 +33,7 @@ from kit import dtypes
 from kit._io import atomic_write_text, check_out_dir, check_out_file
 from kit.cli import DefaultsHelpFormatter, add_config_args, config_field, config_from_args
 from kit.errors import UserError
-from kit.measure.ranks import run_ranks
+from kit.measure.ranks import Rendezvous, run_ranks
 
 log = logging.getLogger("kit")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
@@ -260,9 +260,9 @@ def run_comm(cfg: CommConfig | None = None, **kw) -> pd.DataFrame:
     job = {**asdict(cfg), "rows_path": str(rows_path), "points": points}
     atomic_write_text(work / "config.json", json.dumps(job, indent=1))
     try:
+        rdzv = Rendezvous(cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint, cfg.join_timeout_s)
         run_ranks(["-m", "kit.measure.comm_worker", str(work / "config.json")], cfg.nproc, log_dir=work / "logs",
-                  nnodes=cfg.nnodes, node_rank=cfg.node_rank, rdzv_endpoint=cfg.rdzv_endpoint,
-                  timeout_s=cfg.timeout_s, join_timeout_s=cfg.join_timeout_s)  # fmt: skip
+                  rdzv=rdzv, timeout_s=cfg.timeout_s)  # fmt: skip
     finally:
         rows = [json.loads(ln) for ln in rows_path.read_text().splitlines()] if rows_path.exists() else []
         if rows:

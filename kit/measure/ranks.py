@@ -61,22 +61,31 @@ class RankRun:
         return out
 
 
-def torchrun_argv(
-    target: list[str],
-    nproc: int,
-    *,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    rdzv_endpoint: str | None = None,
-    join_timeout_s: float = 60.0,
-    log_dir: Path,
-) -> list[str]:
-    """The torchrun command line for ``target`` (``["-m", "module", args...]`` or ``["script.py", args...]``).
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ranks of a run meet (torchrun's c10d rendezvous).
+
+    Attributes:
+        nnodes: nodes in the run (the same command runs on each). node_rank: this node's index, in [0, nnodes).
+        rdzv_endpoint: ``host:port`` of node 0, the same on every node; None: one node, 127.0.0.1 and a free port.
+        join_timeout_s: how long the rendezvous waits for every node, s.
+    """
+
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    join_timeout_s: float = 60.0
+
+
+def torchrun_argv(target: list[str], nproc: int, *, log_dir: Path, rdzv: Rendezvous = Rendezvous()) -> list[str]:
+    """The torchrun command line for ``target`` (``["-m", "module", args...]`` or ``["script.py", args...]``) on
+    ``nproc`` ranks per node.
 
     Raises:
         UserError: ``nproc`` or ``nnodes`` < 1, ``node_rank`` outside [0, nnodes), or several nodes without an
             ``rdzv_endpoint``.
     """
+    nnodes, node_rank, rdzv_endpoint = rdzv.nnodes, rdzv.node_rank, rdzv.rdzv_endpoint
     for name, v in (("nproc", nproc), ("nnodes", nnodes)):
         if not isinstance(v, int) or v < 1:
             raise UserError(f"{name}={v!r} must be an integer >= 1")
@@ -88,7 +97,7 @@ def torchrun_argv(
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-conf=join_timeout={int(join_timeout_s)}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-conf=join_timeout={int(rdzv.join_timeout_s)}",
         "--max-restarts=0", "--monitor-interval=0.5", f"--log-dir={log_dir}", "--redirects=3", "--tee=3",
         *target,
     ]  # fmt: skip
@@ -157,11 +166,8 @@ def run_ranks(
     nproc: int,
     *,
     log_dir: str | Path,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    rdzv_endpoint: str | None = None,
+    rdzv: Rendezvous = Rendezvous(),
     timeout_s: float = 600.0,
-    join_timeout_s: float = 60.0,
     env: dict | None = None,
     cwd: str | Path | None = None,
 ) -> RankRun:
@@ -169,10 +175,11 @@ def run_ranks(
 
     Args:
         target: what each rank runs: ``["-m", "pkg.module", args...]`` or ``["script.py", args...]``.
+        nproc: ranks per node.
         log_dir: where torchrun writes each rank's stdout/stderr (created).
+        rdzv: the nodes and where they meet (:class:`Rendezvous`; default one node on 127.0.0.1).
         timeout_s: the whole run's limit, s; past it every process of the run is stopped.
-        join_timeout_s: how long the rendezvous waits for every node, s.
-        env: extra environment variables for the ranks.
+        env: extra environment variables for the ranks. cwd: the ranks' working directory (default: this one).
 
     Returns:
         A :class:`RankRun` (exit code 0).
@@ -184,8 +191,7 @@ def run_ranks(
     """
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    argv = torchrun_argv(target, nproc, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                         join_timeout_s=join_timeout_s, log_dir=log_dir)  # fmt: skip
+    argv = torchrun_argv(target, nproc, log_dir=log_dir, rdzv=rdzv)
     out_f, err_f = log_dir / "torchrun.out", log_dir / "torchrun.err"
     with open(out_f, "wb") as out, open(err_f, "wb") as err:
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,

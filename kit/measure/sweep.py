@@ -309,7 +309,7 @@ class EngineBackend:
         return {**rec, **validity(rec)}
 
     def _measure_tp(self, point: GridPoint, dt: str, p: PointConfig) -> dict:
-        from kit.measure.tp import run_tp_point, tp_checkpoint
+        from kit.measure.tp import TPRanks, run_tp_point, tp_checkpoint
 
         cfg = self.config
         if self.work_dir is None:  # run_sweep passes out_dir; other callers get a temporary directory
@@ -318,8 +318,8 @@ class EngineBackend:
             self.work_dir = Path(tempfile.mkdtemp(prefix="kit-tp-"))
         ckpt = tp_checkpoint(cfg.model, dt, cfg.seed)
         work = self.work_dir / "tp" / point.point_id
-        rec = run_tp_point(ckpt, dt, p, cfg.tp, work, seed=cfg.seed, threads=cfg.threads,
-                           timeout_s=cfg.tp_timeout_s, trust_remote_code=cfg.trust_remote_code)  # fmt: skip
+        ranks = TPRanks(cfg.tp, cfg.threads, cfg.tp_timeout_s, cfg.seed, cfg.trust_remote_code)
+        rec = run_tp_point(ckpt, dt, p, work, ranks)
         return {**rec, "x_tp_checkpoint": str(ckpt), "x_tp_logs": str(work / "logs")}
 
     def after_failure(self) -> dict:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -91,25 +91,30 @@ def _run(job: dict, nproc: int, work_dir: Path, timeout_s: float, threads: int |
         raise RankError(str(e)) from None
 
 
-def run_tp_point(
-    checkpoint: str | Path,
-    dtype: str,
-    point: PointConfig,
-    tp: int,
-    work_dir: str | Path,
-    *,
-    seed: int = 0,
-    threads: int | None = None,
-    timeout_s: float = 1800.0,
-    trust_remote_code: bool = False,
-) -> dict:
-    """Measure ``point`` with the model of ``checkpoint`` sharded over ``tp`` ranks; return rank 0's record.
+@dataclass(frozen=True)
+class TPRanks:
+    """How the ranks of a tensor-parallel point run.
+
+    Attributes:
+        tp: ranks (the model is sharded over them). threads: CPU torch threads per rank (None: cores / tp).
+        timeout_s: the whole point's limit (load + measure), s. seed: the seed of the measured inputs.
+        trust_remote_code: let the checkpoint's own Python code run (``auto_map`` in config.json).
+    """
+
+    tp: int
+    threads: int | None = None
+    timeout_s: float = 1800.0
+    seed: int = 0
+    trust_remote_code: bool = False
+
+
+def run_tp_point(checkpoint: str | Path, dtype: str, point: PointConfig, work_dir: str | Path, ranks: TPRanks) -> dict:
+    """Measure ``point`` with the model of ``checkpoint`` sharded over ``ranks.tp`` ranks; return rank 0's record.
 
     Args:
         checkpoint: a local checkpoint directory (:func:`tp_checkpoint` writes one for a preset).
         work_dir: the point's job file and rank logs (emptied first).
-        threads: CPU torch threads per rank (default: cores / tp).
-        timeout_s: the whole point's limit (load + measure), s.
+        ranks: how many ranks and how they run (:class:`TPRanks`).
 
     Raises:
             torch.OutOfMemoryError: a rank ran out of memory. RankError: a rank failed (named, with its message),
@@ -117,8 +122,8 @@ def run_tp_point(
     """
     work_dir = Path(work_dir)
     job = {"mode": "point", "checkpoint": str(checkpoint), "dtype": dtypes.name_of(dtype), "point": asdict(point),
-           "seed": seed, "threads": threads, "trust_remote_code": trust_remote_code}  # fmt: skip
-    _run(job, tp, work_dir, timeout_s, threads)
+           "seed": ranks.seed, "threads": ranks.threads, "trust_remote_code": ranks.trust_remote_code}  # fmt: skip
+    _run(job, ranks.tp, work_dir, ranks.timeout_s, ranks.threads)
     return json.loads((work_dir / "result.json").read_text())
 
 

@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from kit.errors import UserError
-from kit.measure.ranks import RankError, run_ranks, torchrun_argv
+from kit.measure.ranks import RankError, Rendezvous, run_ranks, torchrun_argv
 
 WORKER = """
 import sys, time, torch, torch.distributed as dist
@@ -65,6 +65,6 @@ def test_bad_launch_settings_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="nproc=0"):
         torchrun_argv(["x.py"], 0, log_dir=tmp_path)
     with pytest.raises(UserError, match="rdzv_endpoint"):
-        torchrun_argv(["x.py"], 2, nnodes=2, log_dir=tmp_path)
+        torchrun_argv(["x.py"], 2, log_dir=tmp_path, rdzv=Rendezvous(nnodes=2))
     with pytest.raises(UserError, match="node_rank=2"):
-        torchrun_argv(["x.py"], 2, nnodes=2, node_rank=2, rdzv_endpoint="h:1", log_dir=tmp_path)
+        torchrun_argv(["x.py"], 2, log_dir=tmp_path, rdzv=Rendezvous(nnodes=2, node_rank=2, rdzv_endpoint="h:1"))
