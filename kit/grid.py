@@ -179,16 +179,7 @@ def run_grid(
     store_dir = check_out_dir(out_dir)
     points = backend.points()
     with run_lock(store_dir), InterruptGuard() as guard, contextlib.ExitStack() as stack:
-        if not resume:
-            archive_previous(store_dir, tuple(getattr(backend, "archive_globs", ())))
-        meta = backend.metadata()
-        run_id = meta.get("run_id") or meta.get("created_utc")
-        store = ResultStore(store_dir, meta)
-        store.recover_killed(backend.kind, run_id)
-        finished = tuple(s for s in FINISHED_STATUSES if s != "killed" or not retry_killed)
-        done = store.finished_ids(finished) if resume else set()
-        store.flush()  # results.parquet + results.json rebuilt from the log now, even when nothing is left to do
-        todo = [p for p in points if p.point_id not in done]
+        store, run_id, todo = _open_store(backend, store_dir, points, resume, retry_killed)
         if len(todo) < len(points):
             msg = (
                 f"resuming: {len(points) - len(todo)} of {len(points)} points already recorded in {store_dir}; "
@@ -210,21 +201,7 @@ def run_grid(
                 break
             bar.set_postfix_str(point.label)
             store.mark_started(point.point_id, point.columns)
-            rec, failure = None, None
-            try:
-                rec = backend.measure(point)
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:  # recorded, the grid continues
-                if is_out_of_memory(e):
-                    first = str(e).splitlines()[0][:300] if str(e) else "out of memory"
-                    failure = ("oom", f"{type(e).__name__}: {first}")
-                else:
-                    log.debug("point %s (%s) failed", point.point_id, point.label, exc_info=True)
-                    failure = ("error", failure_text(e))
-            if failure is not None:
-                # outside the except block: the exception and its frames are gone, so their tensors can be freed
-                rec = {"status": failure[0], "error": failure[1], **(backend.after_failure() or {})}
+            rec = _measure(backend, point)
             full = {"run_id": run_id, **point.columns, **rec, "point_id": point.point_id, "backend": backend.kind}
             frame = store.append(full)
             store.mark_finished()
@@ -232,3 +209,38 @@ def run_grid(
             if on_point is not None:
                 on_point(full, frame)
         return store.frame()
+
+
+def _open_store(
+    backend: GridBackend, store_dir: Path, points: list[GridPoint], resume: bool, retry_killed: bool
+) -> tuple[ResultStore, str | None, list[GridPoint]]:
+    """``(store, run_id, points still to measure)``: earlier files archived unless resuming, points an earlier
+    run died on recorded ``killed``, the results files rebuilt from the log."""
+    if not resume:
+        archive_previous(store_dir, tuple(getattr(backend, "archive_globs", ())))
+    meta = backend.metadata()
+    run_id = meta.get("run_id") or meta.get("created_utc")
+    store = ResultStore(store_dir, meta)
+    store.recover_killed(backend.kind, run_id)
+    finished = tuple(s for s in FINISHED_STATUSES if s != "killed" or not retry_killed)
+    done = store.finished_ids(finished) if resume else set()
+    store.flush()  # results.parquet + results.json rebuilt from the log now, even when nothing is left to do
+    return store, run_id, [p for p in points if p.point_id not in done]
+
+
+def _measure(backend: GridBackend, point: GridPoint) -> dict:
+    """The backend's record of ``point``; when it raises (Ctrl-C aside), status ``oom`` or ``error`` with the
+    failure's text and the backend's :meth:`~GridBackend.after_failure` columns."""
+    try:
+        return backend.measure(point)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # recorded, the grid continues
+        if is_out_of_memory(e):
+            first = str(e).splitlines()[0][:300] if str(e) else "out of memory"
+            failure = ("oom", f"{type(e).__name__}: {first}")
+        else:
+            log.debug("point %s (%s) failed", point.point_id, point.label, exc_info=True)
+            failure = ("error", failure_text(e))
+    # outside the except block: the exception and its frames are gone, so their tensors can be freed
+    return {"status": failure[0], "error": failure[1], **(backend.after_failure() or {})}
