@@ -336,3 +336,46 @@ def test_no_import_cycles_in_kit():
         for cycle in _cycles(graph)
     ]
     assert not found, "import cycles (move the shared thing into the lower module):\n" + "\n".join(found)
+
+
+MAX_FUNCTION_LINES = 80
+MAX_PARAMETERS = 8
+
+
+def _function_sizes(source: str) -> list[tuple[str, int, int, int]]:
+    """``(name, def line, lines, parameters)`` of every function: lines from the ``def`` line to the last (as
+    ``ruff format`` leaves them, decorators not counted); parameters positional, positional-only and keyword-only,
+    a leading ``self`` / ``cls`` and ``*args`` / ``**kwargs`` not counted."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = n.args
+            params = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+            first = (a.posonlyargs + a.args)[:1]
+            if first and first[0].arg in ("self", "cls"):
+                params -= 1
+            out.append((n.name, n.lineno, n.end_lineno - n.lineno + 1, params))
+    return out
+
+
+def test_function_sizes_count_lines_from_def_and_parameters_without_self():
+    source = (
+        "class C:\n    @staticmethod\n    def m(self, a, /, b, *args, c, **kw):\n        pass\n\n"
+        "async def f(x=1,\n      y=2):\n    return (\n        x\n    )\n"
+    )
+    assert _function_sizes(source) == [("f", 6, 5, 2), ("m", 3, 2, 3)]
+
+
+def test_functions_are_small():
+    """No function in ``kit/`` over :data:`MAX_FUNCTION_LINES` lines or :data:`MAX_PARAMETERS` parameters: a long
+    function reads as a few named steps, a long parameter list is a config dataclass."""
+    big = [
+        f"{_rel(p)}:{line} {name}: {n_lines} lines, {n_params} parameters"
+        for p in MODULES
+        for name, line, n_lines, n_params in _function_sizes(p.read_text())
+        if n_lines > MAX_FUNCTION_LINES or n_params > MAX_PARAMETERS
+    ]
+    assert not big, (
+        f"functions over {MAX_FUNCTION_LINES} lines or {MAX_PARAMETERS} parameters (split into named steps; "
+        "take a config dataclass):\n" + "\n".join(sorted(big))
+    )
