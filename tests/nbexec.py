@@ -84,6 +84,7 @@ SMALL: dict[str, dict] = {
     "reference/model-presets.ipynb": {},
     "reference/metric-definitions.ipynb": {},
     "reference/results-schema.ipynb": {},
+    "reference/front-door.ipynb": {},
     "explanation/why-decode-is-memory-bound.ipynb": {
         "kv_lens": [16, 128],
         "concurrencies": [1, 4],

@@ -141,6 +141,7 @@ def test_howto_export_results_for_ci():
         ("reference/model-presets.ipynb", ["presets.csv"]),
         ("reference/metric-definitions.ipynb", ["metric_functions.csv"]),
         ("reference/results-schema.ipynb", ["schema.csv"]),
+        ("reference/front-door.ipynb", ["front_door.csv"]),
     ],
 )
 def test_reference_rendered_from_kit_data(rel, files):
@@ -151,6 +152,12 @@ def test_reference_rendered_from_kit_data(rel, files):
         from kit.results import COLUMN_NAMES
 
         assert tuple(pd.read_csv(out / "schema.csv").column) == COLUMN_NAMES
+    if rel.endswith("front-door.ipynb"):  # every name of the front door, at its home, with a summary
+        import kit
+
+        table = pd.read_csv(out / "front_door.csv")
+        assert list(table["name"]) == [f"kit.{n}" for n in kit.FRONT_DOOR] and table["summary"].notna().all()
+        assert list(table["home"]) == [h.replace(":", ".") for h in kit.FRONT_DOOR.values()]
 
 
 def test_explanation_why_decode_is_memory_bound():
