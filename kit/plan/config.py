@@ -28,9 +28,10 @@ DEFAULT_MAX_BATCHED_TOKENS = 8192  # tokens of one forward the activation worksp
 class PredictConfig:
     """Where and how a model is served, as the planner assumes it. Checked where it is used (a bad value raises
     :class:`kit.errors.UserError` from :func:`kit.plan.roofline.predict_point` / :func:`kit.plan.fit.memory_fit`,
-    naming the value and what is allowed).
+    naming the value and what is allowed). Deployment first, then dtypes (names or aliases of :mod:`kit.dtypes`),
+    memory (:func:`kit.plan.fit.memory_fit`), step time (:func:`kit.plan.decode.decode_step`) and rows.
 
-    Deployment:
+    Attributes:
         accelerator: catalog name (``"MI355X"``, ``"B300"``, ``"H200"``, ...) or ``"local"`` / ``"cpu"`` (this
             machine: its ``kit calibrate`` figures, else its catalog row). Ignored when ``device_model`` is given.
         n_gpus: accelerators in total (tp × pp).
@@ -42,8 +43,6 @@ class PredictConfig:
             ``accelerator``).
         comm_calibration: a ``kit comm --save-links`` measurement (dict or JSON path) replacing the catalog's link
             latency α (µs) and bus bandwidth (GB/s).
-
-    Dtypes (names or aliases of :mod:`kit.dtypes`):
         dtype: one dtype for weights, KV cache, activations and compute (the in-process engine's setting); the
             finer fields below win over it.
         weight_dtypes: per-group weight dtypes, text (``"default=bf16;routed_experts=mxfp4"``) or a dict; None:
@@ -52,14 +51,10 @@ class PredictConfig:
         state_dtype: dtype of a linear-attention / recurrent state (default bfloat16).
         compute_dtype: which TFLOPS figure applies; None: the attention weights' dtype.
         act_dtype: activations (collective message sizes); None: ``dtype``, else bfloat16.
-
-    Memory (:func:`kit.plan.fit.memory_fit`):
         mem_util: fraction of device memory usable, in (0, 1] (default :data:`DEFAULT_MEM_UTIL`).
         reserve_gb: GB per GPU kept outside weights and KV; None: runtime (2 GB on GPUs, 0 on CPU) + the
             activation workspace of ``max_batched_tokens`` tokens.
         max_batched_tokens: tokens per forward the workspace is sized for.
-
-    Step time (:func:`kit.plan.decode.decode_step`):
         eff_bw, eff_flops: fractions of the device's peak bandwidth / TFLOPS, in (0, 1]; None: the device's
             (0.7 / 0.6 for catalog figures, 1.0 for a calibration).
         overhead_ms: per decode step, ms, >= 0; None: the device's fixed + per-layer overhead.
@@ -69,8 +64,6 @@ class PredictConfig:
         spec_k, spec_accept, draft_layers: speculative decoding — draft tokens per verify step (None/0: off),
             mean tokens emitted per verify step in [1, k + 1] (default 1.85 capped at k + 1), decoder layers of
             the draft (:mod:`kit.plan.decode`).
-
-    Rows:
         model_label: the ``model`` column of predicted rows (default: the model's name).
     """
 

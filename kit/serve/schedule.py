@@ -12,7 +12,7 @@ A schedule is an object with:
 - ``kind`` (``"closed"``, ``"open"``, ``"ramp"``, ``"sessions"``, ``"trace"``) and ``label`` (for progress lines);
 - ``planned``: the requests it will send, warm-up ones included (None: open-ended, a duration run);
 - ``sends(run)``: an async iterator of :class:`Send`, pulled by the loop one at a time when it is ready to send
-  the next (``run`` is the loop's :class:`RunClock`: time since the start, early stop);
+  the next (``run`` is the loop's :class:`RunClock`: when the run started, early stop);
 - ``planned_max_tokens()``: the ``max_tokens`` of every planned request (warm-up flag first), so a point that
   sends nothing records each planned request as failed;
 - ``steady``: how its steady-state window is found (:class:`Steady`);
@@ -86,10 +86,6 @@ class RunClock:
 
     t0: float = field(default_factory=time.perf_counter)
     progress: PointProgress | None = None
-
-    def elapsed(self) -> float:
-        """Seconds since the run started."""
-        return time.perf_counter() - self.t0
 
     @property
     def stopped(self) -> str | None:
