@@ -16,4 +16,6 @@ fi
 # lint and format check first (seconds): a style slip fails fast, before minutes of tests
 .venv/bin/ruff check -q . || { echo "ruff check failed (fix: .venv/bin/ruff check --fix .)"; exit 1; }
 .venv/bin/ruff format --check -q . || { echo "ruff format --check failed (fix: .venv/bin/ruff format .)"; exit 1; }
-exec .venv/bin/python -m pytest -q "$@"
+# pytest-xdist: one worker per logical CPU, at most 8 (tests/conftest.py makes each test file one work unit and
+# the notebook tests one); KIT_TEST_WORKERS=N to choose, 0 for a single process. Arguments after it win (-n 0).
+exec .venv/bin/python -m pytest -q -n "${KIT_TEST_WORKERS:-logical}" --maxprocesses 8 "$@"

@@ -1,6 +1,10 @@
-"""Shared test set-up: offline Hugging Face settings, a small shared tiny model."""
+"""Shared test set-up: offline Hugging Face settings, a small shared tiny model, the work units of a parallel run
+(pytest-xdist), and Ctrl-C restored for the processes the tests start."""
 
+import functools
 import os
+import re
+import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +16,40 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    """A suite started with SIGINT ignored (``cmd &`` from a script, nohup) would hand that to every process it
+    starts, and the Ctrl-C tests would watch a sweep ignore Ctrl-C: restore Python's default handler."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@functools.cache
+def _executes_notebooks(path: Path) -> bool:
+    """Does the test file ``path`` use ``nbexec`` (the notebooks executed once per process)?"""
+    return (
+        path.suffix == ".py" and re.search(r"^(from nbexec import|import nbexec)", path.read_text(), re.M) is not None
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Work units under pytest-xdist (``-n``, as ``.ci/test.sh`` runs the suite): one per test file, so a module's
+    fixtures (a server, a dashboard) start once; and one, ``notebooks``, for every file that uses ``nbexec``: its
+    pool executes each notebook once per process, so split over workers every notebook would run on each. Units go
+    out largest first (xdist's loadscope order), the notebooks first of all. ``--dist each`` is left as it is; any
+    other ``--dist`` gets these units."""
+    if config.getvalue("dist") == "each":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "notebooks" if _executes_notebooks(config.rootpath / path) else path
+
+    return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -46,9 +46,10 @@ SMALL: dict[str, dict] = {
     },
     "tutorials/02-explore-with-the-panel.ipynb": {**TINY_GRID, "repeats": 1, "device": "cpu"},
     "how-to/sweep-kv-cache-length.ipynb": {"kv_lens": [16, 64, 256], "decode_steps": 4, "repeats": 1, "device": "cpu"},
+    # one point: each TP point is a torchrun launch (2 ranks: ~10 CPU-s); tests/measure/test_tp.py sweeps two
     "how-to/run-a-tensor-parallel-sweep.ipynb": {
         "kv_lens": [16],
-        "concurrencies": [1, 2],
+        "concurrencies": [2],
         "decode_steps": 2,
         "repeats": 1,
     },

@@ -18,7 +18,7 @@ def _kit(*args, timeout=300):
     )
 
 
-def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path):
+def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path, capsys):
     out = tmp_path / "run"
     r = _kit(
         "sweep",
@@ -43,24 +43,11 @@ def test_sweep_end_to_end_writes_results_plots_and_summary(tmp_path):
         assert (out / png).stat().st_size > 10_000
     # (the curves' shape — tok/s rising with concurrency, TPOT with KV length — is a timing property: it is
     # shown by `kit sweep` output in the README and closing notes, not asserted here, where load spikes flake it)
-    # a re-run resumes: nothing measured again, same rows
-    r2 = _kit(
-        "sweep",
-        "--kv",
-        "32,256",
-        "--concurrency",
-        "1,8",
-        "--decode-steps",
-        "6",
-        "--repeats",
-        "2",
-        "--warmup-steps",
-        "2",
-        "--out",
-        str(out),
-        "--no-plots",
-    )
-    assert r2.returncode == 0 and len(load_results(out)) == 4
+    # a re-run resumes: nothing measured again, same rows (in this process: the command's start is tested above)
+    again = ["sweep", "--kv", "32,256", "--concurrency", "1,8", "--decode-steps", "6", "--repeats", "2",
+             "--warmup-steps", "2", "--out", str(out), "--no-plots"]  # fmt: skip
+    assert cli.main(again) == 0 and len(load_results(out)) == 4
+    assert "resuming: 4 of 4 points" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -100,13 +87,26 @@ def test_output_dir_is_a_file(tmp_path, capsys):
         (["--out", ""], "--out is empty"),
     ],
 )
-def test_malformed_arguments_rejected(args, match):
-    r = _kit("sweep", *args)
-    assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr
+def test_malformed_arguments_rejected(args, match, capsys):
+    """Refused by the option's parser or the command (exit 2, one message on stderr), in this process; the exit
+    code of the real process is tested once, below (test_a_bad_flag_value_is_one_line_and_exit_2)."""
+    try:
+        rc = cli.main(["sweep", *args])
+    except SystemExit as e:  # argparse's refusal
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and match in err and "Traceback" not in err
 
 
-def test_help_documents_every_option():
-    r = _kit("sweep", "--help")
+def _help(*args: str, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main([*args, "--help"])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_documents_every_option(capsys):
+    help_text = _help("sweep", capsys=capsys)
     for opt in (
         "--model",
         "--kv",
@@ -126,10 +126,10 @@ def test_help_documents_every_option():
         "--json",
         "--strict",
     ):
-        assert opt in r.stdout
-    assert "tiny-llama" in r.stdout
-    top = _kit("--help")
-    assert top.returncode == 0 and "sweep" in top.stdout and "devices" in top.stdout
+        assert opt in help_text
+    assert "tiny-llama" in help_text
+    top = _help(capsys=capsys)
+    assert "sweep" in top and "devices" in top
 
 
 def test_devices(capsys):
@@ -145,9 +145,9 @@ def test_bench_runs_small(capsys):
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
-def test_ctrl_c_keeps_points_and_says_how_to_resume(tmp_path, signame):
+def test_ctrl_c_keeps_points_and_says_how_to_resume(tmp_path, signame, capsys):
     """Ctrl-C and SIGTERM (kill, timeout, a cancelled CI job) stop a sweep the same way: finished points kept,
-    the point in flight not recorded as killed, a re-run resumes."""
+    the point in flight not recorded as killed, a re-run resumes (in this process; plots are not the subject)."""
     import signal
     import time
 
@@ -167,6 +167,7 @@ def test_ctrl_c_keeps_points_and_says_how_to_resume(tmp_path, signame):
         "3",
         "--out",
         str(out),
+        "--no-plots",
     ]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -179,44 +180,17 @@ def test_ctrl_c_keeps_points_and_says_how_to_resume(tmp_path, signame):
     assert not (out / ".inflight.json").exists()  # not mistaken for a point the OS killed
     kept = len(load_results(out))
     assert kept >= 1 and "killed" not in set(load_results(out)["status"])
-    r = _kit(*args[3:], "--decode-steps", "40")
-    assert r.returncode == 0 and f"resuming: {kept} of 6 points" in r.stdout
+    assert cli.main(args[3:]) == 0 and f"resuming: {kept} of 6 points" in capsys.readouterr().out
 
 
-def test_other_settings_in_the_same_dir_are_not_shown_as_this_sweep(tmp_path):
+def test_other_settings_in_the_same_dir_are_not_shown_as_this_sweep(tmp_path, capsys):
     out = tmp_path / "mix"
-    assert (
-        _kit(
-            "sweep",
-            "--kv",
-            "16",
-            "--concurrency",
-            "1,2",
-            "--decode-steps",
-            "3",
-            "--repeats",
-            "1",
-            "--out",
-            str(out),
-            "--no-plots",
-        ).returncode
-        == 0
-    )
-    r = _kit(
-        "sweep",
-        "--kv",
-        "16",
-        "--concurrency",
-        "1",
-        "--decode-steps",
-        "4",
-        "--repeats",
-        "1",
-        "--out",
-        str(out),
-        "--no-plots",
-    )
-    assert r.returncode == 0 and "1 points (1 ok" in r.stdout and "also holds 2 points of other settings" in r.stdout
+    small = ["sweep", "--kv", "16", "--repeats", "1", "--out", str(out), "--no-plots"]
+    assert cli.main([*small, "--concurrency", "1,2", "--decode-steps", "3"]) == 0
+    capsys.readouterr()
+    assert cli.main([*small, "--concurrency", "1", "--decode-steps", "4"]) == 0
+    stdout = capsys.readouterr().out
+    assert "1 points (1 ok" in stdout and "also holds 2 points of other settings" in stdout
 
 
 # ------------------------------------------------------------------------------------------------ error boundary

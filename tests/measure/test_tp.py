@@ -48,7 +48,7 @@ def test_tp_sweep_a_killed_rank_is_an_error_point_and_no_process_is_left(tmp_pat
     def kill_rank1():
         t0 = time.monotonic()
         while time.monotonic() - t0 < 120 and not killed:
-            for p in _ranks_of(first):
+            for p in _ranks_of(str(out / "tp" / first)):  # this test's ranks, not another run's of the same point
                 try:
                     if p.environ().get("LOCAL_RANK") == "1":
                         killed["pgid"] = os.getpgid(p.pid)
