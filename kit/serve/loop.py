@@ -28,12 +28,17 @@ Measuring choices (and the mistakes they avoid):
   :mod:`kit.serve.redact`); a point whose model id cannot be listed sends nothing and records every planned
   request as failed with the listing's error (``run_info["setup_error"]``).
 - Token counting (the tokenizer) happens after the run, so it never delays another stream's time stamps.
+- The process's heap is frozen for the garbage collector during the run (``gc.freeze``): a full collection then
+  scans only what the run allocates. In a process holding a large heap (a notebook kernel, a test runner) an
+  unfrozen full collection stalled the event loop for ~60 ms mid-run, which the self-check rightly called
+  client-bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -189,6 +194,7 @@ class RequestLoop:
         self.clock = RunClock(progress=self.state)
         self.t0 = self.clock.t0
         tick = asyncio.ensure_future(self.ticker()) if self.on_status is not None else None
+        gc.freeze()  # a full collection then scans only what the run allocates, not the whole process's heap
         try:
             async with StreamPool() as self.pool:
                 probe = LoopProbe()
@@ -200,6 +206,7 @@ class RequestLoop:
                 ok = [c for c in caps if c.error is None]
                 selfcheck = await probe.stop(sum(1 for c in ok if c.chunk_times), len(ok))
         finally:
+            gc.unfreeze()
             if tick is not None:
                 tick.cancel()
         if self.on_status is not None:

@@ -84,7 +84,7 @@ class SearchResult:
             "bracket": list(self.bracket),
             "line": self.line,
             "slo_fraction": self.slo_fraction,
-            "probes": self.probes.to_dict("records"),
+            "probes": self.probes.astype(object).where(self.probes.notna(), None).to_dict("records"),
         }
 
 

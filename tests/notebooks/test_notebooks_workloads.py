@@ -33,7 +33,7 @@ def test_how_many_users_within_an_slo():
     again = json.loads((out / "resumed.json").read_text())
     # the search run again resumes: it measures again only probes whose rows were flagged (e.g. client-bound on a
     # loaded machine: a flagged row is never counted as finished), every other probe is read back
-    flagged = sum(1 for p in s["probes"] if p["problems"])
+    flagged = sum(1 for p in s["probes"] if p["problems"])  # None when the probe row had no problem
     assert again["measured_again"] >= flagged and (flagged or again["measured_again"] == 0), (again, s["probes"])
     assert len(stored) == len(loads) + again["measured_again"], stored[["point_id", "status", "x_invalid_reasons"]]
     assert set(stored["status"]) == {"ok"} and stored["goodput_rps"].notna().all()

@@ -232,3 +232,16 @@ def test_selfcheck_judges_only_runs_with_successful_streams():
     assert asyncio.run(busy(0))["x_client_bound"] is False
     judged = asyncio.run(busy(5))  # with successful streams the same run is flagged
     assert judged["x_client_bound"] is True and judged["x_client_check"] == "client-bound"
+
+
+def test_the_heap_is_frozen_for_the_collector_while_requests_run(scripted):
+    """A full garbage collection of a large heap (a notebook kernel's, a test runner's) stalls the event loop for
+    tens of ms: during a run the pre-existing heap is frozen (gc.freeze) and unfrozen after."""
+    import gc
+
+    seen = []
+    cfg = LoadConfig(url=scripted.url, model="e2a", num_requests=2, warmup_requests=0)
+    sched = Arrivals.from_config(cfg, [RequestInput("hi", 2, 1)])
+    recs, _ = run_coro(run_schedule(cfg, sched, on_progress=lambda n, ok: seen.append(gc.get_freeze_count())))
+    assert all(r["ok"] for r in recs) and len(seen) == 2 and min(seen) > 0
+    assert gc.get_freeze_count() == 0
