@@ -12,7 +12,11 @@ owns everything around that, the same for every backend:
 - **Failures**: ``torch.OutOfMemoryError`` (matched by type, never by message) is recorded as ``oom``; any other
   exception as ``error`` with its text (the traceback goes to the ``kit`` logger at DEBUG level); the grid goes
   on. The backend's :meth:`GridBackend.after_failure` runs *outside* the ``except`` block, when the exception's
-  frames (and the tensors they hold; pytorch #27600) are gone.
+  frames (and the tensors they hold; pytorch #27600) are gone. A write the disk refuses (full, over quota,
+  read-only; the log, the Parquet rewrite, a backend's own file) stops the run with one line instead: every later
+  point would fail the same way, and what is already in the log is kept.
+- **The log is the truth**: a point is finished when its line is fsync'd to ``points.jsonl``; the in-flight marker
+  only tells a point the process died on from one it finished (:meth:`kit.store.ResultStore.recover_killed`).
 - **Ctrl-C**: a :class:`kit.interrupts.InterruptGuard` records every SIGINT, so one swallowed by a
   finaliser still stops the grid at the next point boundary; ``KeyboardInterrupt`` is re-raised after the
   finished points are saved. ``should_stop()`` (a panel's Stop button) ends the grid after the current point.
@@ -26,6 +30,7 @@ Adding a backend: implement :class:`GridBackend` (``kind``, ``points()``, ``meta
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +42,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from kit._io import check_out_dir
+from kit.errors import OutputPathError
 from kit.interrupts import InterruptGuard
 from kit.store import ResultStore, run_lock
 
@@ -143,6 +149,22 @@ def failure_text(e: BaseException, limit: int = 1000) -> str:
     return f"{type(e).__name__}: {e}"[:limit]
 
 
+#: errno values of a file system that refuses writes (full, over quota, read-only): a point that hits one stops the
+#: run, since every later point would hit it too
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def disk_stop(e: OSError, store: ResultStore) -> OutputPathError:
+    """The one-line error that stops a run on a write the disk refused (``e``: an :class:`OutputPathError` of the
+    store or a backend, or an OSError with one of :data:`DISK_ERRNOS`): what failed, and that every point already
+    in the log is kept and a re-run resumes."""
+    what = str(e) if isinstance(e, OutputPathError) else f"cannot write {e.filename or 'a file'}: {e.strerror or e}"
+    return OutputPathError(
+        f"{what}; the run stopped (the {len(store.records)} records in {store.log} are kept: make room or fix the "
+        "path, then re-run the same command to resume)"
+    )
+
+
 def run_grid(
     backend: GridBackend,
     out_dir: str | Path,
@@ -170,7 +192,8 @@ def run_grid(
         ``backend`` column is ``backend.kind``.
 
     Raises:
-        OutputPathError: ``out_dir`` cannot be a directory or cannot be written (before any work).
+        OutputPathError: ``out_dir`` cannot be a directory or cannot be written (before any work); or the disk
+            refused a write mid-run (full, read-only: :func:`disk_stop`; the points already logged are kept).
         UserError: another process is writing ``out_dir``.
         KeyboardInterrupt: Ctrl-C, re-raised after the finished points are saved.
     """
@@ -200,10 +223,13 @@ def run_grid(
             if should_stop is not None and should_stop():
                 break
             bar.set_postfix_str(point.label)
-            store.mark_started(point.point_id, point.columns)
-            rec = _measure(backend, point)
-            full = {"run_id": run_id, **point.columns, **rec, "point_id": point.point_id, "backend": backend.kind}
-            frame = store.append(full)
+            try:
+                store.mark_started(point.point_id, point.columns)
+                rec = _measure(backend, point)
+                full = {"run_id": run_id, **point.columns, **rec, "point_id": point.point_id, "backend": backend.kind}
+                frame = store.append(full)
+            except OSError as e:  # a full or read-only disk (only those pass _measure): every later point would fail
+                raise disk_stop(e, store) from None
             store.mark_finished()
             bar.update(1)
             if on_point is not None:
@@ -235,7 +261,9 @@ def _measure(backend: GridBackend, point: GridPoint) -> dict:
         return backend.measure(point)
     except KeyboardInterrupt:
         raise
-    except Exception as e:  # recorded, the grid continues
+    except Exception as e:  # recorded, the grid continues (unless the disk refuses writes: the run stops)
+        if isinstance(e, OutputPathError) or (isinstance(e, OSError) and e.errno in DISK_ERRNOS):
+            raise
         if is_out_of_memory(e):
             first = str(e).splitlines()[0][:300] if str(e) else "out of memory"
             failure = ("oom", f"{type(e).__name__}: {first}")

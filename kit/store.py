@@ -10,9 +10,11 @@ Files of a run directory ``DIR``:
 - ``.kit.lock`` (+ ``.kit.lock.holder``): held by the one process writing the directory; a second writer gets
   a :class:`kit.errors.UserError` naming the holder (pid, host, command, start time). The lock is an OS file
   lock (``filelock``), released by the OS when its holder dies, even by ``kill -9``.
-- ``.inflight.json``: the point being measured right now. If the process dies while measuring (the kernel's OOM
-  killer on host RAM, a segfault in a kernel library), the next run finds the marker and records that point as
-  ``killed`` instead of retrying it first and dying again.
+- ``.inflight.json``: the point being measured right now, and the log's size when it started. If the process
+  dies while measuring (the kernel's OOM killer on host RAM, a segfault in a kernel library), the next run finds
+  the marker and records that point as ``killed`` instead of retrying it first and dying again. The log is the
+  truth: a point whose line reached the log after the marker was written finished (the process died after its
+  line was fsync'd, e.g. while rewriting the Parquet file), and the marker is dropped without a ``killed`` record.
 - a torn last line of ``points.jsonl`` (the process killed mid-write) is moved to ``points.jsonl.torn-N`` when
   the directory is opened, so the next record starts on a line of its own; unreadable lines are skipped with a
   warning naming file and line.
@@ -82,6 +84,16 @@ def read_log(path: str | Path) -> list[dict]:
             continue
         out.append(rec)
     return out
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` and a newline to ``path`` as one write, flushed and fsync'd before returning.
+
+    Raises: OSError: the disk refused the write or the fsync (full disk, read-only, quota)."""
+    with open(path, "ab") as f:
+        f.write(line.encode("utf-8") + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def repair_log(path: Path) -> Path | None:
@@ -330,10 +342,7 @@ class ResultStore:
         rec.setdefault("timestamp", _now())
         line = json.dumps(rec, default=_json_default, allow_nan=True)
         try:
-            with open(self.log, "a") as f:
-                f.write(line + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_line(self.log, line)
         except OSError as e:
             raise _os_error(self.log, e) from None
         self._records.append(json.loads(line))
@@ -353,8 +362,14 @@ class ResultStore:
 
     # -------------------------------------------------------------- the point in flight
     def mark_started(self, point_id: str, columns: dict) -> None:
-        """Note that ``point_id`` is being measured (cleared by :meth:`mark_finished`)."""
-        doc = {"point_id": point_id, "columns": columns, "started": _now(), "pid": os.getpid()}
+        """Note that ``point_id`` is being measured (cleared by :meth:`mark_finished`), with the log's size in bytes
+        now (``log_bytes``: a record of the point at or after that offset means it finished).
+
+        Raises:
+            OutputPathError: the marker cannot be written (full disk, read-only directory): before measuring.
+        """
+        size = self.log.stat().st_size if self.log.exists() else 0
+        doc = {"point_id": point_id, "columns": columns, "started": _now(), "pid": os.getpid(), "log_bytes": size}
         try:
             atomic_write_bytes(self.dir / INFLIGHT_NAME, json.dumps(doc, default=str).encode())
         except OSError as e:
@@ -364,16 +379,43 @@ class ResultStore:
         with contextlib.suppress(FileNotFoundError):
             (self.dir / INFLIGHT_NAME).unlink()
 
+    def logged_since(self, offset: int) -> set[str]:
+        """point_ids of the complete records that start at or after byte ``offset`` of the log; empty when the log
+        is shorter than ``offset`` (it was archived or replaced since) or missing."""
+        try:
+            with open(self.log, "rb") as f:
+                if f.seek(0, os.SEEK_END) < offset:
+                    return set()
+                f.seek(offset)
+                raw = f.read()
+        except FileNotFoundError:
+            return set()
+        ids = set()
+        for line in raw.split(b"\n")[:-1]:  # the part after the last newline is not a complete record
+            with contextlib.suppress(UnicodeDecodeError, ValueError):
+                rec = json.loads(line.decode("utf-8"))
+                if isinstance(rec, dict) and isinstance(rec.get("point_id"), str):
+                    ids.add(rec["point_id"])
+        return ids
+
     def recover_killed(self, backend: str, run_id: str | None = None) -> dict | None:
         """If an earlier run died while measuring a point, record that point as ``killed`` and return the record.
 
+        The log is the truth: when a record of the marker's point reached the log after the marker was written
+        (the process died after the line was fsync'd, before the marker was cleared), the point finished: the
+        marker is dropped, None returned. Without ``log_bytes`` (an older kit's marker): a finished latest record.
+
         Call while holding :func:`run_lock` (a live writer's marker is never mistaken for a dead one's)."""
         marker = self.dir / INFLIGHT_NAME
+        if not marker.exists():
+            return None
         try:
             doc = json.loads(marker.read_text())
-        except FileNotFoundError:
-            return None
-        except ValueError:
+            since = doc.get("log_bytes")
+            finished = doc["point_id"] in (self.logged_since(since) if isinstance(since, int) else self.finished_ids())
+        except (ValueError, OSError, AttributeError, KeyError, TypeError):  # torn, unreadable or not a marker
+            finished = True
+        if finished:  # the log is the truth; a marker naming no unfinished point is dropped
             self.mark_finished()
             return None
         rec = {

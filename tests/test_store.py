@@ -135,6 +135,39 @@ def test_a_point_the_process_died_on_is_recorded_killed(tmp_path):
     assert again.recover_killed("engine") is None  # recorded once
 
 
+def test_the_log_is_the_truth_a_point_logged_after_its_marker_finished(tmp_path):
+    store = ResultStore(tmp_path, {"model": "m"})
+    store.append(_rec(point_id="b", status="error"))  # an earlier attempt: before the marker, not a finish
+    store.mark_started("b", {"model": "m"})
+    store.append(_rec(point_id="b"))  # its line is fsync'd; the process dies before the marker is cleared
+    again = ResultStore(tmp_path, {"model": "m"})
+    assert again.recover_killed("engine") is None and not (tmp_path / ".inflight.json").exists()
+    assert again.finished_ids() == {"b"} and [r["status"] for r in read_log(tmp_path / "points.jsonl")] == [
+        "error",
+        "ok",
+    ]
+
+
+@pytest.mark.parametrize(
+    "marker,killed",
+    [
+        ({"point_id": "a", "started": "t"}, False),  # an older kit's marker (no log_bytes): a finished latest record
+        ({"point_id": "b", "started": "t"}, True),  # ... or none: killed
+        ({"point_id": "a", "log_bytes": 10**9}, True),  # the log was replaced since (shorter than the offset)
+        ([1, 2], False),  # not a marker: dropped
+        ("torn {", False),
+    ],
+)
+def test_markers_never_override_the_log(tmp_path, marker, killed):
+    store = ResultStore(tmp_path)
+    store.append(_rec(point_id="a"))
+    text = marker if isinstance(marker, str) else json.dumps(marker)
+    (tmp_path / ".inflight.json").write_text(text)
+    rec = ResultStore(tmp_path).recover_killed("engine")
+    assert (rec is not None and rec["status"] == "killed") is killed
+    assert not (tmp_path / ".inflight.json").exists()
+
+
 def test_every_runs_metadata_is_kept(tmp_path):
     ResultStore(tmp_path, {"model": "first", "created_utc": "1"}).append(_rec(point_id="a"))
     ResultStore(tmp_path, {"model": "second", "created_utc": "2"}).append(_rec(point_id="b", model="second"))
