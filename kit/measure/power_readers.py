@@ -13,6 +13,11 @@ Each reader converts its library's units to W, J, MHz, °C and % once, here (cas
   ``amdsmi_get_temp_metric(HOTSPOT, CURRENT)`` °C; ``amdsmi_get_gpu_activity()["gfx_activity"]`` %.
 - RAPL (Linux powercap sysfs, ``Documentation/power/powercap/powercap.rst``): ``intel-rapl:N/energy_uj`` µJ per
   CPU package (wrapping at ``max_energy_range_uj``); power is the counter's rate between two reads.
+
+Energy counters wrap: RAPL at ``max_energy_range_uj`` (about 262 kJ on many Intel parts: an hour and a half at
+50 W), NVML's and amd-smi's at 2^64 (``unsigned long long`` in NVML's API reference, ``uint64_t
+*energy_accumulator`` in amdsmi's). Every reader unwraps its raw counter with one :class:`CounterUnwrap` per device
+and reports ``energy_j`` as the energy since the reader's first reading (so a wrap, or several, never shows).
 """
 
 from __future__ import annotations
@@ -31,6 +36,41 @@ SOURCES = ("auto", "nvml", "amdsmi", "rapl", "none")
 def _na(v):
     """amd-smi's "N/A" (and None) → None; numbers pass."""
     return None if v is None or (isinstance(v, str) and v.strip().upper() in ("N/A", "NA", "")) else float(v)
+
+
+#: the width of NVML's energy counter (``unsigned long long`` mJ) and of amd-smi's accumulator (``uint64_t`` counts)
+COUNTER_MODULUS_64 = 2**64
+
+
+class CounterUnwrap:
+    """One device's energy counter made monotonic: the raw counter wraps to 0 after ``modulus - 1`` (counts in the
+    counter's own unit; None: the width is unknown).
+
+    Calling it with each raw reading, in time order, returns the counts since the first reading. A reading below
+    the previous one is a wrap when the counter can have wrapped in between — the wrapped difference
+    ``modulus - previous + raw`` is under half the modulus — and then adds ``modulus``; otherwise (no known width, or
+    a drop far from the top: the counter was reset, or the reading glitched) the result goes back by the drop, so
+    :func:`kit.measure.power.device_energy` sees a counter that went backwards and integrates sampled power instead.
+
+    Wraps are decided from the previous *raw* reading, never from an unwrapped total, so each wrap is counted once
+    however many reads follow it (issue 22: comparing with the unwrapped total added a wrap at every read after the
+    first, 840 J for a 50 W zone over 1.2 s instead of 60 J).
+    """
+
+    def __init__(self, modulus: int | None):
+        self.modulus = int(modulus) if modulus else None
+        self.first: int | None = None
+        self.last: int | None = None
+        self.offset = 0
+
+    def __call__(self, raw: int) -> int:
+        raw = int(raw)
+        if self.first is None:
+            self.first = raw
+        elif raw < self.last and self.modulus and self.modulus - self.last + raw < self.modulus // 2:
+            self.offset += self.modulus
+        self.last = raw
+        return raw + self.offset - self.first
 
 
 def _try(fn, *args):
@@ -60,6 +100,7 @@ class NvmlReader:
         self.limits_w = [v / 1000.0 if v is not None else None for v in mw]  # mW → W
         self.max_clocks_mhz = [_try(mod.nvmlDeviceGetMaxClockInfo, h, mod.NVML_CLOCK_SM) for h in self.handles]
         self.has_energy = [_try(mod.nvmlDeviceGetTotalEnergyConsumption, h) is not None for h in self.handles]
+        self.energy = [CounterUnwrap(COUNTER_MODULUS_64) for _ in self.handles]  # mJ
 
     def read(self, i: int) -> dict:
         m, h = self.m, self.handles[i]
@@ -68,7 +109,7 @@ class NvmlReader:
         util = _try(m.nvmlDeviceGetUtilizationRates, h)
         return {
             "power_w": mw / 1000.0 if mw is not None else None,  # mW → W
-            "energy_j": mj / 1000.0 if mj is not None else None,  # mJ → J
+            "energy_j": self.energy[i](mj) / 1000.0 if mj is not None else None,  # mJ since the first read → J
             "clock_mhz": _try(m.nvmlDeviceGetClockInfo, h, m.NVML_CLOCK_SM),
             "temp_c": _try(m.nvmlDeviceGetTemperature, h, m.NVML_TEMPERATURE_GPU),
             "util_pct": getattr(util, "gpu", None),
@@ -98,6 +139,7 @@ class AmdSmiReader:
         caps = [(_try(mod.amdsmi_get_power_cap_info, h) or {}).get("power_cap") for h in self.handles]
         self.limits_w = [_na(c) / 1e6 if _na(c) else None for c in caps]  # µW → W
         self.max_clocks_mhz = [_na((self._clock(h) or {}).get("max_clk")) for h in self.handles]
+        self.energy = [CounterUnwrap(COUNTER_MODULUS_64) for _ in self.handles]  # accumulator counts
 
     def _clock(self, h):
         return _try(self.m.amdsmi_get_clock_info, h, self.m.AmdSmiClkType.GFX)
@@ -109,12 +151,14 @@ class AmdSmiReader:
         power = power if power is not None else _na(p.get("average_socket_power"))  # W
         e = _try(m.amdsmi_get_energy_count, h) or {}
         acc = e.get("energy_accumulator", e.get("power"))
+        acc = None if _na(acc) is None else int(acc)  # an int: a float loses counts near 2^64
         res = _na(e.get("counter_resolution"))
+        counts = self.energy[i](acc) if acc is not None and res else None
         clk = self._clock(h) or {}
         temp = _try(m.amdsmi_get_temp_metric, h, m.AmdSmiTemperatureType.HOTSPOT, m.AmdSmiTemperatureMetric.CURRENT)
         return {
             "power_w": power,
-            "energy_j": _na(acc) * res / 1e6 if _na(acc) is not None and res else None,  # count × µJ → J
+            "energy_j": counts * res / 1e6 if counts is not None else None,  # counts since the first read × µJ → J
             "clock_mhz": _na(clk.get("clk", clk.get("cur_clk"))),
             "temp_c": _na(temp),
             "util_pct": _na((_try(m.amdsmi_get_gpu_activity, h) or {}).get("gfx_activity")),
@@ -143,9 +187,8 @@ class RaplReader:
         ]
         self.limits_w = [None] * len(zones)
         self.max_clocks_mhz = [None] * len(zones)
-        self.ranges = [self._int(z / "max_energy_range_uj") for z in zones]
+        self.energy = [CounterUnwrap(self._int(z / "max_energy_range_uj")) for z in zones]  # µJ
         self.last: list[tuple[float, int] | None] = [None] * len(zones)
-        self.wraps = [0] * len(zones)
 
     @staticmethod
     def _int(p: Path) -> int | None:
@@ -160,11 +203,9 @@ class RaplReader:
         uj, t = self._int(self.zones[i] / "energy_uj"), time.monotonic()
         if uj is None:
             return {}
-        prev = self.last[i]
-        if prev is not None and uj < prev[1] and self.ranges[i]:
-            self.wraps[i] += 1
-        total = uj + self.wraps[i] * (self.ranges[i] or 0)
-        power = (total - prev[1]) / 1e6 / (t - prev[0]) if prev is not None and t > prev[0] else None
+        prev, total = self.last[i], self.energy[i](uj)
+        rate = prev is not None and t > prev[0] and total >= prev[1]  # no rate across a reset
+        power = (total - prev[1]) / 1e6 / (t - prev[0]) if rate else None
         self.last[i] = (t, total)
         return {"power_w": power, "energy_j": total / 1e6}  # µJ → J
 

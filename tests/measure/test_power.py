@@ -70,8 +70,10 @@ def test_t1_amdsmi_units(fakes):
     amd.DEVICES[0]["current_socket_power"] = "N/A"
     amd.DEVICES[0]["average_socket_power"] = 640
     assert ps.reader.read(0)["power_w"] == 640.0  # the other reading when one says N/A
-    # energy = accumulator x resolution (µJ): 6,553,600 x 15.2587890625 µJ = 100 J
-    amd.DEVICES[0]["energy_accumulator"] = 6_553_600
+    # energy = accumulator counts since the first reading x resolution (µJ): 6,553,600 x 15.2587890625 µJ = 100 J
+    amd.DEVICES[0]["energy_accumulator"] = 1_000_000
+    assert ps.reader.read(0)["energy_j"] == 0.0
+    amd.DEVICES[0]["energy_accumulator"] = 7_553_600
     assert ps.reader.read(0)["energy_j"] == pytest.approx(100.0)
 
 
@@ -245,3 +247,88 @@ def test_rapl_unreadable_is_not_available(tmp_path, monkeypatch):
 def test_bad_settings_are_user_errors(kwargs, match):
     with pytest.raises(UserError, match=match):
         P.PowerSampler(**kwargs)
+
+
+# Counter wraps (issue 22): a 50 W device sampled every 0.1 s for 1.2 s used 60 J, however often its counter wraps.
+# Each reader's counter starts 1 J below its top and wraps at MODULUS_J (several wraps), or at its real width.
+WATTS, STEP_S, STEPS = 50.0, 0.1, 12
+
+
+def _counter_run(kind, fakes, tmp_path, monkeypatch, modulus_j: float | None):
+    """Sample ``kind``'s reader at 0, 0.1 ... 1.2 s while its raw counter reads (top - 1 J + 50 W x t) mod top, in
+    the reader's own unit (integers, as the libraries return them; top: ``modulus_j`` or 2^64); return the row's
+    columns."""
+    nv, amd = fakes
+    unit_j = {"nvml": 1e-3, "amdsmi": 15.2587890625e-6, "rapl": 1e-6}[kind]  # J per raw count
+    modulus = round(modulus_j / unit_j) if modulus_j else None
+    if modulus and kind != "rapl":
+        monkeypatch.setattr("kit.measure.power_readers.COUNTER_MODULUS_64", modulus)
+    top = modulus or 2**64
+    raw = lambda t: (top - round(1.0 / unit_j) + round(t / STEP_S) * round(WATTS * STEP_S / unit_j)) % top
+    clock = ScriptedClock()
+    if kind == "rapl":
+        zone = tmp_path / "intel-rapl:0"
+        zone.mkdir()
+        if modulus:
+            (zone / "max_energy_range_uj").write_text(f"{modulus}\n")
+        (zone / "energy_uj").write_text(f"{raw(0.0)}\n")
+        ps = P.PowerSampler(source="rapl", rapl_root=str(tmp_path), clock=clock)
+    else:
+        fake = nv if kind == "nvml" else amd
+        monkeypatch.setattr(fake, "CLOCK", clock)
+        key = "energy_mj" if kind == "nvml" else "energy_accumulator"
+        fake.DEVICES[0][key] = raw
+        ps = P.PowerSampler(source=kind, library=f"fake_{'pynvml' if kind == 'nvml' else 'amdsmi'}", clock=clock)
+    ps.open()
+    for k in range(STEPS + 1):
+        clock.t = k * STEP_S
+        if kind == "rapl":
+            (tmp_path / "intel-rapl:0" / "energy_uj").write_text(f"{raw(clock.t)}\n")
+        ps.sample()
+    ps.close()
+    return ps.columns()
+
+
+@pytest.mark.parametrize("kind", ["rapl", "nvml", "amdsmi"])
+@pytest.mark.parametrize("modulus_j", [13.0, 25.0, None])  # 13 J: five wraps in 60 J; 25 J: three; None: real width
+def test_energy_counter_wraps_are_counted_once(kind, modulus_j, fakes, tmp_path, monkeypatch):
+    """Before the fix RAPL reported 840 J here (a wrap added at every read after the first one); every reader now
+    gives 60 J from its counter, across one wrap at its real width (2^64 for NVML and amd-smi) or several."""
+    if modulus_j is None and kind == "rapl":
+        modulus_j = 262143.328850  # a common max_energy_range_uj (µJ → J)
+    c = _counter_run(kind, fakes, tmp_path, monkeypatch, modulus_j)
+    assert c["x_energy_method"] == "counter"
+    assert c["energy_j"] == pytest.approx(WATTS * STEP_S * STEPS, abs=1e-3)
+    assert c["avg_power_w"] == pytest.approx(WATTS, abs=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["rapl", "nvml", "amdsmi"])
+def test_a_counter_reset_is_not_a_wrap(kind, fakes, tmp_path, monkeypatch, caplog):
+    """A counter that drops far from its top (reset, glitch) or whose width is unknown: never a wrap of the
+    counter's width (which would add up to 2^64 units); the integral of sampled power is used instead."""
+    nv, amd = fakes
+    clock = ScriptedClock()
+    mid = {"nvml": 10**9, "amdsmi": 10**9, "rapl": 10**9}[kind]
+    values = iter([mid, mid + 1000, 5, 1005, 2005])  # raw units; dropped to 5 at the third read
+    if kind == "rapl":
+        zone = tmp_path / "intel-rapl:0"
+        zone.mkdir()  # no max_energy_range_uj: the width is unknown
+        ps = P.PowerSampler(source="rapl", rapl_root=str(tmp_path), clock=clock)
+        (zone / "energy_uj").write_text(f"{mid}\n")
+    else:
+        fake, key = (nv, "energy_mj") if kind == "nvml" else (amd, "energy_accumulator")
+        fake.DEVICES[0][key] = mid
+        ps = P.PowerSampler(source=kind, library=f"fake_{'pynvml' if kind == 'nvml' else 'amdsmi'}", clock=clock)
+    ps.open()
+    for k, v in enumerate(values):
+        clock.t = k * 0.1
+        if kind == "rapl":
+            (tmp_path / "intel-rapl:0" / "energy_uj").write_text(f"{v}\n")
+        else:
+            fake.DEVICES[0][key] = v
+        ps.sample()
+    ps.close()
+    c = ps.columns()
+    assert c["x_energy_method"] != "counter" and "went backwards" in caplog.text
+    if kind != "rapl":  # the fakes report power too: the integral of it
+        assert c["x_energy_method"] == "integral" and c["energy_j"] == pytest.approx(c["avg_power_w"] * 0.4)
