@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kit.track.compare import compare_frames
-from kit.track.db import frames_of
+from kit.track.rows import frames_of
 from kit.track.simulate import Noise, simulated_records
 
 

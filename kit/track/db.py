@@ -21,9 +21,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import logging
-import math
-import re
 import subprocess
 from dataclasses import dataclass
 from importlib import metadata as _md
@@ -34,8 +31,7 @@ import pandas as pd
 from kit.errors import InputNotFoundError, UserError
 from kit.results import ok_mask
 from kit.store import load_results
-
-log = logging.getLogger("kit")
+from kit.track.rows import created_utc, row_price, row_samples, row_tuple
 
 DEFAULT_DB = "history.duckdb"
 #: packages whose versions are recorded when installed (the stack under test)
@@ -43,10 +39,6 @@ PACKAGES = ("torch", "transformers", "vllm", "sglang", "flashinfer-python", "fla
 #: the distribution a name of :data:`PACKAGES` is installed as, where the two differ (pyproject.toml's name)
 DISTRIBUTIONS = {"kit": "llm-perf-kit"}
 
-ROW_COLUMNS = (
-    "row_key run_key point_key replicate backend status ok label model dtype concurrency context_len isl osl "
-    "n_gpus tok_s tpot_ms ttft_ms usd_per_gpu_hr price_basis usd_per_mtok tok_s_per_usd row_json"
-).split()
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_key VARCHAR PRIMARY KEY, run_id VARCHAR, commit VARCHAR, branch VARCHAR, dirty BOOLEAN, tag VARCHAR,
@@ -141,130 +133,6 @@ def connect(path: str | Path = DEFAULT_DB, read_only: bool = False):
     return con
 
 
-def _num(v) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _int(v) -> int | None:
-    f = _num(v)
-    return int(f) if f is not None else None
-
-
-def _samples(row: dict, run_dir: Path) -> list[tuple[str, int, float]]:
-    """(metric, block, value) raw samples of one row: in-process steps per repeat, served requests."""
-    out = []
-    steps, per = row.get("x_step_ms"), _int(row.get("decode_steps"))
-    if isinstance(steps, (list, tuple)) and len(steps):
-        per = per or len(steps)
-        out += [("tpot_ms", i // per, float(v)) for i, v in enumerate(steps) if _num(v) is not None]
-    pre = row.get("x_prefill_ms")
-    if isinstance(pre, (list, tuple)):
-        out += [("ttft_ms", i, float(v)) for i, v in enumerate(pre) if _num(v) is not None]
-    detail = row.get("x_detail_file")
-    if detail:
-        path = Path(detail) if Path(detail).is_file() else run_dir / Path(detail).name
-        if path.is_file():
-            reqs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            reqs = [r for r in reqs if r.get("ok") and not r.get("warmup")]
-            for i, r in enumerate(reqs):
-                for m in ("tpot_ms", "ttft_ms", "e2el_ms"):
-                    if _num(r.get(m)) is not None:
-                        out.append((m, i, float(r[m])))
-                if _num(r.get("e2el_ms")) and _num(r.get("output_tokens")):
-                    out.append(("tok_s", i, float(r["output_tokens"]) / (float(r["e2el_ms"]) / 1000.0)))
-        else:
-            log.warning("detail file %s of a served row is missing; its per-request samples are not stored", detail)
-    return out
-
-
-def _label(r: dict) -> str:
-    bits = [str(r.get("model")), str(r.get("dtype") or "")]
-    if r.get("backend") == "openai":
-        bits += [f"c={r.get('concurrency')}", f"isl={r.get('isl')}", f"osl={r.get('osl')}"]
-    else:
-        bits += [f"kv={r.get('context_len')}", f"B={r.get('concurrency')}"]
-    return " ".join(b for b in bits if b) + ("" if r.get("backend") == "engine" else f" [{r.get('backend')}]")
-
-
-def _price(r: dict, usd_per_gpu_hr: float | None, basis: str | None) -> tuple[float | None, str | None]:
-    if usd_per_gpu_hr is not None:
-        return float(usd_per_gpu_hr), "user"
-    if _num(r.get("usd_per_gpu_hr")):
-        return float(r["usd_per_gpu_hr"]), r.get("price_basis")
-    if r.get("accelerator"):
-        from kit.plan.cost import get_price
-
-        try:
-            p = get_price(str(r["accelerator"]), basis)
-            return p.usd_per_gpu_hr, p.basis
-        except KeyError:
-            return None, None
-    return None, None
-
-
-def _created_utc(meta: dict, rec: dict) -> str | None:
-    """When a run started, as ISO 8601 UTC to the microsecond (what orders the history): the sidecar's
-    ``created_utc``, else the time its ``run_id`` begins with (``YYYYmmddTHHMMSS-...``), else the row's timestamp.
-    One format for every run, so the database's text order is time order."""
-    for value in (meta.get("created_utc"), rec.get("run_id"), rec.get("timestamp")):
-        if not value:
-            continue
-        compact = re.match(r"(\d{8}T\d{6})(-|$)", str(value))  # a run id: YYYYmmddTHHMMSS-<random>
-        try:
-            t = _dt.datetime.strptime(compact[1], "%Y%m%dT%H%M%S") if compact else _dt.datetime.fromisoformat(value)
-        except (TypeError, ValueError):
-            continue
-        if t.tzinfo is None:
-            t = t.replace(tzinfo=_dt.UTC)
-        return t.astimezone(_dt.UTC).isoformat(timespec="microseconds")
-    return None
-
-
-def _row_tuple(r: dict, run_key: str, ok: bool, price: tuple, run_dir: Path) -> tuple:
-    tok = _num(r.get("output_tok_s") if r.get("backend") == "openai" else r.get("decode_tok_s"))
-    usd, basis = price
-    n = _int(r.get("n_gpus")) or 1
-    per_m = usd * n / (tok * 3600.0) * 1e6 if usd and tok else None  # kit.metrics.usd_per_mtok
-    key = json.dumps([run_key, r.get("point_id"), r.get("x_run_index"), r.get("timestamp"), r.get("status")])
-    return (
-        hashlib.sha1(key.encode()).hexdigest()[:16],
-        run_key,
-        str(r.get("x_point_key") or r.get("point_id")),
-        _int(r.get("x_run_index")) or 0,
-        r.get("backend"),
-        r.get("status"),
-        bool(ok),
-        _label(r),
-        r.get("model"),
-        r.get("dtype"),
-        *(_int(r.get(c)) for c in ("concurrency", "context_len", "isl", "osl")),
-        n,
-        tok,
-        _num(r.get("tpot_ms_p50")),
-        _num(r.get("ttft_ms")),
-        usd,
-        basis,
-        per_m,
-        tok * 3600.0 / (usd * n) if usd and tok else None,  # kit.metrics.tok_per_usd per hour → per $
-        json.dumps(r, default=str),
-    )
-
-
-def frames_of(records: list[dict], run_key: str, run_dir: Path = Path(".")) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(rows, samples)`` frames, in the history tables' shape, of results records (what :func:`add_run` stores;
-    the benchmark of the statistics uses it without a database). Prices: the rows' own."""
-    df = pd.DataFrame.from_records(records)
-    ok = ok_mask(df.assign(status=df.get("status", "ok")))
-    tups = [_row_tuple(r, run_key, o, _price(r, None, None), run_dir) for r, o in zip(records, ok)]
-    rows = pd.DataFrame(tups, columns=ROW_COLUMNS)
-    smp = [(t[0], *s) for t, r in zip(tups, records) for s in _samples(r, run_dir)]
-    return rows, pd.DataFrame(smp, columns=["row_key", "metric", "block", "value"])
-
-
 def add_run(
     db: str | Path,
     run_dir: str | Path,
@@ -303,7 +171,7 @@ def add_run(
         for rec, is_ok in zip(records, ok):
             meta = metas.get(rec.get("run_id")) or df.attrs.get("metadata", {})
             run_key = hashlib.sha1(f"{meta.get('host')}|{rec.get('run_id')}".encode()).hexdigest()[:12]
-            price = _price(rec, usd_per_gpu_hr, basis)
+            price = row_price(rec, usd_per_gpu_hr, basis)
             if run_key not in keys:
                 keys.append(run_key)
                 had = con.execute("SELECT commit FROM runs WHERE run_key = ?", [run_key]).fetchone()
@@ -314,7 +182,7 @@ def add_run(
                     )
                 values = _run_values(run_key, rec, meta, provenance, run_dir, price, now)
                 con.execute(f"INSERT OR IGNORE INTO runs VALUES ({','.join('?' * len(values))})", values)
-            n = _insert_row(con, _row_tuple(rec, run_key, is_ok, price, run_dir), rec, run_dir)
+            n = _insert_row(con, row_tuple(rec, run_key, is_ok, price, run_dir), rec, run_dir)
             if n is None:
                 known += 1
             else:
@@ -355,7 +223,7 @@ def _run_values(
         provenance.tag,
         str(run_dir.resolve()),
         meta.get("host"),
-        _created_utc(meta, rec),
+        created_utc(meta, rec),
         now,
         rec.get("device") or dev.get("platform"),
         rec.get("device_name") or dev.get("name"),
@@ -367,12 +235,12 @@ def _run_values(
 
 
 def _insert_row(con, tup: tuple, rec: dict, run_dir: Path) -> int | None:
-    """Insert one row (``tup``: :func:`_row_tuple`) and its raw samples; the number of samples, or None when the
-    row was stored already."""
+    """Insert one row (``tup``: :func:`kit.track.rows.row_tuple`) and its raw samples; the number of samples, or
+    None when the row was stored already."""
     if con.execute("SELECT 1 FROM rows WHERE row_key = ?", [tup[0]]).fetchone():
         return None
     con.execute(f"INSERT INTO rows VALUES ({','.join('?' * len(tup))})", list(tup))
-    smp = _samples(rec, run_dir)
+    smp = row_samples(rec, run_dir)
     if smp:
         con.executemany("INSERT INTO samples VALUES (?,?,?,?)", [(tup[0], *s) for s in smp])
     return len(smp)

@@ -20,6 +20,16 @@ from kit.results import HEADLINE_COLUMNS, ok_mask, row_problems, verdict
 LIST_COLUMNS = ("x_step_ms", "x_prefill_ms")
 
 
+def export_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows as every export writes them (CI bundle, panel export): ``status`` is the row's verdict
+    (:func:`kit.results.verdict`: ``ok`` | ``flagged`` | ``oom`` | ``error`` | ``killed`` ...), so a flagged row (status
+    ok with a problem flag, e.g. overflowing float16 logits) never reads ``ok`` in a file, and ``ok`` in a file means
+    ok by :func:`kit.results.ok_mask`. Every other column is kept. A frame without ``status`` is returned as is."""
+    if df.empty or "status" not in df.columns:
+        return df
+    return df.assign(status=verdict(df).astype("string"))
+
+
 def scaling_exponents(df: pd.DataFrame, y: str = "decode_tok_s", x: str = "concurrency") -> pd.DataFrame:
     """Per KV length, the scaling exponent between consecutive concurrencies:
     ``k = log(y2 / y1) / log(x2 / x1)`` (1 = throughput grows in proportion to concurrency, 0 = flat).
@@ -103,19 +113,20 @@ def dtype_comparison(df: pd.DataFrame, baseline: str = "float32") -> pd.DataFram
     False: it measured garbage arithmetic) has its speed not reported (NaN) and ``flag`` says why. OOM/error points
     are flagged with their status.
 
-    Returns: DataFrame dtype, context_len, concurrency, status, logits_finite, decode_tok_s, tpot_ms_p50,
-    speedup_vs_<baseline>, flag.
+    Returns: DataFrame dtype, context_len, concurrency, status (the verdict, :func:`export_frame`: ``flagged``, never
+    ``ok``, for a row with a problem flag), logits_finite, decode_tok_s, tpot_ms_p50, speedup_vs_<baseline>, flag.
     """
     need = ["dtype", "context_len", "concurrency", "status", "decode_tok_s", "tpot_ms_p50"]
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise UserError(f"column(s) {missing} missing from the results")
     d = df.copy()
+    d["status"] = verdict(d)
     fin = d["x_logits_finite"] if "x_logits_finite" in d else pd.Series(True, index=d.index)
     d["logits_finite"] = fin.map(lambda v: bool(v) if v is not None and not pd.isna(v) else None)
     flags = []
     for _, r in d.iterrows():
-        if r["status"] != "ok":
+        if r["status"] not in ("ok", "flagged"):
             flags.append(f"{r['status']}: not measured")
         elif problems := row_problems(r):
             flags.append("; ".join(problems) + "; speed not reported")
@@ -144,8 +155,9 @@ def dtype_comparison(df: pd.DataFrame, baseline: str = "float32") -> pd.DataFram
 
 
 def ci_summary(df: pd.DataFrame) -> list[dict]:
-    """One JSON-ready dict per point: identity, status and ``verdict`` (:func:`kit.results.verdict`: ``flagged`` for
-    status ok with a problem flag), TTFT/TPOT/throughput with sample count (no per-step lists)."""
+    """One JSON-ready dict per point: identity, ``status`` and ``verdict`` (both :func:`kit.results.verdict`:
+    ``flagged`` for status ok with a problem flag, see :func:`export_frame`), TTFT/TPOT/throughput with sample count
+    (no per-step lists; null for a row that is not ok, so a flagged row carries no speed figure)."""
     keep = [
         "model",
         "dtype",
@@ -161,11 +173,11 @@ def ci_summary(df: pd.DataFrame) -> list[dict]:
     ]
     out = []
     verdicts = verdict(df) if len(df) else pd.Series([], dtype=object)
-    for i, r in df.iterrows():
+    for i, r in export_frame(df).iterrows():
         rec = {"verdict": verdicts.loc[i]}
         for c in keep:
             if c in df.columns:
-                v = r[c]
+                v = None if rec["verdict"] != "ok" and c in HEADLINE_COLUMNS else r[c]
                 rec[c] = (
                     None
                     if v is None or (not isinstance(v, str) and pd.isna(v))
@@ -195,16 +207,16 @@ def export_for_ci(df: pd.DataFrame, out_dir: str | Path, metadata: dict | None =
 
     out = check_out_dir(out_dir, "CI export directory", "results/ci")
     meta = metadata if metadata is not None else df.attrs.get("metadata", {})
-    paths = {"parquet": save_results(df, out / "results.parquet", meta)}
-    flat = df.drop(columns=[c for c in LIST_COLUMNS if c in df.columns])
+    rows = export_frame(df)
+    paths = {"parquet": save_results(rows, out / "results.parquet", meta)}
+    flat = rows.drop(columns=[c for c in LIST_COLUMNS if c in rows.columns])
     paths["csv"] = atomic_write_with(out / "results.csv", lambda tmp: flat.to_csv(tmp, index=False))
     points = ci_summary(df)
-    statuses = {s: int(n) for s, n in df["status"].value_counts().items()} if len(df) else {}
-    n_ok = int(ok_mask(df).sum()) if len(df) else 0
+    statuses = {s: int(n) for s, n in rows["status"].value_counts().items()} if len(rows) else {}
     summary = {
         "n_points": len(df),
-        "n_ok": n_ok,
-        "n_flagged": statuses.get("ok", 0) - n_ok,
+        "n_ok": statuses.get("ok", 0),
+        "n_flagged": statuses.get("flagged", 0),
         "statuses": statuses,
         "points": points,
     }

@@ -238,7 +238,7 @@ class ControlPanel:
         self.status.value = (
             f"{self.state}: {self.progress.value}/{self.progress.max} points in {el:.1f} s · last: "
             f"{record.get('dtype')} kv={record.get('context_len')} B={record.get('concurrency')} "
-            f"→ {record.get('status')}"
+            f"→ {verdict(pd.DataFrame([record])).iloc[0] if 'status' in record else None}"
         )
         for p in point_problems(pd.DataFrame([record])):
             self._say(p, error=True)
@@ -249,18 +249,19 @@ class ControlPanel:
         (None when there is nothing to export or the write failed; the message area says why)."""
         from kit._io import atomic_write_with
         from kit.store import save_results
-        from kit.view.analysis import LIST_COLUMNS  # per-step lists do not fit a CSV cell
+        from kit.view.analysis import LIST_COLUMNS, export_frame  # per-step lists do not fit a CSV cell
 
         if self.frame.empty:
             self._say("nothing to export yet: run a sweep first", error=True)
             return None
         out = self.run_dir or Path(self.out_dir.value.strip() or PANEL_OUT)
+        rows = export_frame(self.frame)  # status = verdict: a flagged row reads flagged in the file
         try:
             if self.export_format.value == "csv":
-                flat = self.frame.drop(columns=list(LIST_COLUMNS), errors="ignore")
+                flat = rows.drop(columns=list(LIST_COLUMNS), errors="ignore")
                 path = atomic_write_with(out / "export.csv", lambda tmp: flat.to_csv(tmp, index=False))
             else:
-                path = save_results(self.frame, out / "export.parquet", metadata=self.frame.attrs.get("metadata", {}))
+                path = save_results(rows, out / "export.parquet", metadata=self.frame.attrs.get("metadata", {}))
         except (OSError, KitError) as e:  # one line naming the path
             self._say(f"export failed: {e}", error=True)
             return None

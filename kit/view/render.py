@@ -59,20 +59,21 @@ def _present(value) -> bool:
 
 
 def point_problems(df: pd.DataFrame | None) -> list[str]:
-    """One line per point that is not a clean measurement: status oom or error, a problem flag
-    (:func:`kit.results.row_problems`, e.g. non-finite logits), or status ok with an ``error`` text; e.g.
-    ``"oom: float32 kv=32 B=2: CUDA out of memory"``."""
+    """One line per point that is not a clean measurement, led by its verdict (:func:`kit.results.verdict`): status
+    oom or error, a problem flag (``flagged``: :func:`kit.results.row_problems`, e.g. non-finite logits), or an ok
+    row with an ``error`` text (``note``); e.g. ``"oom: float32 kv=32 B=2: CUDA out of memory"``. A line never
+    starts with ``ok``."""
     out: list[str] = []
     if df is None or df.empty:
         return out
-    for _, r in df.iterrows():
+    verdicts = verdict(df) if "status" in df.columns else pd.Series(None, index=df.index, dtype=object)
+    for i, r in df.iterrows():
         err = r.get("error")
         why = ([str(err)] if _present(err) else []) + [p for p in row_problems(r) if not _present(err)]
         if r.get("status") != "ok" or why:
-            out.append(
-                f"{r.get('status')}: {r.get('dtype')} kv={r.get('context_len')} B={r.get('concurrency')}: "
-                f"{'; '.join(why)}".rstrip(": ")
-            )
+            lead = "note" if verdicts.loc[i] == "ok" else verdicts.loc[i]
+            what = f"{lead}: {r.get('dtype')} kv={r.get('context_len')} B={r.get('concurrency')}"
+            out.append(f"{what}: {'; '.join(why)}" if why else what)
     return out
 
 

@@ -14,7 +14,8 @@ from simulated_runs import simulated_history, write_simulated_run
 from kit.cli import main
 from kit.errors import UnknownNameError, UserError
 from kit.track.compare import compare, compare_frames, interval
-from kit.track.db import Provenance, add_run, frames_of, git_provenance, list_runs, load_rows
+from kit.track.db import Provenance, add_run, git_provenance, list_runs, load_rows
+from kit.track.rows import frames_of
 from kit.track.simulate import Noise, simulated_records
 
 
@@ -198,3 +199,21 @@ def test_package_versions_finds_the_kit_under_its_distribution_name():
 
     assert package_versions({})["kit"] == metadata.version("llm-perf-kit")
     assert package_versions({"kit_version": "9.9.9"})["kit"] == "9.9.9"
+
+
+def test_a_flagged_row_is_stored_flagged_never_ok(tmp_path):
+    """Issue 22 item 7: one status vocabulary in every file the kit writes: the history's typed ``status`` and the
+    stored row itself say ``flagged`` for an ok row with a problem flag (overflowing float16 logits)."""
+    rng = np.random.default_rng(5)
+    recs = simulated_records(rng, run_id="2025-01-01", runs=1)
+    for r in recs:
+        if r["x_point_key"] == "sim-kv512-b4":
+            r["x_logits_finite"] = False
+    db = tmp_path / "h.duckdb"
+    add_run(db, write_simulated_run(tmp_path / "a", recs), Provenance("a"))
+    rows = load_rows(db).set_index("point_key")
+    assert rows.loc["sim-kv512-b4", "status"] == "flagged" and not rows.loc["sim-kv512-b4", "ok"]
+    assert json.loads(rows.loc["sim-kv512-b4", "row_json"])["status"] == "flagged"
+    assert set(rows.drop(index="sim-kv512-b4").status) == {"ok"} and rows.drop(index="sim-kv512-b4").ok.all()
+    again = add_run(db, tmp_path / "a", Provenance("a"))  # the same run is still recognised as stored
+    assert again["rows_added"] == 0 and again["rows_known"] == 4

@@ -82,7 +82,7 @@ def test_table_html():
 def test_point_problems_lists_oom_error_and_non_finite():
     probs = point_problems(_rows())
     assert probs == [
-        "ok: float16 kv=16 B=1: non-finite logits in the last decode step",
+        "note: float16 kv=16 B=1: non-finite logits in the last decode step",  # an ok row with an error text
         "oom: float32 kv=64 B=4: CUDA out of memory",
     ]
     assert point_problems(
@@ -139,4 +139,4 @@ def test_a_flagged_row_never_reads_ok():
     )
     assert list(results_table(df).status) == ["flagged", "ok"]
     probs = point_problems(df)
-    assert len(probs) == 1 and probs[0].startswith("ok: float16 kv=16 B=1: non-finite logits")
+    assert len(probs) == 1 and probs[0].startswith("flagged: float16 kv=16 B=1: non-finite logits")

@@ -92,6 +92,38 @@ def test_table_problems_export_and_compare_show_flagged_rows(tmp_path):
     assert a128_4.empty or not (a128_4.select_dtypes("number") > 1e5).any().any()
 
 
+def test_no_file_a_view_writes_says_ok_for_a_flagged_row(tmp_path):
+    """Issue 22 item 7: summary.json listed the overflowing float16 point with status "ok" beside verdict
+    "flagged". One vocabulary in every export: the flagged kv=128 B=4 row reads "flagged" in each file written."""
+    import pandas as pd
+
+    def status_of(frame):
+        row = frame[(frame["context_len"] == 128) & (frame["concurrency"] == 4)]
+        return list(row["status"])
+
+    df = _frame()
+    paths = export_for_ci(df, tmp_path / "ci")
+    s = json.loads(paths["summary_json"].read_text())
+    bad = [p for p in s["points"] if (p["context_len"], p["concurrency"]) == (128, 4)]
+    assert [(p["status"], p["verdict"]) for p in bad] == [("flagged", "flagged")]
+    assert s["statuses"] == {"ok": 5, "flagged": 1} and (s["n_ok"], s["n_flagged"]) == (5, 1)
+    assert status_of(pd.read_csv(paths["csv"])) == ["flagged"]
+    assert status_of(pd.read_parquet(paths["parquet"])) == ["flagged"]
+    assert "| flagged |" in paths["summary_md"].read_text()
+    for p in s["points"]:  # ok in a file means ok by kit.results.ok_mask
+        assert (p["status"] == "ok") == (p["verdict"] == "ok")
+    problems = point_problems(df)
+    assert len(problems) == 1 and problems[0].startswith("flagged: float16 kv=128 B=4")
+    panel = ControlPanel(out_dir=tmp_path / "panel", threaded=False)
+    panel.frame = df
+    for fmt, read in (("csv", pd.read_csv), ("parquet", pd.read_parquet)):
+        panel.export_format.value = fmt
+        assert status_of(read(panel.on_export())) == ["flagged"]
+    rec = df[(df["context_len"] == 128) & (df["concurrency"] == 4)].iloc[0].to_dict()
+    panel.on_point(rec, df)
+    assert panel.status.value.endswith("→ flagged")
+
+
 def test_panel_counts_a_flagged_point_as_flagged_not_ok(tmp_path):
     p = ControlPanel(out_dir=tmp_path / "panel", threaded=False, kv_lens=[16, 32], concurrencies=[1, 2])
     p.decode_steps.value, p.warmup_steps.value, p.repeats.value, p.device.value = 2, 1, 1, "cpu"
