@@ -8,10 +8,12 @@ every summary, panel, export and compare shows it flagged and never counts it ok
 
 The checks (``docs/metrics.md``, "Validity"): no request failed; no preemption during the
 point; no prefix-cache hit where the workload promised unique prompts (a cache serving the prompts inflates
-throughput and shrinks TTFT); server- and client-counted output tokens agree within :data:`TOKEN_TOLERANCE`; the
-client was not the bottleneck; every request returned the requested output length; (in-process) the logits stayed
-finite; the GPU was not throttling. A check whose inputs are missing is not applied (a server without
-``/metrics`` cannot show preemptions); ``x_validity_checks`` lists the checks that were.
+throughput and shrinks TTFT), read from the server's ``/metrics`` and from the per-request usage (cached tokens
+beyond the intended share, :data:`HIT_RATE_TOLERANCE`); server- and client-counted output tokens agree within
+:data:`TOKEN_TOLERANCE`; the client was not the bottleneck, and sent requests due at a time (open loop, ramp,
+trace) on time (p99 within :data:`SEND_LATE_LIMIT_MS`); every request returned the requested output length;
+(in-process) the logits stayed finite; the GPU was not throttling. A check whose inputs are missing is not
+applied (a server without ``/metrics`` cannot show preemptions); ``x_validity_checks`` lists the checks that were.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ import pandas as pd
 
 #: largest abs(server − client) / client output-token difference a valid row may have (1 %)
 TOKEN_TOLERANCE = 0.01
+#: how far the prompt tokens a server reports as served from its prefix cache (per-request usage) may exceed the
+#: share the workload intended (fraction of prompt tokens; a chat template's fixed first block is a few %)
+HIT_RATE_TOLERANCE = 0.05
+#: p99 of how late the client sent requests due at a time (ms) above which the offered load was not the one asked
+#: for (the client self-check's event-loop lag limit, kit.serve.selfcheck.LOOP_LAG_LIMIT_MS)
+SEND_LATE_LIMIT_MS = 10.0
 
 
 def _val(row, key):
@@ -62,6 +70,15 @@ def validity(row, unique_prompts: bool = True, token_tolerance: float = TOKEN_TO
     hits = _val(row, "x_server_prefix_cache_hits")
     if unique_prompts and hits is not None:
         check("prefix_cache", hits > 0, f"{hits:g} prefix-cache hit tokens although every prompt was unique")
+    achieved, intended = _val(row, "x_prefix_hit_rate_achieved"), _val(row, "x_prefix_hit_rate_intended")
+    if achieved is not None and intended is not None:
+        check(
+            "prefix_cache_usage",
+            achieved > intended + HIT_RATE_TOLERANCE,
+            f"the server answered {100 * achieved:.0f} % of prompt tokens from its prefix cache (per-request usage), "
+            f"the workload intended {100 * intended:.0f} %: prompts an earlier run sent? (leave --seed unset for new "
+            "prompts per run)",
+        )
     diff = _val(row, "x_server_output_tokens_diff_frac")
     if diff is not None:
         server, client = _val(row, "x_server_generation_tokens"), _val(row, "x_server_client_output_tokens")
@@ -70,6 +87,24 @@ def validity(row, unique_prompts: bool = True, token_tolerance: float = TOKEN_TO
             diff > token_tolerance,
             f"server counted {server:g} output tokens, client {client:g} ({100 * diff:.1f} % apart, > "
             f"{100 * token_tolerance:g} %)",
+        )
+    late = _val(row, "x_send_late_ms_p99")
+    if late is not None:
+        worst = _val(row, "x_send_late_ms_max") or late
+        check(
+            "send_lateness",
+            late > SEND_LATE_LIMIT_MS,
+            f"the client sent requests late (p99 {late:.1f} ms, max {worst:.0f} ms after their due time, > "
+            f"{SEND_LATE_LIMIT_MS:g} ms): the offered load was not the one asked for",
+        )
+    over = _val(row, "x_server_spec_overcount_frac")
+    if over is not None:
+        check(
+            "spec_acceptance",
+            over > token_tolerance,
+            f"the server's speculative-decoding counters imply {100 * over:.0f} % more emitted tokens than the client "
+            "received (drafts accepted past the end of a sequence?): its acceptance figures are overstated; "
+            "x_spec_tokens_per_step_client is what the client saw",
         )
     bound = _val(row, "x_client_bound")
     if bound is not None:

@@ -124,7 +124,7 @@ def check_load_config(cfg: LoadConfig, endpoints) -> None:
     check_number(
         "burstiness", cfg.burstiness, lo=0, lo_open=True, allow_inf=True, meaning="1 = Poisson; inf = evenly spaced"
     )
-    check_number("seed", cfg.seed, lo=0, hi=2**63 - 1, integer=True)
+    check_number("seed", cfg.seed, lo=0, hi=2**63 - 1, integer=True, allow_none=True, meaning="None: a new one")
     if cfg.num_requests is None and cfg.duration_s is None:
         raise UserError("give num_requests or duration_s (or both)")
     check_number("num_requests", cfg.num_requests, lo=1, hi=MAX_REQUESTS, integer=True, allow_none=True)

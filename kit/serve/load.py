@@ -51,7 +51,11 @@ class LoadConfig:
         math.inf, help="requests/s offered, arrival gaps drawn with --burstiness (default inf: all at once)"
     )
     burstiness: float = config_field(1.0, help="Gamma shape b of the arrival gaps, Gamma(b, 1/(rate*b)); 1 = Poisson")
-    seed: int = config_field(0, help="seed of prompts and arrival gaps")
+    seed: int | None = config_field(
+        None,
+        help="seed of prompts and arrival gaps (default: a new one per run, recorded in x_seed, so a re-run sends "
+        "prompts no earlier run sent and a prefix cache cannot answer them; give one to repeat a run's prompts)",
+    )
     num_requests: int | None = config_field(64, help="measured requests per concurrency point")
     duration_s: float | None = config_field(
         None,

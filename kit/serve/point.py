@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -35,7 +35,7 @@ from kit.serve.redact import redact_url, scrub
 from kit.serve.schedule import Arrivals
 from kit.serve.server_metrics import ServerMetricsWatch, client_output_tokens
 from kit.serve.steady import measured_concurrency, steady_columns
-from kit.serve.workload import fresh_workload
+from kit.serve.workload import fresh_seed, fresh_workload
 from kit.validity import validity
 
 #: LoadConfig fields that do not change what a point measures, so they are not part of its id
@@ -50,6 +50,8 @@ NOT_IN_POINT_ID = (
     "power_period_ms",
     "usd_per_kwh",
 )
+#: how often the server's /metrics is scraped while a point runs (s): its gauges' maxima come from these samples
+METRICS_PERIOD_S = 0.25
 #: host names of this machine: a served point's power is sampled only when its server runs here
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -109,6 +111,8 @@ def measure_point(
     if set(hooks) - {"on_progress", "on_status"}:
         raise TypeError(f"measure_point() got unknown hook(s) {sorted(set(hooks))}; hooks: on_progress, on_status")
     pid = point_id or served_point_id(cfg)
+    if cfg.seed is None:  # a new seed for this point's prompts and arrivals (recorded as x_seed)
+        cfg = replace(cfg, seed=fresh_seed())
     out = check_out_dir(out_dir) if out_dir is not None else None
     if schedule is None:  # prompts of this point only: no earlier point of a sweep sent them
         schedule = Arrivals.from_config(cfg, fresh_workload(cfg, pid, tokenizer))
@@ -134,6 +138,7 @@ def watched_run(cfg: LoadConfig, schedule, tokenizer, setup_error: str | None, h
     # bounded like the first byte of a request, so a server that never answers costs a moment, not minutes
     watch = ServerMetricsWatch(
         cfg.url,
+        period_s=METRICS_PERIOD_S,
         timeout_s=min(2.0, cfg.first_byte_timeout_s, cfg.models_timeout_s),
         enabled=cfg.server_metrics and not setup_error,
     )

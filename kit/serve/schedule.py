@@ -37,7 +37,7 @@ import numpy as np
 
 from kit.errors import UserError
 from kit.serve.progress import PointProgress
-from kit.serve.workload import RequestInput, arrival_gaps_s
+from kit.serve.workload import RequestInput, arrival_gaps_s, fresh_seed
 
 if TYPE_CHECKING:  # annotations only
     from kit.serve.load import LoadConfig
@@ -176,7 +176,7 @@ class Arrivals:
             cfg.max_concurrency,
             cfg.request_rate,
             cfg.burstiness,
-            cfg.seed,
+            cfg.seed if cfg.seed is not None else fresh_seed(),
         )
         sched.unique_prompts = unique_prompts
         return sched

@@ -13,7 +13,9 @@ without ``/metrics`` (``transformers serve``; SGLang without ``--enable-metrics`
 
 Columns: counters as deltas over the point (``x_server_prompt_tokens``, ``x_server_generation_tokens``,
 ``x_server_preemptions``, ``x_server_prefix_cache_queries`` / ``_hits``, ``x_server_spec_drafts`` /
-``_draft_tokens`` / ``_accepted_tokens``), gauges as maxima (``x_server_<name>_max``), and derived:
+``_draft_tokens`` / ``_accepted_tokens``), gauges as maxima over the scrapes taken while the point ran
+(``x_server_<name>_max``; NaN, never 0, when none was: ``x_server_gauge_samples`` says how many) and their value
+after it (``_last``), and derived:
 ``x_server_prefix_cache_hit_rate`` = hits / queries; ``x_server_spec_acceptance_rate`` = accepted / draft tokens
 (SGLang: its gauge); ``x_server_spec_mean_acceptance_length`` = 1 + accepted tokens / drafts (vLLM's definition,
 the bonus token included; SGLang: its gauge); ``x_server_output_tokens_ratio`` = server / client output tokens and
@@ -26,6 +28,7 @@ from __future__ import annotations
 import base64
 import csv
 import logging
+import math
 import threading
 import time
 import urllib.error
@@ -179,11 +182,13 @@ def server_columns(
                 log.warning("server counter %s went down (%s → %s): server restarted?", name, a, b)
             if a is not None or b is not None:
                 cols[f"x_server_{name}"] = d
-        else:
-            seen = [v for s in (before, *during, after) if (v := s.get(name, server)) is not None]
-            if seen:
-                cols[f"x_server_{name}_max"] = max(seen)
-                cols[f"x_server_{name}_last"] = seen[-1]
+        else:  # maxima only over scrapes taken while the point ran: an idle server's 0 is not the point's
+            seen = [v for s in during if (v := s.get(name, server)) is not None]
+            last = after.get(name, server)
+            if seen or last is not None:
+                cols[f"x_server_{name}_max"] = max(seen) if seen else math.nan
+                cols[f"x_server_{name}_last"] = last if last is not None else seen[-1]
+    cols["x_server_gauge_samples"] = len(during)
     cols["x_server_prefix_cache_hit_rate"] = _ratio(
         cols.get("x_server_prefix_cache_hits"), cols.get("x_server_prefix_cache_queries")
     )
@@ -195,6 +200,7 @@ def server_columns(
         1.0 + per_draft if per_draft is not None else cols.get("x_server_spec_accept_length_last")
     )
     gen = cols.get("x_server_generation_tokens")
+    cols |= spec_cross_check(cols, client_output_tokens)
     cols["x_server_client_output_tokens"] = client_output_tokens
     cols["x_server_output_tokens_ratio"] = _ratio(gen, client_output_tokens)
     cols["x_server_output_tokens_diff_frac"] = (
@@ -202,6 +208,26 @@ def server_columns(
     )
     cols["x_server_scrape_s"] = after.t_s - before.t_s
     return cols
+
+
+def spec_cross_check(cols: dict, client_output_tokens: int | None) -> dict:
+    """Speculative decoding's acceptance checked against the tokens the client received.
+
+    Every verify step emits its accepted draft tokens plus one (the bonus token), so the server's counters imply
+    ``drafts + accepted`` emitted tokens. A server that counts drafts accepted past the end of a sequence (after
+    EOS or ``max_tokens``, discarded) implies more than the client got: then ``x_server_spec_overcount_frac`` =
+    (drafts + accepted − client tokens) / client tokens is > 0, and the acceptance figures are overstated.
+    ``x_spec_tokens_per_step_client`` = client tokens / drafts is the acceptance length the client saw (bonus
+    included; comparable to ``x_server_spec_mean_acceptance_length``). Both None without drafts or client tokens.
+    """
+    drafts, acc = cols.get("x_server_spec_drafts"), cols.get("x_server_spec_accepted_tokens")
+    if not drafts or acc is None or not client_output_tokens:
+        return {"x_server_spec_overcount_frac": None, "x_spec_tokens_per_step_client": None}
+    implied = drafts + acc
+    return {
+        "x_server_spec_overcount_frac": max(0.0, (implied - client_output_tokens) / client_output_tokens),
+        "x_spec_tokens_per_step_client": client_output_tokens / drafts,
+    }
 
 
 #: the "not available" reasons already logged by this process

@@ -37,7 +37,7 @@ from kit.serve.point import measure_point, served_point_id
 from kit.serve.progress import PointProgress
 from kit.serve.redact import redact_url, scrub
 from kit.serve.schedule import RAMP_AXES, RAMP_STRATEGIES, Arrivals, Ramp, ramp_values
-from kit.serve.workload import RequestInput, fresh_workload, intended_hit_rate
+from kit.serve.workload import RequestInput, fresh_seed, fresh_workload, intended_hit_rate
 from kit.store import latest_rows, run_metadata
 
 log = logging.getLogger("kit")
@@ -83,6 +83,8 @@ class ServedBackend:
         self.config, self.concurrencies, self.out_dir, self.options = config.validate(), concs, Path(out_dir), o
         self.tokenizer, self.workload, self.model_error = o.tokenizer, o.workload, o.model_error
         self.extra = dict(o.extra or {})
+        # one prompt seed for this run: the given one, else a new one (ids do not include it, so a re-run resumes)
+        self.seed = self.config.seed if self.config.seed is not None else fresh_seed()
         self.description = f"serve-bench {config.shown_url}"
         self._points: list[GridPoint] | None = None
 
@@ -122,7 +124,7 @@ class ServedBackend:
                     pid = served_point_id(c) + (f"-pf{frac:g}g{g}" if frac else "")
                     cols = self.base_columns(c) | self.prefix_columns(frac, c)
                     label = f"c={c.max_concurrency}" + (f" prefix={frac:g}" if frac else "")
-                    self._points.append(GridPoint(pid, cols, label, c))
+                    self._points.append(GridPoint(pid, cols, label, replace(c, seed=self.seed)))
         return self._points
 
     def prefix_columns(self, frac: float, c: LoadConfig) -> dict:
@@ -154,6 +156,7 @@ class ServedBackend:
         cfg["url"] = redact_url(self.config.url)
         cfg["extra_body"] = json.loads(scrub(json.dumps(cfg["extra_body"], default=str), secrets))
         extra = self.options.metadata or {}
+        cfg["seed"] = self.seed
         return run_metadata(backend=self.kind, config=cfg, concurrencies=self.concurrencies, **extra)
 
     @contextlib.contextmanager

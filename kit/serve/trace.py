@@ -175,7 +175,7 @@ class TraceBackend(ServedBackend):
             pid = f"{served_point_id(c)}-trace{digest:08x}-x{self.time_scale:g}"
             cols = {"model": c.model, "device": "remote", "isl": c.isl, "osl": c.osl, **self.extra}
             cols |= {"x_trace": str(self.trace_path), "x_time_scale": self.time_scale}
-            self._points = [GridPoint(pid, cols, f"trace {self.trace_path.name}", c)]
+            self._points = [GridPoint(pid, cols, f"trace {self.trace_path.name}", replace(c, seed=self.seed))]
         return self._points
 
     def schedule_for(self, point: GridPoint) -> TraceSchedule:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,12 @@ class RequestInput:
 ID_RANGE = (1000, 20000)
 #: most distinct prompts one point draws (a longer run reuses them in order)
 MAX_PROMPTS = 4096
+
+
+def fresh_seed() -> int:
+    """A new prompt seed (31 bits) for a run that pinned none: its prompts differ from every earlier run's, so a
+    server's prefix cache cannot answer them from an earlier run."""
+    return secrets.randbelow(2**31)
 
 
 def point_seed(seed: int, key: int | str) -> int:
@@ -167,9 +174,10 @@ def fresh_workload(
 ) -> list[RequestInput]:
     """The requests of one sweep point (warm-up + measured; 256 measured for a duration-only run; at most
     :data:`MAX_PROMPTS`), drawn from :func:`point_seed` of ``cfg.seed`` and ``point_key`` (the point's index or
-    ``point_id``), so no two points of a sweep send the same prompt; ``prefix_fraction`` > 0 shares prefixes
-    within groups (:func:`build_workload`). Token-id prompts on ``/v1/completions`` without a tokenizer.
-    Lengths ``cfg.isl`` / ``cfg.osl``, drawn within ``cfg.isl_range`` / ``cfg.osl_range`` when set.
+    ``point_id``; ``cfg.seed`` None: a new seed per call), so no two points of a sweep send the same prompt;
+    ``prefix_fraction`` > 0 shares prefixes within groups (:func:`build_workload`). Token-id prompts on
+    ``/v1/completions`` without a tokenizer. Lengths ``cfg.isl`` / ``cfg.osl``, drawn within ``cfg.isl_range`` /
+    ``cfg.osl_range`` when set.
 
     Raises:
         UserError: see :func:`build_workload`.
@@ -177,7 +185,8 @@ def fresh_workload(
     n = min((cfg.num_requests or 256) + cfg.warmup_requests, MAX_PROMPTS)
     ids = tokenizer is None and cfg.endpoint == "completions"
     spec = PromptSpec(cfg.isl, cfg.osl, cfg.isl_range, cfg.osl_range, prefix_fraction, group_size)
-    return build_workload(n, spec, tokenizer, point_seed(cfg.seed, point_key), ids)
+    seed = cfg.seed if cfg.seed is not None else fresh_seed()  # unpinned: prompts no earlier call drew
+    return build_workload(n, spec, tokenizer, point_seed(seed, point_key), ids)
 
 
 def arrival_gaps_s(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:

@@ -5,6 +5,7 @@ kit.results); a server without /metrics (the scripted SSE server, a dead port, r
 "not available", never a failure."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,8 @@ def test_parsed_text_old_vllm_names_and_missing_metrics():
     """Names from before a rename still map; metrics a version lacks are simply absent; counters are deltas."""
     a = S.parse_metrics(VLLM_OLD % (1000, 100, 500), 0.0)
     b = S.parse_metrics(VLLM_OLD % (1400, 300, 600), 2.0)
-    c = S.server_columns(a, b, client_output_tokens=99)
-    assert c["x_server_metrics"] == "vllm" and c["x_server_scrape_s"] == 2.0
+    c = S.server_columns(a, b, client_output_tokens=99, during=[b])
+    assert c["x_server_metrics"] == "vllm" and c["x_server_scrape_s"] == 2.0 and c["x_server_gauge_samples"] == 1
     assert c["x_server_prefix_cache_queries"] == 400 and c["x_server_prefix_cache_hits"] == 200
     assert c["x_server_prefix_cache_hit_rate"] == 0.5 and c["x_server_kv_cache_usage_max"] == 0.25
     assert c["x_server_generation_tokens"] == 100
@@ -134,6 +135,11 @@ def test_parsed_text_old_vllm_names_and_missing_metrics():
     )
     restarted = S.server_columns(b, a)
     assert restarted["x_server_generation_tokens"] is None  # a counter that went down: no delta
+    # no scrape while the point ran (a point shorter than the polling period): the gauge's maximum is unknown (NaN),
+    # never the idle server's value before or after it
+    unseen = S.server_columns(a, b, client_output_tokens=99)
+    assert math.isnan(unseen["x_server_kv_cache_usage_max"]) and unseen["x_server_kv_cache_usage_last"] == 0.25
+    assert unseen["x_server_gauge_samples"] == 0
 
 
 def test_sglang_tp_ranks_are_summed_and_gauges_averaged():
@@ -144,8 +150,23 @@ sglang:generation_tokens_total{tp_rank="1"} %d
 sglang:token_usage{tp_rank="0"} 0.2
 sglang:token_usage{tp_rank="1"} 0.4
 """
-    c = S.server_columns(S.parse_metrics(text % (10, 10), 0), S.parse_metrics(text % (20, 30), 1))
+    a, b = S.parse_metrics(text % (10, 10), 0), S.parse_metrics(text % (20, 30), 1)
+    c = S.server_columns(a, b, during=[b])
     assert c["x_server_generation_tokens"] == 30 and c["x_server_kv_cache_usage_max"] == pytest.approx(0.3)
+
+
+def test_speculative_acceptance_is_checked_against_the_tokens_the_client_received():
+    """A server counting drafts accepted past a sequence's end: its counters imply more emitted tokens (drafts +
+    accepted) than the client received; the row says so and is invalid. Without the overcount it is valid."""
+    base = {"x_server_spec_drafts": 100, "failed": 0}
+    # 300 tokens received in 100 verify steps: 3 per step; the server claims 2.75 accepted + 1 bonus = 3.75
+    over = S.spec_cross_check({**base, "x_server_spec_accepted_tokens": 275}, client_output_tokens=300)
+    assert over["x_spec_tokens_per_step_client"] == 3.0 and over["x_server_spec_overcount_frac"] == pytest.approx(0.25)
+    v = validity({**base, **over})
+    assert v["x_valid"] is False and "speculative-decoding counters imply 25 % more" in v["x_invalid_reasons"]
+    fine = S.spec_cross_check({**base, "x_server_spec_accepted_tokens": 200}, client_output_tokens=300)
+    assert fine["x_server_spec_overcount_frac"] == 0 and validity({**base, **fine})["x_valid"]
+    assert S.spec_cross_check({}, 300)["x_server_spec_overcount_frac"] is None
 
 
 def test_metric_table_has_a_source_per_row():

@@ -27,7 +27,7 @@ def sim():
 def test_e8_no_prompt_is_sent_twice_across_a_two_concurrency_sweep(sim, tmp_path):
     """Case E8: concurrency [1, 2], 4 measured + 1 warm-up each -> 10 distinct prompts of 10 sent."""
     sim.log.clear()
-    cfg = LoadConfig(url=sim.url, model="sim", num_requests=4, warmup_requests=1, isl=16, osl=4)
+    cfg = LoadConfig(url=sim.url, model="sim", num_requests=4, warmup_requests=1, isl=16, osl=4, seed=3)
     df = run_grid(ServedBackend(cfg, [1, 2], tmp_path), tmp_path, progress=False)
     prompts = [json.dumps(x["prompt"]) for x in sim.log]
     assert len(prompts) == 10 and len(set(prompts)) == 10
@@ -41,9 +41,11 @@ def test_e8_no_prompt_is_sent_twice_across_a_two_concurrency_sweep(sim, tmp_path
 
 
 def test_fresh_workload_is_keyed_by_point_and_deterministic():
-    cfg = LoadConfig(url="http://x", num_requests=3, warmup_requests=1, isl=12, osl=5)
+    cfg = LoadConfig(url="http://x", num_requests=3, warmup_requests=1, isl=12, osl=5, seed=1)
     a, a2, b = fresh_workload(cfg, "p1"), fresh_workload(cfg, "p1"), fresh_workload(cfg, "p2")
     assert [r.prompt for r in a] == [r.prompt for r in a2]
+    unpinned = LoadConfig(url="http://x", num_requests=3, warmup_requests=1, isl=12, osl=5)  # seed None: new
+    assert [r.prompt for r in fresh_workload(unpinned, "p1")] != [r.prompt for r in fresh_workload(unpinned, "p1")]
     assert not {tuple(r.prompt) for r in a} & {tuple(r.prompt) for r in b}
     assert len(a) == 4 and all(len(r.prompt) == 12 and r.max_tokens == 5 for r in a)
     ranged = fresh_workload(
