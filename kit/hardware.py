@@ -22,6 +22,7 @@ import torch
 
 from kit import dtypes
 from kit.errors import UserError
+from kit.visibility import visible_devices
 
 #: what a torch build runs on: the CPU, CUDA (NVIDIA) or ROCm/HIP (AMD; still addressed as torch device "cuda")
 PLATFORMS = ("cpu", "cuda", "rocm")
@@ -58,7 +59,8 @@ class DeviceInfo:
     compute_units: int | None = None
     #: how the part was named: from the device name, from arch + compute units + memory, or why it could not be
     identity: str = ""
-    #: which devices this process may see and why (:func:`visible_devices`)
+    #: which devices this process may see, why, and which physical devices they are
+    #: (:func:`kit.visibility.visible_devices`)
     visibility: str = ""
     torch_version: str = field(default_factory=lambda: torch.__version__)
     cuda_version: str | None = None
@@ -71,8 +73,17 @@ class DeviceInfo:
 def platform_of_build() -> str:
     """Backend this torch build targets with a usable device: ``"rocm"``, ``"cuda"`` or ``"cpu"``."""
     if torch.cuda.is_available():
-        return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+        return gpu_api()
     return "cpu"
+
+
+def gpu_api() -> str:
+    """The GPU API this torch build is compiled for, whether or not a GPU is visible: ``"rocm"`` (HIP),
+    ``"cuda"`` or ``"cpu"`` (a CPU-only build). The visibility variables are read by these rules
+    (:func:`kit.visibility.resolve_visible_devices`), even when they hide every GPU."""
+    if getattr(torch.version, "hip", None):
+        return "rocm"
+    return "cuda" if getattr(torch.version, "cuda", None) else "cpu"
 
 
 def gfx_arch(props) -> str | None:
@@ -150,63 +161,6 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-#: environment variables that decide which GPUs a process sees
-VISIBLE_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-
-
-def visible_devices(platform: str | None = None, env=None) -> dict:
-    """Which GPUs this process may see, and why.
-
-    Rules (sources: ROCm docs "GPU isolation techniques"; CUDA C Programming Guide, "CUDA Environment
-    Variables"): on ROCm, ``ROCR_VISIBLE_DEVICES`` filters at the runtime level first, then
-    ``HIP_VISIBLE_DEVICES`` (for which HIP also accepts ``CUDA_VISIBLE_DEVICES``) indexes into what is left; on
-    CUDA only ``CUDA_VISIBLE_DEVICES`` counts. An empty value hides every device.
-
-    Args:
-        platform: ``"cuda"``, ``"rocm"`` or ``"cpu"`` (default: this torch build's).
-        env: mapping to read (default ``os.environ``).
-
-    Returns:
-        ``{"set": {var: value} (only the variables that are set), "explanation": text}``.
-
-    Raises:
-        UserError: on ROCm, ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` both set to different lists (which
-            one HIP obeys depends on its version: the kit refuses to guess which device it measures).
-    """
-    env = os.environ if env is None else env
-    platform = platform or platform_of_build()
-    found = {v: env[v] for v in VISIBLE_DEVICE_VARS if v in env}
-    norm = {k: ",".join(x.strip() for x in v.split(",")) for k, v in found.items()}
-    notes = []
-    if platform == "rocm":
-        hip, cuda = norm.get("HIP_VISIBLE_DEVICES"), norm.get("CUDA_VISIBLE_DEVICES")
-        if hip is not None and cuda is not None and hip != cuda:
-            raise UserError(
-                f"HIP_VISIBLE_DEVICES={found['HIP_VISIBLE_DEVICES']!r} and "
-                f"CUDA_VISIBLE_DEVICES={found['CUDA_VISIBLE_DEVICES']!r} disagree on this ROCm machine; "
-                "set one of them (HIP_VISIBLE_DEVICES), or both to the same list"
-            )
-        if "ROCR_VISIBLE_DEVICES" in norm:
-            notes.append(f"ROCR_VISIBLE_DEVICES={found['ROCR_VISIBLE_DEVICES']!r} filters first")
-        sel = hip if hip is not None else cuda
-        if sel is not None:
-            var = "HIP_VISIBLE_DEVICES" if hip is not None else "CUDA_VISIBLE_DEVICES (read by HIP)"
-            notes.append(f"{var}={sel!r} selects " + ("no device" if sel == "" else "from what is left"))
-    elif platform == "cuda":
-        if "CUDA_VISIBLE_DEVICES" in norm:
-            sel = norm["CUDA_VISIBLE_DEVICES"]
-            notes.append(
-                f"CUDA_VISIBLE_DEVICES={found['CUDA_VISIBLE_DEVICES']!r} selects "
-                + ("no device" if sel == "" else "these devices")
-            )
-        ignored = [v for v in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if v in norm]
-        if ignored:
-            notes.append(f"{', '.join(ignored)} set but ignored by a CUDA build")
-    elif found:
-        notes.append(f"{', '.join(found)} set; this torch build sees no GPU, so they change nothing")
-    return {"set": found, "explanation": "; ".join(notes) or "no visibility variable set: every device is visible"}
-
-
 def detect(device: str | None = None) -> DeviceInfo:
     """Detect the device the kit will run on.
 
@@ -228,7 +182,7 @@ def detect(device: str | None = None) -> DeviceInfo:
     have = platform_of_build()
     if want == "auto":
         want = have
-    vis = visible_devices(have)  # a conflicting setting is an error before any device is used
+    vis = visible_devices(gpu_api())  # a conflicting or empty selection is an error before any device is used
     if want in ("cuda", "rocm"):
         if have == "cpu":
             why = f"; {vis['explanation']}" if vis["set"] else ""

@@ -27,6 +27,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from kit.visibility import resolve_visible_devices
+
 log = logging.getLogger("kit")
 
 #: what PowerSampler(source=...) accepts
@@ -213,8 +215,26 @@ class RaplReader:
         pass
 
 
+def gpu_devices(source: str, devices) -> list[int] | None:
+    """The physical indices an NVML or amd-smi reader opens: ``devices`` as given, else the GPUs this process sees
+    (:func:`kit.visibility.resolve_visible_devices` under CUDA rules for NVML, ROCm rules for amd-smi; None: every
+    device).
+
+    Raises:
+        LookupError: a device named by UUID (its index is not looked up: power is then not read, never read from
+            another GPU). UserError: conflicting visibility variables.
+    """
+    if devices is None:
+        devices = resolve_visible_devices("cuda" if source == "nvml" else "rocm")
+    if devices is not None and not all(isinstance(d, int) for d in devices):
+        raise LookupError(f"devices {list(devices)} are named by UUID; the kit reads power by physical index only")
+    return None if devices is None else list(devices)
+
+
 def open_reader(source: str, devices, library: str | None, rapl_root: str):
-    """``(reader, None)`` for the first source that works, else ``(None, why)`` naming every source tried."""
+    """``(reader, None)`` for the first source that works, else ``(None, why)`` naming every source tried.
+    ``devices``: physical indices (NVML / amd-smi; None: the GPUs this process sees, :func:`gpu_devices`) or RAPL
+    package numbers (None: every package)."""
     order = ("nvml", "amdsmi", "rapl") if source == "auto" else (source,)
     if source == "none":
         return None, "power sampling switched off"
@@ -222,9 +242,10 @@ def open_reader(source: str, devices, library: str | None, rapl_root: str):
     for src in order:
         try:
             if src == "rapl":
-                return RaplReader(rapl_root, devices), None
+                packages = devices if source == "rapl" else None  # a GPU index is not a CPU package
+                return RaplReader(rapl_root, packages), None
             mod = importlib.import_module(library or ("pynvml" if src == "nvml" else "amdsmi"))
-            return (NvmlReader if src == "nvml" else AmdSmiReader)(mod, devices), None
+            return (NvmlReader if src == "nvml" else AmdSmiReader)(mod, gpu_devices(src, devices)), None
         except ImportError as e:
             why.append(f"{src}: {e.name or e} not installed")
         except (OSError, LookupError) as e:

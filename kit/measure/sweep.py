@@ -40,6 +40,7 @@ from kit.measure.power_readers import SOURCES as POWER_SOURCES
 from kit.results import ok_mask, verdict
 from kit.store import latest_rows, run_metadata
 from kit.validity import validity
+from kit.visibility import physical_gpus
 
 log = logging.getLogger("kit")
 
@@ -301,11 +302,10 @@ class EngineBackend:
         if model is not self._baseline_model:  # a new dtype builds a new model: a new baseline
             self._baseline_gb, self._baseline_model = hardware.allocated_gb(dev), model
         extra = {"compile": True} if cfg.compile else {}
-        with PowerSampler(visible_power_devices(), cfg.power_period_ms / 1000.0, cfg.power_source) as ps:
+        gpus = physical_gpus(self.info.platform, 1)  # the point runs on device 0: its physical index
+        with PowerSampler(gpus, cfg.power_period_ms / 1000.0, cfg.power_source) as ps:
             rec = self.runner(model, p, dev, cfg.seed, **extra)
-        new = p.repeats * p.concurrency * (p.warmup_steps + p.decode_steps)  # tokens generated, warm-up included
-        prompt = p.repeats * p.concurrency * p.context_len if p.kv_fill == "prefill" else 0
-        rec = {**rec, **ps.columns(new, new + prompt, self.tdp_w, cfg.usd_per_kwh), **self.thread_columns}
+        rec = {**rec, **ps.columns(*point_tokens(p), self.tdp_w, cfg.usd_per_kwh), **self.thread_columns}
         return {**rec, **validity(rec)}
 
     def _measure_tp(self, point: GridPoint, dt: str, p: PointConfig) -> dict:
@@ -319,7 +319,10 @@ class EngineBackend:
         ckpt = tp_checkpoint(cfg.model, dt, cfg.seed)
         work = self.work_dir / "tp" / point.point_id
         ranks = TPRanks(cfg.tp, cfg.threads, cfg.tp_timeout_s, cfg.seed, cfg.trust_remote_code)
-        rec = run_tp_point(ckpt, dt, p, work, ranks)
+        gpus = physical_gpus(self.info.platform, cfg.tp)  # rank r runs on GPU r: these physical devices
+        with PowerSampler(gpus, cfg.power_period_ms / 1000.0, cfg.power_source) as ps:
+            rec = run_tp_point(ckpt, dt, p, work, ranks)
+        rec = {**rec, **ps.columns(*point_tokens(p), self.tdp_w, cfg.usd_per_kwh)}
         return {**rec, "x_tp_checkpoint": str(ckpt), "x_tp_logs": str(work / "logs")}
 
     def after_failure(self) -> dict:
@@ -328,6 +331,15 @@ class EngineBackend:
         if dev != "cpu" and self._baseline_gb is not None:
             return {"x_mem_above_baseline_gb": round(hardware.allocated_gb(dev) - self._baseline_gb, 4)}
         return {}
+
+
+def point_tokens(p: PointConfig) -> tuple[int, int]:
+    """``(output tokens, input + output tokens)`` a point processes, warm-up included (its energy per token):
+    ``repeats × B × (warm-up + decode steps)`` generated, plus ``repeats × B × context`` prompt tokens when the
+    cache is filled by a real prefill."""
+    new = p.repeats * p.concurrency * (p.warmup_steps + p.decode_steps)
+    prompt = p.repeats * p.concurrency * p.context_len if p.kv_fill == "prefill" else 0
+    return new, new + prompt
 
 
 def _catalog_tdp_w(accelerator: str | None) -> float | None:
@@ -341,17 +353,6 @@ def _catalog_tdp_w(accelerator: str | None) -> float | None:
     except KeyError:
         return None
     return float(v) if v is not None and not pd.isna(v) else None
-
-
-def visible_power_devices() -> list[int] | None:
-    """Device indices for the power sampler: the first GPU this process sees, as a physical index (NVML and
-    amd-smi count every GPU of the machine, ignoring ``*_VISIBLE_DEVICES``); None (every device) when no
-    visibility variable is set."""
-    for var in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
-        first = os.environ.get(var, "").split(",")[0].strip()
-        if first.isdigit():
-            return [int(first)]
-    return None
 
 
 def run_sweep(

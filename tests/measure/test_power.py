@@ -332,3 +332,34 @@ def test_a_counter_reset_is_not_a_wrap(kind, fakes, tmp_path, monkeypatch, caplo
     assert c["x_energy_method"] != "counter" and "went backwards" in caplog.text
     if kind != "rapl":  # the fakes report power too: the integral of it
         assert c["x_energy_method"] == "integral" and c["energy_j"] == pytest.approx(c["avg_power_w"] * 0.4)
+
+
+def test_power_is_read_from_the_physical_gpu_the_visibility_variables_select(fakes, monkeypatch):
+    """Issue 22: under ROCR_VISIBLE_DEVICES=2,3 HIP_VISIBLE_DEVICES=1 the process's GPU is physical 3 (amd-smi
+    numbers every GPU of the machine); it was read as GPU 1. A GPU named by UUID is not read at all."""
+    from kit.visibility import physical_gpus
+
+    nv, amd = fakes
+    for fake, key in ((amd, "current_socket_power"), (nv, "power_mw")):
+        for i, d in enumerate(fake.reset(4)):
+            d[key] = 100 * (i + 1) * (1000 if fake is nv else 1)  # GPU i draws 100 x (i + 1) W
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ROCR_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")
+    for devices in (None, physical_gpus("rocm", 1)):  # the sampler's default (served points) and a sweep's point
+        ps = P.PowerSampler(devices, source="amdsmi", library="fake_amdsmi").open()
+        assert ps.reader.names == ["3:AMD Instinct MI355X"] and ps.reader.read(0)["power_w"] == 400.0
+        ps.close()
+    monkeypatch.delenv("HIP_VISIBLE_DEVICES")
+    monkeypatch.delenv("ROCR_VISIBLE_DEVICES")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    ps = P.PowerSampler(source="nvml", library="fake_pynvml").open()
+    assert [n.split(":")[0] for n in ps.reader.names] == ["2", "0"] and ps.reader.read(0)["power_w"] == 300.0
+    ps.close()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8a1b2c3d")
+    ps = P.PowerSampler(source="nvml", library="fake_pynvml").open()
+    assert (
+        ps.status == "not available: nvml: devices ['GPU-8a1b2c3d'] are named by UUID; the kit reads power by "
+        "physical index only"
+    )
