@@ -18,6 +18,7 @@ Adding the same run twice stores it once (rows are keyed by run, point and finis
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -28,7 +29,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kit.errors import InputNotFoundError, UserError
+from kit._io import check_out_file
+from kit.errors import InputNotFoundError, OutputPathError, UserError
 from kit.results import ok_mask
 from kit.store import load_results
 from kit.track.rows import created_utc, row_price, row_samples, row_tuple
@@ -101,12 +103,40 @@ def package_versions(meta: dict) -> dict:
     return out
 
 
+def _header(p: Path) -> bytes:
+    """The first 12 bytes of the file at ``p`` (DuckDB's magic is bytes 8-12). Raises: UserError: unreadable."""
+    try:
+        with open(p, "rb") as f:
+            return f.read(12)
+    except OSError as e:
+        raise UserError(f"cannot read history database {p}: {e.strerror or e}") from None
+
+
+def _damaged(e) -> bool:
+    """Whether a DuckDB error means the file itself cannot be read (a damaged checksum, a truncated file, an I/O
+    failure) rather than a query the kit got wrong (catalog, binder, parser errors stay bugs, with traceback)."""
+    import duckdb
+
+    kinds = (duckdb.IOException, duckdb.SerializationException, duckdb.InternalException, duckdb.InvalidInputException)
+    return type(e) is duckdb.Error or isinstance(e, kinds)
+
+
+def _damaged_error(p: Path, e) -> UserError:
+    return UserError(
+        f"history database {p} cannot be read ({str(e).splitlines()[0][:200]}): the file is damaged or truncated; "
+        "restore it from a copy, or give --db a new path"
+    )
+
+
 def connect(path: str | Path = DEFAULT_DB, read_only: bool = False):
-    """Open (creating it and its tables when new) the history database at ``path``; a DuckDB connection.
+    """Open (creating it and its tables when new) the history database at ``path``; a DuckDB connection (prefer
+    :func:`opened`, which also turns a damage found while reading into a one-line error).
 
     Raises:
         InputNotFoundError: ``read_only`` and no database at ``path``.
-        UserError: ``path`` is not a DuckDB file or is locked by another process.
+        OutputPathError: not ``read_only`` and ``path`` cannot be created (an ancestor is a file, e.g.
+            ``/etc/passwd/x``, or the directory is not writable).
+        UserError: ``path`` is not a DuckDB file, is damaged or truncated, or is locked by another process.
     """
     import duckdb
 
@@ -114,23 +144,59 @@ def connect(path: str | Path = DEFAULT_DB, read_only: bool = False):
     if p.is_dir():
         raise UserError(f"--db {p} is a directory; give a file path (e.g. {p / 'history.duckdb'})")
     if read_only and not p.is_file():
+        anc = next((a for a in p.parents if a.exists()), None)
+        if anc is not None and not anc.is_dir():
+            raise InputNotFoundError(f"no history database at {p}: {anc} is a file, not a directory")
         raise InputNotFoundError(f"no history database at {p} (create one with `kit history add RUN_DIR --db {p}`)")
     if not read_only:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    if p.is_file() and p.stat().st_size and p.read_bytes()[8:12] != b"DUCK":  # DuckDB's file header magic
+        check_out_file(p, "--db", "history.duckdb")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputPathError(f"--db {p}: cannot create {p.parent}: {e.strerror or e}") from None
+    if p.is_file() and p.stat().st_size and _header(p)[8:12] != b"DUCK":  # DuckDB's file header magic
         raise UserError(f"{p} is not a DuckDB history database (give --db a new path or a kit history file)")
+    # never fetch or load extensions: a foreign file must not make DuckDB reach the network
+    no_ext = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     try:
-        # never fetch or load extensions: a foreign file must not make DuckDB reach the network
-        no_ext = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
         con = duckdb.connect(str(p), read_only=read_only, config=no_ext)
     except (duckdb.IOException, duckdb.InvalidInputException) as e:
         raise UserError(f"cannot open history database {p}: {str(e).splitlines()[0]}") from None
-    if not read_only:
-        con.execute(_SCHEMA)
-    elif not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchone()[0]:
+    except duckdb.Error as e:
+        if not _damaged(e):
+            raise
+        raise _damaged_error(p, e) from None
+    try:
+        if not read_only:
+            con.execute(_SCHEMA)
+        elif not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'runs'").fetchone()[0]:
+            raise UserError(f"{p} is a DuckDB file but not a kit history (no runs table); add a run to it first")
+    except BaseException as e:
         con.close()
-        raise UserError(f"{p} is a DuckDB file but not a kit history (no runs table); add a run to it first")
+        if isinstance(e, duckdb.Error) and _damaged(e):
+            raise _damaged_error(p, e) from None
+        raise
     return con
+
+
+@contextlib.contextmanager
+def opened(path: str | Path = DEFAULT_DB, read_only: bool = False):
+    """:func:`connect` for the length of a ``with`` block (closed after it); a damaged or truncated file found
+    while the block reads or writes is a UserError naming it, never a DuckDB traceback.
+
+    Raises: what :func:`connect` raises; UserError for a damaged file.
+    """
+    import duckdb
+
+    con = connect(path, read_only)
+    try:
+        yield con
+    except duckdb.Error as e:
+        if not _damaged(e):
+            raise
+        raise _damaged_error(Path(path), e) from None
+    finally:
+        con.close()
 
 
 def add_run(
@@ -153,7 +219,9 @@ def add_run(
 
     Raises:
         InputNotFoundError: no results in ``run_dir``.
-        UserError: no commit given, the database is locked, or a run of ``run_dir`` is stored under another commit.
+        OutputPathError: ``db`` cannot be created there (:func:`connect`).
+        UserError: no commit given, the database is locked or damaged, or a run of ``run_dir`` is stored under
+            another commit.
     """
     if not provenance.commit:
         raise UserError("no commit: pass --commit SHA or --git PATH (a checkout of the stack under test)")
@@ -162,11 +230,10 @@ def add_run(
     metas = {m.get("run_id") or m.get("created_utc"): m for m in df.attrs.get("runs", [])}
     ok = ok_mask(df)
     records = json.loads(df.to_json(orient="records", date_format="iso"))
-    con = connect(db)
     added = known = n_samples = 0
     keys: list[str] = []
     now = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-    try:
+    with opened(db) as con:
         con.execute("BEGIN TRANSACTION")
         for rec, is_ok in zip(records, ok):
             meta = metas.get(rec.get("run_id")) or df.attrs.get("metadata", {})
@@ -188,8 +255,6 @@ def add_run(
             else:
                 added, n_samples = added + 1, n_samples + n
         con.execute("COMMIT")
-    finally:
-        con.close()
     return {"runs": keys, "rows_added": added, "rows_known": known, "samples_added": n_samples}
 
 
@@ -254,8 +319,7 @@ def list_runs(db: str | Path) -> pd.DataFrame:
     Raises:
         InputNotFoundError: no database at ``db``.
     """
-    con = connect(db, read_only=True)
-    try:
+    with opened(db, read_only=True) as con:
         return con.execute(
             "SELECT r.run_key, r.run_id, r.commit, r.branch, r.dirty, r.tag, r.created_utc, r.device, r.device_name, "
             "r.driver, count(w.row_key) AS rows, CAST(sum(CASE WHEN w.ok THEN 1 ELSE 0 END) AS INTEGER) AS ok_rows, "
@@ -263,8 +327,6 @@ def list_runs(db: str | Path) -> pd.DataFrame:
             "count(DISTINCT w.replicate) AS replicates, r.usd_per_gpu_hr, r.price_basis, r.versions, r.source "
             "FROM runs r LEFT JOIN rows w USING (run_key) GROUP BY ALL ORDER BY r.created_utc, r.run_key"
         ).df()
-    finally:
-        con.close()
 
 
 def commit_order(runs: pd.DataFrame) -> list[str]:
@@ -299,20 +361,14 @@ def resolve(runs: pd.DataFrame, ref: str) -> list[str]:
 
 def load_rows(db: str | Path, run_keys: list[str] | None = None) -> pd.DataFrame:
     """The typed row table (joined with the run's commit and created_utc), optionally for some runs only."""
-    con = connect(db, read_only=True)
-    try:
+    with opened(db, read_only=True) as con:
         q = "SELECT w.*, r.commit, r.created_utc FROM rows w JOIN runs r USING (run_key)"
         if run_keys is None:
             return con.execute(q).df()
         return con.execute(q + " WHERE list_contains(?, w.run_key)", [list(run_keys)]).df()
-    finally:
-        con.close()
 
 
 def load_samples(db: str | Path, row_keys: list[str]) -> pd.DataFrame:
     """Raw samples (row_key, metric, block, value) of some rows."""
-    con = connect(db, read_only=True)
-    try:
+    with opened(db, read_only=True) as con:
         return con.execute("SELECT * FROM samples WHERE list_contains(?, row_key)", [list(row_keys)]).df()
-    finally:
-        con.close()

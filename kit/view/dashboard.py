@@ -27,15 +27,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import secrets
 import shlex
 import signal
 import sys
 from pathlib import Path
 
-from kit._io import check_out_dir, free_port
+from kit._io import atomic_write_text, check_out_dir, free_port
 from kit.cli import DefaultsHelpFormatter, add_config_args, config_from_args, number_arg
-from kit.errors import UserError
+from kit.errors import OutputPathError, UserError
 from kit.measure.sweep import SweepConfig
 from kit.serve.launch import Server
 
@@ -101,16 +102,20 @@ def voila_command(notebook: str | Path, port: int, open_browser: bool = False, c
 def write_notebook(out_dir: str | Path, config: SweepConfig | None = None) -> Path:
     """Write the dashboard notebook to ``out_dir/dashboard.ipynb`` (creating ``out_dir``); returns its path.
 
-    Raises: OutputPathError when ``out_dir`` (or a parent) is a file; what :func:`dashboard_notebook` raises.
+    Raises: OutputPathError (one line naming the path) when ``out_dir`` (or a parent) is a file, cannot be created
+    or is not writable (a read-only file system); what :func:`dashboard_notebook` raises.
     """
     import nbformat
 
     out = check_out_dir(out_dir, "--out", DASHBOARD_OUT)
     nb = dashboard_notebook(out, config)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "dashboard.ipynb"
-    nbformat.write(nb, str(path))
-    return path
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputPathError(f"--out {out}: cannot create the directory: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise OutputPathError(f"--out {out}: the directory is not writable (a read-only file system?); give another")
+    return atomic_write_text(out / "dashboard.ipynb", nbformat.writes(nb), "--out", "dashboard.ipynb")
 
 
 class DashboardServer(Server):

@@ -217,3 +217,42 @@ def test_a_flagged_row_is_stored_flagged_never_ok(tmp_path):
     assert set(rows.drop(index="sim-kv512-b4").status) == {"ok"} and rows.drop(index="sim-kv512-b4").ok.all()
     again = add_run(db, tmp_path / "a", Provenance("a"))  # the same run is still recognised as stored
     assert again["rows_added"] == 0 and again["rows_known"] == 4
+
+
+def _corrupt_copies(db, tmp_path) -> dict:
+    """Damaged copies of a real history file: a flipped data block, a block overwritten, a truncated file."""
+    good = db.read_bytes()
+    out = {}
+    flipped = bytearray(good)
+    for i in range(4096, len(flipped), 997):
+        flipped[i] ^= 0xFF
+    overwritten = bytearray(good)
+    overwritten[8192:12288] = b"\xff" * 4096
+    for name, data in (("flipped", flipped), ("overwritten", overwritten), ("truncated", good[: len(good) // 2])):
+        out[name] = tmp_path / f"{name}.duckdb"
+        out[name].write_bytes(bytes(data))
+    return out
+
+
+def test_a_damaged_or_impossible_history_path_is_a_one_line_user_error(history, tmp_path, capsys):
+    """Issue 28 item 8: a corrupt DuckDB history and ``--db /etc/passwd/x`` gave tracebacks (exit 1)."""
+    db, runs = history
+    run_dir = str(runs[0][1])
+    for name, bad in _corrupt_copies(db, tmp_path).items():
+        for args in (
+            ["list"],
+            ["compare", "c01", "c02"],
+            ["add", run_dir, "--commit", "c01"],
+            ["report", "--out", str(tmp_path / "r")],
+        ):
+            assert main(["history", *args, "--db", str(bad)]) == 2, (name, args)
+            err = capsys.readouterr().err
+            assert err.startswith("kit history: error: ") and err.count("\n") == 1, (name, args, err)
+            assert str(bad) in err and "Traceback" not in err, (name, args, err)
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0::/root:/bin/sh\n")  # a file where --db needs a directory (as /etc/passwd/x)
+    for args in (["add", run_dir, "--commit", "c01"], ["list"], ["compare", "c01", "c02"]):
+        assert main(["history", *args, "--db", str(passwd / "x")]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("kit history: error: ") and err.count("\n") == 1 and str(passwd) in err, (args, err)
+    assert passwd.read_text() == "root:x:0:0::/root:/bin/sh\n"

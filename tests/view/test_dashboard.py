@@ -109,3 +109,44 @@ def test_cli_print_command(tmp_path, capsys):
     main(["dashboard", "--print-command", "--kv", "16", "--concurrency", "2,4", "--out", str(tmp_path / "h")])
     src = _panel_source(tmp_path / "h" / "dashboard.ipynb")
     assert "kv_lens=[16]" in src and "concurrencies=[2, 4]" in src
+
+
+def test_a_read_only_out_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    """Issue 28 item 8: `kit dashboard` with a read-only --out gave a traceback. A read-only file system is
+    simulated (the tests may run as root, whom chmod does not stop): creating or writing under ``ro`` fails with
+    EROFS, as the kernel answers there; the CLI then exits 2 with one line naming the path, before serving."""
+    import errno
+    import os
+    import tempfile
+    from pathlib import Path
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+
+    def under_ro(p) -> bool:
+        return Path(p) == ro or ro in Path(p).parents
+
+    real_mkstemp, real_mkdir, real_access = tempfile.mkstemp, Path.mkdir, os.access
+
+    def mkstemp(*a, dir=None, **kw):
+        if dir is not None and under_ro(dir):
+            raise OSError(errno.EROFS, "Read-only file system", str(dir))
+        return real_mkstemp(*a, dir=dir, **kw)
+
+    def mkdir(self, *a, **kw):
+        if under_ro(self) and not self.exists():
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real_mkdir(self, *a, **kw)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    for out in (ro, ro / "new"):
+        for extra in (["--print-command"], []):
+            assert main(["dashboard", *extra, "--port", "0", "--out", str(out)]) == 2, (out, extra)
+            err = capsys.readouterr().err
+            assert err.startswith("kit dashboard: error: ") and err.count("\n") == 1 and str(ro) in err, err
+            assert "Read-only file system" in err or "not writable" in err, err
+    assert list(ro.iterdir()) == []
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if under_ro(p) else real_access(p, mode, **kw))
+    assert main(["dashboard", "--print-command", "--out", str(ro)]) == 2  # what os.access says on a read-only mount
+    assert "is not writable" in capsys.readouterr().err
