@@ -208,6 +208,27 @@ def param_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def shard_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """This process's parameter and buffer bytes under tensor parallelism (tied weights once):
+    ``(sharded, whole)``. ``sharded``: the local shards of tensors split over the ranks (a ``DTensor`` with a
+    ``Shard`` placement, as transformers' ``tp_plan`` makes them; its ``numel()`` is the *global* size, its
+    ``to_local()`` what this rank holds). ``whole``: tensors every rank holds in full (plain tensors, replicated
+    DTensors: norms, rotary buffers). The model's bytes are Σ over ranks of ``sharded`` + ``whole`` once; without
+    tensor parallelism ``sharded`` is 0 and ``whole`` is :func:`param_bytes`."""
+    seen, sharded, whole = set(), 0, 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        placements = getattr(t, "placements", None)  # torch.distributed.tensor.DTensor
+        if placements is not None and any(p.is_shard() for p in placements):
+            local = t.to_local()
+            sharded += local.numel() * local.element_size()
+        else:
+            whole += t.numel() * t.element_size()
+    return sharded, whole
+
+
 def build_model(
     model: str = DEFAULT_PRESET,
     dtype: str | torch.dtype = "float32",

@@ -71,3 +71,10 @@ def test_local_checkpoint_round_trip(tmp_path):
 def test_preset_table():
     t = models.preset_table()
     assert {"tiny-llama", "llama-3.1-8b", "deepseek-v3", "kimi-k2"} <= set(t.preset)
+
+
+def test_shard_bytes_without_tensor_parallelism_is_every_byte_whole():
+    """No DTensor: nothing sharded, every byte held whole (= param_bytes, tied weights once). The sharded branch is
+    checked on real ranks: tests/measure/test_tp.py (TP=2 weights_gb equals the single-process figure)."""
+    m = models.build_model("tiny-llama")
+    assert models.shard_bytes(m) == (0, models.param_bytes(m)) and models.param_bytes(m) == 19_473_536

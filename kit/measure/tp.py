@@ -12,8 +12,9 @@ How (the parent side; each rank runs :mod:`kit.measure.tp_worker`):
   stops every rank). The model is loaded once per point (for a large model: its load time per point).
 - **The row**: every rank runs every prefill and decode step (the collectives inside each forward keep them in
   lock step) and times each with the device synchronised; per step the slowest rank's time is kept (all-reduce
-  MAX), KV and weight bytes are summed over ranks, peak memory is the largest rank's. Rank 0 writes the record;
-  the grid stores it with ``tp = n_gpus = N``.
+  MAX), KV bytes are summed over ranks, weight bytes are each rank's local shards summed plus the tensors every
+  rank holds whole once (the single-process figure; :func:`kit.models.shard_bytes`), peak memory is the largest
+  rank's. Rank 0 writes the record; the grid stores it with ``tp = n_gpus = N``.
 - **Out of memory** on any rank: that rank writes ``oom-rank<r>.txt`` before it exits, and the parent raises
   ``torch.OutOfMemoryError`` so the grid records the point as ``oom``; any other failure is a ``RankError``
   recorded as ``error`` with the failing rank's message.

@@ -17,6 +17,7 @@ from kit.grid import is_out_of_memory
 from kit.measure.engine import PointConfig, point_record, time_point
 from kit.measure.ranks import default_backend
 from kit.measure.tp import last_step_logits
+from kit.models import shard_bytes
 
 
 def load_sharded(checkpoint: str, dtype: str, trust_remote_code: bool = False):
@@ -36,14 +37,17 @@ def _reduce(values: list[float], op, device) -> list[float]:
     return t.cpu().tolist()
 
 
-def across_ranks(raw: dict, device) -> dict:
-    """``raw`` (:func:`kit.measure.engine.time_point`) with each step's time the slowest rank's (MAX), KV and
-    weight bytes summed over ranks, peak memory the largest rank's and logits finite only if finite on every
-    rank."""
+def across_ranks(raw: dict, device, weights: tuple[int, int]) -> dict:
+    """``raw`` (:func:`kit.measure.engine.time_point`) with each step's time the slowest rank's (MAX), KV bytes
+    summed over ranks, weight bytes the model's once (``weights`` is this rank's
+    :func:`kit.models.shard_bytes`: local shards summed over ranks, plus the tensors every rank holds whole
+    counted once — not each rank's global sizes summed, which counted the model ``tp`` times), peak memory the
+    largest rank's and logits finite only if finite on every rank."""
     R = dist.ReduceOp
     n = len(raw["step_ms"])
     slow = _reduce(raw["step_ms"] + raw["prefill_ms"], R.MAX, device)
-    kv, w = _reduce([raw["kv_bytes"], raw["weights_bytes"]], R.SUM, device)
+    kv, sharded = _reduce([raw["kv_bytes"], weights[0]], R.SUM, device)
+    w = sharded + weights[1]
     (peak,) = _reduce([raw["peak_gb"]], R.MAX, device)
     (finite,) = _reduce([float(raw["finite"])], R.MIN, device)
     extras = {**raw["extras"], "x_step_ms_rank0": raw["step_ms"], "x_tp_ranks": dist.get_world_size()}
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.save(logits, work / "logits.pt")
         else:
             raw = time_point(model, PointConfig(**job["point"]), device, job["seed"])
-            rec = point_record(across_ranks(raw, device))
+            rec = point_record(across_ranks(raw, device, shard_bytes(model)))
             if rank == 0:
                 atomic_write_text(work / "result.json", json.dumps(rec))
         dist.barrier()

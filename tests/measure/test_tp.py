@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kit.measure import sweep, tp
-from kit.models import build_model
+from kit.models import build_model, param_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -67,8 +67,12 @@ def test_tp_sweep_a_killed_rank_is_an_error_point_and_no_process_is_left(tmp_pat
     assert by_b.loc[1, "status"] == "error" and "rank" in by_b.loc[1, "error"], by_b.loc[1, "error"]
     assert by_b.loc[2, "status"] == "ok" and by_b.loc[2, "tp"] == 2 and by_b.loc[2, "n_gpus"] == 2
     assert by_b.loc[2, "x_tp_ranks"] == 2 and by_b.loc[2, "tpot_n"] == 2
-    c = build_model("tiny-llama").config  # KV bytes summed over ranks = the whole model's cache
+    single = build_model("tiny-llama")
+    c = single.config  # KV bytes summed over ranks = the whole model's cache
     assert by_b.loc[2, "kv_cache_gb"] * 1e9 == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4 * 2 * 18
+    # issue 22: each rank counted the global size of its sharded tensors and the ranks were summed (2x, 38.9 MB);
+    # now local shards summed + replicated tensors once = the single-process figure (19,473,536 bytes)
+    assert round(by_b.loc[2, "weights_gb"] * 1e9) == param_bytes(single)
     left = [p.pid for p in psutil.process_iter() if _pgid(p.pid) == killed["pgid"]]
     assert not left and not _ranks_of(str(out)), left
 
