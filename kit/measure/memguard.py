@@ -10,8 +10,9 @@ recorded ``refused`` and never allocated.
   :func:`kit.plan.sizes.kv_bytes_per_token`, times batch × cache length, plus the constant per-sequence state,
   :func:`kit.plan.sizes.state_bytes_per_seq`) + a workspace estimate (:func:`workspace_bytes`).
 - Free memory (:func:`available_memory`): CUDA/HIP ``torch.cuda.mem_get_info``; on CPU ``MemAvailable``
-  (``psutil.virtual_memory().available``) and, when this process's cgroup sets one, the cgroup limit minus its
-  working set (usage minus inactive file cache, as the kubelet counts it).
+  (``psutil.virtual_memory().available``) and, when this process's cgroup or an ancestor sets one (v1 or v2,
+  :func:`cgroup_memory`), the cgroup limit minus its working set (usage minus inactive file cache, as the kubelet
+  counts it).
 - Fragmentation (:func:`fragmentation_columns`): reserved vs allocated peaks, inactive split bytes and allocation
   retries from ``torch.cuda.memory_stats``; ``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_HIP_ALLOC_CONF``
   ``expandable_segments`` set by :func:`set_expandable_segments`.
@@ -20,6 +21,7 @@ recorded ``refused`` and never allocated.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,43 +123,88 @@ def _read_int(path: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _inactive_file(stat: Path, keys: tuple[str, ...]) -> int:
+def _stat(stat: Path, key: str) -> int | None:
+    """One counter of a cgroup ``memory.stat`` file (None: absent or unreadable)."""
     try:
         for line in stat.read_text().splitlines():
             k, _, v = line.partition(" ")
-            if k in keys and v.strip().isdigit():
+            if k == key and v.strip().isdigit():
                 return int(v)
     except OSError:
         pass
-    return 0
-
-
-def cgroup_memory(root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup"):
-    """This process's cgroup memory ``(limit bytes, working-set bytes)``, or None when no limit is set.
-
-    cgroup v2: ``memory.max`` / ``memory.current`` minus ``inactive_file`` of ``memory.stat`` in the process's
-    cgroup (from ``/proc/self/cgroup``'s ``0::/path``) or at the root of the mount; cgroup v1:
-    ``memory/memory.limit_in_bytes`` / ``memory.usage_in_bytes`` minus ``total_inactive_file``. A limit of "max"
-    or >= :data:`NO_LIMIT` is no limit."""
-    root = Path(root)
-    rel = ""
-    try:
-        for line in Path(proc_cgroup).read_text().splitlines():
-            if line.startswith("0::"):
-                rel = line[3:].strip().lstrip("/")
-    except OSError:
-        pass
-    for d in dict.fromkeys([root / rel, root]):
-        limit = _read_int(d / "memory.max")
-        if limit is not None and limit < NO_LIMIT:
-            used = _read_int(d / "memory.current") or 0
-            return limit, max(0, used - _inactive_file(d / "memory.stat", ("inactive_file",)))
-    v1 = root / "memory"
-    limit = _read_int(v1 / "memory.limit_in_bytes")
-    if limit is not None and limit < NO_LIMIT:
-        used = _read_int(v1 / "memory.usage_in_bytes") or 0
-        return limit, max(0, used - _inactive_file(v1 / "memory.stat", ("total_inactive_file",)))
     return None
+
+
+def _unescape(field: str) -> str:
+    """A path field of ``/proc/self/mountinfo`` (space, tab, newline and backslash written as octal escapes)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _memory_cgroups(proc_cgroup: Path, mountinfo: Path) -> list[tuple[str, Path, Path]]:
+    """``(version, this process's cgroup directory, the mount point)`` of each memory hierarchy this process is in:
+    cgroup v2 (``0::/path`` in ``/proc/self/cgroup``, a ``cgroup2`` mount) and v1 (``N:...memory...:/path``, a
+    ``cgroup`` mount with the ``memory`` option). The directory is the mount point joined with the process's path
+    relative to the mount's root (mountinfo field 4: ``/`` with a cgroup namespace, the container's own path
+    without one)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+        mounts = mountinfo.read_text().splitlines()
+    except OSError:
+        return []
+    paths = {}
+    for line in lines:
+        _, ctrls, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if ctrls == "" and line.startswith("0::"):
+            paths["v2"] = path.strip()
+        elif "memory" in ctrls.split(","):
+            paths["v1"] = path.strip()
+    out = []
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if len(f) < 5 or len(r) < 3:
+            continue
+        version = "v2" if r[0] == "cgroup2" else "v1" if r[0] == "cgroup" and "memory" in r[2].split(",") else None
+        if version is None or version not in paths:
+            continue
+        root, point, path = _unescape(f[3]).rstrip("/"), Path(_unescape(f[4])), paths[version]
+        inside = path == root or path.startswith(root + "/")
+        out.append((version, point / path[len(root) :].lstrip("/") if inside else point, point))
+    return out
+
+
+def _level_memory(version: str, d: Path) -> tuple[int, int] | None:
+    """``(limit, working set)`` bytes of one cgroup directory, or None without a limit (v2 ``max``, or >=
+    :data:`NO_LIMIT`): v2 ``memory.max`` and ``memory.current`` − ``inactive_file``; v1 the smaller of
+    ``memory.limit_in_bytes`` and ``memory.stat``'s ``hierarchical_memory_limit`` (its ancestors' limits, also
+    those above a container's mount) and ``memory.usage_in_bytes`` − ``total_inactive_file``."""
+    if version == "v2":
+        limit, used = _read_int(d / "memory.max"), _read_int(d / "memory.current")
+        inactive = _stat(d / "memory.stat", "inactive_file")
+    else:
+        limits = [_read_int(d / "memory.limit_in_bytes"), _stat(d / "memory.stat", "hierarchical_memory_limit")]
+        limit = min((v for v in limits if v is not None), default=None)
+        used, inactive = _read_int(d / "memory.usage_in_bytes"), _stat(d / "memory.stat", "total_inactive_file")
+    if limit is None or limit >= NO_LIMIT:
+        return None
+    return limit, max(0, (used or 0) - (inactive or 0))
+
+
+def cgroup_memory(proc_cgroup: str | Path = "/proc/self/cgroup", mountinfo: str | Path = "/proc/self/mountinfo"):
+    """This process's cgroup memory ``(limit bytes, working-set bytes)``, or None when no limit applies.
+
+    The process's own cgroup is found from ``/proc/self/cgroup`` and the mount table (:func:`_memory_cgroups`;
+    cgroup v1 and v2, hybrid hosts included), and its limit is the tightest of it and every ancestor up to the
+    mount point: the level with the least room (limit − working set) wins (:func:`_level_memory`). Reading the
+    hierarchy's root instead (issue 28: a v1 host's root has no limit) took a 5 GiB group's host for 20 GB free.
+    """
+    best = None
+    for version, d, point in _memory_cgroups(Path(proc_cgroup), Path(mountinfo)):
+        for level in (d, *[a for a in d.parents if a == point or point in a.parents]):
+            got = _level_memory(version, level)
+            if got is not None and (best is None or got[0] - got[1] < best[0] - best[1]):
+                best = got
+    return best
 
 
 def available_memory(device: str | torch.device = "cpu") -> FreeMemory:

@@ -81,25 +81,85 @@ def test_stress_figures_draw_prediction_limit_refused_region_and_fit(tmp_path):
     assert (tmp_path / "m.png").stat().st_size > 10_000 and (tmp_path / "t.png").stat().st_size > 10_000
 
 
-def test_cgroup_limits_v2_and_v1(tmp_path):
-    v2 = tmp_path / "v2"
-    (v2 / "job").mkdir(parents=True)
-    (v2 / "job" / "memory.max").write_text("8000000000\n")
-    (v2 / "job" / "memory.current").write_text("3000000000\n")
-    (v2 / "job" / "memory.stat").write_text("anon 1\ninactive_file 1000000000\n")
-    proc = tmp_path / "cgroup"
-    proc.write_text("0::/job\n")
-    assert memguard.cgroup_memory(v2, proc) == (8_000_000_000, 2_000_000_000)
-    (v2 / "job" / "memory.max").write_text("max\n")
-    assert memguard.cgroup_memory(v2, proc) is None
-    v1 = tmp_path / "v1" / "memory"
-    v1.mkdir(parents=True)
-    (v1 / "memory.limit_in_bytes").write_text(str(2**63 - 4096))
-    assert memguard.cgroup_memory(tmp_path / "v1", proc) is None  # cgroup v1's "no limit"
-    (v1 / "memory.limit_in_bytes").write_text("4000000000")
-    (v1 / "memory.usage_in_bytes").write_text("1500000000")
-    (v1 / "memory.stat").write_text("total_inactive_file 500000000\n")
-    assert memguard.cgroup_memory(tmp_path / "v1", proc) == (4_000_000_000, 1_000_000_000)
+def _cgroup_tree(tmp_path, proc_lines: str, mounts: list[tuple[str, str, str]], files: dict[str, str]):
+    """A fake /proc/self/cgroup, /proc/self/mountinfo (``(root, mount point under tmp_path, fstype + options)``)
+    and cgroup files (path under tmp_path → content); returns the two /proc paths."""
+    proc, info = tmp_path / "proc-cgroup", tmp_path / "mountinfo"
+    proc.write_text(proc_lines)
+    esc = lambda path: str(path).replace(" ", "\\040")  # mountinfo's escape of a space
+    info.write_text("".join(f"3{i} 23 0:4{i} {root} {esc(tmp_path / point)} rw - {kind}\n" for i, (root, point, kind)
+                            in enumerate(mounts)))  # fmt: skip
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return proc, info
+
+
+NO_LIMIT_V1 = str(2**63 - 4096)
+V1_MOUNTS = [("/", "cg/cpu", "cgroup cgroup rw,cpu"), ("/", "cg/memory", "cgroup cgroup rw,memory"),
+             ("/", "cg/unified", "cgroup2 cgroup2 rw")]  # fmt: skip
+
+
+def test_cgroup_v1_reads_the_process_s_own_group_not_the_hierarchy_root(tmp_path):
+    """Issue 28: a 5 GiB v1 group on a host whose hierarchy root has no limit read as "no limit" (20 GB free).
+    The process's group comes from /proc/self/cgroup + the memory mount: 5 GiB, working set 1.5 - 0.5 GB."""
+    proc, info = _cgroup_tree(
+        tmp_path,
+        "9:cpu:/\n4:memory:/process_api/e77e\n0::/\n",
+        V1_MOUNTS,
+        {
+            "cg/memory/memory.limit_in_bytes": NO_LIMIT_V1,  # the hierarchy root: no limit
+            "cg/memory/memory.usage_in_bytes": "9000000000",
+            "cg/memory/process_api/memory.limit_in_bytes": NO_LIMIT_V1,
+            "cg/memory/process_api/e77e/memory.limit_in_bytes": str(5 * 2**30),
+            "cg/memory/process_api/e77e/memory.usage_in_bytes": "1500000000",
+            "cg/memory/process_api/e77e/memory.stat": "cache 1\ntotal_inactive_file 500000000\n",
+        },
+    )
+    assert memguard.cgroup_memory(proc, info) == (5 * 2**30, 1_000_000_000)
+    # a tighter ancestor wins (its room, 3 GB - 2 GB, is less than the group's own)
+    (tmp_path / "cg/memory/process_api/memory.limit_in_bytes").write_text("3000000000")
+    (tmp_path / "cg/memory/process_api/memory.usage_in_bytes").write_text("2000000000")
+    assert memguard.cgroup_memory(proc, info) == (3_000_000_000, 2_000_000_000)
+
+
+def test_cgroup_v1_container_mount_and_hierarchical_limit(tmp_path):
+    """A container without a cgroup namespace: the mount's root is the container's own path, so its group is the
+    mount point; a limit set above the mount shows as memory.stat's hierarchical_memory_limit."""
+    proc, info = _cgroup_tree(
+        tmp_path,
+        "4:memory:/docker/abc\n",
+        [("/docker/abc", "cg space/memory", "cgroup cgroup rw,memory")],  # a space in the path: \040 in mountinfo
+        {
+            "cg space/memory/memory.limit_in_bytes": NO_LIMIT_V1,
+            "cg space/memory/memory.usage_in_bytes": "1000000000",
+            "cg space/memory/memory.stat": "hierarchical_memory_limit 4000000000\ntotal_inactive_file 0\n",
+        },
+    )
+    assert memguard.cgroup_memory(proc, info) == (4_000_000_000, 1_000_000_000)
+    (tmp_path / "cg space/memory/memory.stat").write_text(f"hierarchical_memory_limit {NO_LIMIT_V1}\n")
+    assert memguard.cgroup_memory(proc, info) is None  # v1's "no limit" at every level
+
+
+def test_cgroup_v2_own_group_and_parents(tmp_path):
+    proc, info = _cgroup_tree(
+        tmp_path,
+        "0::/user.slice/job\n",
+        [("/", "cg2", "cgroup2 cgroup2 rw,nsdelegate")],
+        {
+            "cg2/user.slice/job/memory.max": "8000000000\n",
+            "cg2/user.slice/job/memory.current": "3000000000\n",
+            "cg2/user.slice/job/memory.stat": "anon 1\ninactive_file 1000000000\n",
+            "cg2/user.slice/memory.max": "max\n",
+        },
+    )
+    assert memguard.cgroup_memory(proc, info) == (8_000_000_000, 2_000_000_000)
+    (tmp_path / "cg2/user.slice/job/memory.max").write_text("max\n")
+    assert memguard.cgroup_memory(proc, info) is None
+    (tmp_path / "cg2/user.slice/memory.max").write_text("6000000000\n")  # the parent's limit applies
+    (tmp_path / "cg2/user.slice/memory.current").write_text("5000000000\n")
+    assert memguard.cgroup_memory(proc, info) == (6_000_000_000, 5_000_000_000)
+    assert memguard.cgroup_memory(tmp_path / "missing", info) is None  # not Linux, or /proc unreadable
 
 
 def test_free_memory_on_this_cpu_and_the_refusal_text():
