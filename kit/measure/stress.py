@@ -49,6 +49,10 @@ from kit.store import latest_rows, load_results, read_log, run_metadata
 
 log = logging.getLogger("kit")
 DEFAULT_MAX_CONTEXT = 4_194_304
+#: a probe the process died on (``kill -9``, the kernel's OOM killer, a crash) is measured again when the stress
+#: resumes: one kill says nothing about whether it fits. Only a probe that killed this many runs counts as "does
+#: not fit" (an OOM kill repeats; a person's kill -9 rarely lands on the same probe twice)
+KILLS_TO_GIVE_UP = 2
 
 
 @dataclass
@@ -336,14 +340,17 @@ def run_kv_stress(
 
 def recorded_probes(out: Path, resume: bool = True, retry_killed: bool = False) -> dict[str, dict]:
     """point_id → the latest record of every probe already finished in ``out`` (the grid runner's rule:
-    :data:`kit.grid.FINISHED_STATUSES`; ``killed`` ones only without ``retry_killed``); empty when not
-    resuming. A resumed stress replays these without measuring them again."""
+    :data:`kit.grid.FINISHED_STATUSES`, except that a ``killed`` probe is finished only once it killed
+    :data:`KILLS_TO_GIVE_UP` runs, and never with ``retry_killed``); empty when not resuming. A resumed stress
+    replays these without measuring them again."""
     log_file = out / "points.jsonl"
     if not resume or not log_file.exists():
         return {}
-    finished = [s for s in FINISHED_STATUSES if s != "killed" or not retry_killed]
-    latest = {r.get("point_id"): r for r in read_log(log_file)}
-    return {pid: r for pid, r in latest.items() if r.get("status") in finished}
+    records = read_log(log_file)
+    latest = {r.get("point_id"): r for r in records}
+    kills = {pid: sum(r.get("point_id") == pid and r.get("status") == "killed" for r in records) for pid in latest}
+    done = lambda pid, r: r.get("status") != "killed" or (not retry_killed and kills[pid] >= KILLS_TO_GIVE_UP)
+    return {pid: r for pid, r in latest.items() if r.get("status") in FINISHED_STATUSES and done(pid, r)}
 
 
 def _probe(backend: StressBackend, search: ContextSearch, ctx: int, out: Path, opts: dict, probed, recorded) -> bool:
@@ -356,6 +363,12 @@ def _probe(backend: StressBackend, search: ContextSearch, ctx: int, out: Path, o
     else:
         frame = run_grid(backend, out, **opts)
         rows = frame[frame["point_id"] == pid]
+        kills = int((rows["status"] == "killed").sum()) if len(rows) else 0
+        if len(rows) and rows["status"].iloc[-1] == "killed" and kills < KILLS_TO_GIVE_UP:
+            log.info("kv=%d: an earlier run died while measuring it; measuring it again (a probe that kills %d "
+                     "runs counts as not fitting)", ctx, KILLS_TO_GIVE_UP)  # fmt: skip
+            frame = run_grid(backend, out, **{**opts, "retry_killed": True})
+            rows = frame[frame["point_id"] == pid]
         if rows.empty:
             return False
         row, how = rows.iloc[-1].to_dict(), "measured"

@@ -11,9 +11,9 @@ from kit import models
 from kit.errors import UserError
 from kit.grid import oom_error_type
 from kit.measure.engine import run_point
-from kit.measure.stress import ContextSearch, StressConfig, run_kv_stress, stress_summary
+from kit.measure.stress import KILLS_TO_GIVE_UP, ContextSearch, StressConfig, run_kv_stress, stress_summary
 from kit.measure.stress_check import cached_vs_uncached
-from kit.store import load_results
+from kit.store import INFLIGHT_NAME, load_results
 
 #: a few cheap probes: tiny-llama, a handful of decode steps
 TINY = dict(start=64, max_context=256, decode_steps=2, warmup_steps=1, repeats=1, check_context=0, threads=1)
@@ -139,6 +139,43 @@ def test_an_interrupted_stress_resumes_from_the_recorded_probes(tmp_path):
     fresh = []
     run_kv_stress(cfg, tmp_path, runner=lambda m, p, d, s: fresh.append(1) or run_point(m, p, d, s), resume=False)
     assert len(fresh) == 4 and (tmp_path / "previous").is_dir()
+
+
+def _killed_at(cfg: StressConfig, out, context: int) -> None:
+    """A stress that dies like ``kill -9`` while measuring ``context``: the in-flight marker stays behind (the
+    runner saves it, the interrupt's clean-up removes it, the test puts it back)."""
+    saved = {}
+
+    def die(model, point, device, seed):
+        if point.context_len == context:
+            saved["marker"] = (out / INFLIGHT_NAME).read_bytes()
+            raise KeyboardInterrupt
+        return run_point(model, point, device, seed)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_kv_stress(cfg, out, runner=die)
+    (out / INFLIGHT_NAME).write_bytes(saved["marker"])
+
+
+def test_a_probe_the_process_died_on_is_measured_again_on_resume(tmp_path):
+    """Issue 28: after a kill -9 during the 128-token probe the resumed stress read that probe as "does not fit"
+    forever and answered 124 tokens where 256 decode. One kill proves nothing: the probe is measured again; a probe
+    that killed KILLS_TO_GIVE_UP runs (an OOM kill repeats) counts as not fitting, and stays so on resume."""
+    cfg = StressConfig(**TINY)
+    _killed_at(cfg, tmp_path / "once", 128)
+    calls = []
+    runner = lambda m, p, d, s: calls.append(p.context_len) or run_point(m, p, d, s)
+    df = run_kv_stress(cfg, tmp_path / "once", runner=runner)
+    assert calls == [128, 256] and df.attrs["largest_ok"] == 256 and df.attrs["smallest_failed"] is None
+    assert list(df.status) == ["ok"] * 3
+    for _ in range(KILLS_TO_GIVE_UP):
+        _killed_at(cfg, tmp_path / "twice", 128)
+    df = run_kv_stress(cfg, tmp_path / "twice", runner=runner)
+    assert df.attrs["smallest_failed"] == 128 and 64 <= df.attrs["largest_ok"] < 128
+    assert "128 tokens did not (killed)" in stress_summary(df)
+    calls.clear()
+    again = run_kv_stress(cfg, tmp_path / "twice", runner=runner)
+    assert calls == [] and again.attrs["smallest_failed"] == 128  # replayed, not measured a third time
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-deepseek"])
