@@ -1,5 +1,5 @@
 """The Voilà application ``kit dashboard`` runs (``python -m kit.view.voila_app NOTEBOOK ...``): Voilà's own
-application with four guards a page that runs code on this machine needs.
+application with five guards a page that runs code on this machine needs.
 
 - **Token.** Every page and kernel request needs the launch's token (``?token=...`` once, then Jupyter's login
   cookie); without it the page is refused with 403 (no login form), the kernel API and websocket with 403. The
@@ -15,8 +15,13 @@ application with four guards a page that runs code on this machine needs.
   the v1 kernel protocol; a client that connects with the legacy protocol (no subprotocol) and opens the widget
   control channel gets the widget states as a legacy binary message, whose first 8 bytes then read as an offset
   count of ~10^17, and the handler builds that list: the server grows ~30-50 MB/s at 100 % CPU and serves nobody,
-  for good (the client may even be gone). :class:`KitKernelWebsocketHandler` reads the header of either protocol
-  with its bounds checked.
+  for good (the client may even be gone). jupyter_server reads what a client sends the same way (one 24-byte v1
+  frame saying 2^60 offsets wedged it). :class:`KitKernelWebsocketHandler` reads the header of either protocol
+  with its bounds checked, and refuses a client's binary frame whose length fields do not fit it
+  (:func:`frame_problem`) before jupyter_server reads it, closing that websocket.
+- **No token in logs or kernels.** Beside the environment variable above, the token is scrubbed from each
+  request's URI and query string before any handler reads them (:func:`forget_token`): tornado's log line of an
+  uncaught exception and Voilà's page-kernel environment (``QUERY_STRING``, ``VOILA_REQUEST_URL``) read them.
 - **No orphan.** The server stops (and shuts its kernels down) when the process that started it is gone, so a
   ``kit dashboard`` killed by any signal leaves nothing serving. Idle kernels of disconnected clients are culled
   by jupyter_server's culler (``--MappingKernelManager.cull_idle_timeout``, set by :mod:`kit.view.dashboard`).
@@ -78,13 +83,44 @@ def _json_header(data: bytes | str) -> dict | None:
     return msg if isinstance(msg, dict) else None
 
 
+def v1_parts(b: bytes) -> list[bytes] | None:
+    """The parts of a v1 kernel-protocol websocket message (``protocol`` = :data:`WS_V1`: an 8-byte little-endian
+    offset count ``n``, ``n`` 8-byte offsets, then the parts: channel, header, parent_header, metadata, content,
+    buffers...; each part runs from one offset to the next, the last offset is the message's end), or None when the
+    count or an offset is out of bounds. The count is checked against the message's length before any offset is
+    read, so the work is bounded by the message's size whatever the length fields say."""
+    if len(b) < 8:
+        return None
+    n = int.from_bytes(b[:8], "little")
+    if n < 2 or 8 * (n + 1) > len(b):
+        return None
+    offsets = [int.from_bytes(b[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(n)]
+    if offsets[0] < 8 * (n + 1) or offsets[-1] > len(b) or any(a > z for a, z in zip(offsets, offsets[1:])):
+        return None
+    return [b[a:z] for a, z in zip(offsets, offsets[1:])]
+
+
+def legacy_parts(b: bytes) -> list[bytes] | None:
+    """The parts of a legacy binary kernel websocket message (a 4-byte big-endian part count, 4-byte big-endian
+    offsets, the first part the JSON message without buffers, each part to the next offset, the last to the end),
+    or None when the count or an offset is out of bounds (bounded by the message's size, as :func:`v1_parts`)."""
+    if len(b) < 4:
+        return None
+    n = struct.unpack("!i", b[:4])[0]  # signed, as jupyter_server reads it
+    if n < 1 or 4 * (n + 1) > len(b):
+        return None
+    offsets = [*struct.unpack(f"!{n}I", b[4 : 4 * (n + 1)]), len(b)]
+    if offsets[0] < 4 * (n + 1) or any(a > z for a, z in zip(offsets, offsets[1:])):
+        return None
+    return [b[a:z] for a, z in zip(offsets, offsets[1:])]
+
+
 def message_header(message, protocol: str | None) -> dict | None:
-    """The Jupyter message header of an outgoing websocket message, or None when it cannot be read.
+    """The Jupyter message header of a websocket message, or None when it cannot be read.
 
     ``message``: a dict (already unpacked), a str (legacy JSON text) or bytes: the v1 format (``protocol`` =
-    :data:`WS_V1`: 8-byte little-endian offset count, then the offsets) or the legacy binary format (4-byte
-    big-endian part count, then 4-byte offsets, the first part the JSON message). Every count and offset is checked
-    against the message's length before use, so the work is bounded by the message's size.
+    :data:`WS_V1`, :func:`v1_parts`) or the legacy binary format (:func:`legacy_parts`). Every count and offset is
+    checked against the message's length before use, so the work is bounded by the message's size.
     """
     if isinstance(message, dict):
         return message.get("header")
@@ -94,21 +130,33 @@ def message_header(message, protocol: str | None) -> dict | None:
     if not isinstance(message, (bytes, bytearray, memoryview)):
         return None
     b = bytes(message)
-    width, order, fmt = (8, "little", None) if protocol == WS_V1 else (4, "big", "!I")
-    if len(b) < width:
-        return None
-    n = int.from_bytes(b[:width], order) if fmt is None else struct.unpack(fmt, b[:4])[0]
-    if n < 2 or width * (n + 1) > len(b):
-        return None
-    offsets = [int.from_bytes(b[width * (i + 1) : width * (i + 2)], order) for i in range(n)]
-    if protocol == WS_V1:  # parts: channel, header, parent_header, metadata, content, buffers...
-        if n < 3 or not offsets[1] <= offsets[2] <= len(b):
-            return None
-        return _json_header(b[offsets[1] : offsets[2]])
-    if not offsets[0] <= offsets[1] <= len(b):  # legacy: the first part is the whole message without buffers
-        return None
-    msg = _json_header(b[offsets[0] : offsets[1]])
+    if protocol == WS_V1:
+        parts = v1_parts(b)
+        return _json_header(parts[1]) if parts and len(parts) >= 2 else None
+    parts = legacy_parts(b)
+    msg = _json_header(parts[0]) if parts else None
     return msg.get("header") if msg else None
+
+
+def frame_problem(message, protocol: str | None) -> str | None:
+    """Why a message a client sent on the kernel websocket cannot be read in bounded work, or None when it can.
+
+    jupyter_server reads a v1 binary message's offset count and builds that many offsets before checking any
+    against the message (a 24-byte frame saying 2^60 grows the server for good), and a legacy binary message's part
+    count into a format string of that many characters; :class:`KitKernelWebsocketHandler` refuses such a frame
+    first. A v1 message needs its channel and the four message parts (header, parent_header, metadata, content).
+    Text frames (JSON) are bounded by their size and left to the server."""
+    if not isinstance(message, (bytes, bytearray, memoryview)):
+        return None
+    b = bytes(message)
+    if protocol == WS_V1:
+        parts = v1_parts(b)
+        if parts is None or len(parts) < 5:
+            return f"a {len(b)}-byte v1 frame whose offsets do not fit it (or fewer than 5 parts)"
+        return None
+    if legacy_parts(b) is None:
+        return f"a {len(b)}-byte legacy binary frame whose part count or offsets do not fit it"
+    return None
 
 
 class KitKernelWebsocketHandler(VoilaKernelWebsocketHandler):
@@ -122,10 +170,20 @@ class KitKernelWebsocketHandler(VoilaKernelWebsocketHandler):
         return super().check_origin(origin)
 
     def write_message(self, message, binary: bool = False):  # noqa: D102 - tornado hook
+        if self.ws_connection is None or self.ws_connection.is_closing():  # closed (e.g. a refused frame): dropped
+            return None
         header = message_header(message, self.selected_subprotocol)
         if header and header.get("msg_type") == "execute_input":
             return None
         return super(VoilaKernelWebsocketHandler, self).write_message(message, binary)
+
+    def on_message(self, message):  # noqa: D102 - tornado hook
+        why = frame_problem(message, self.selected_subprotocol)
+        if why is not None:  # never handed to jupyter_server's reader; the client is told why and dropped
+            self.log.warning("Closing kernel websocket %s: refused %s", self._request_summary(), why)
+            self.close(1007, "malformed kernel message framing")
+            return None
+        return super().on_message(message)
 
 
 #: a token in a query string (``token=...``, also ``auth=``/``key=``), for scrubbing log lines
@@ -137,11 +195,23 @@ def scrub_uri(uri: str) -> str:
     return _SECRET_PARAM.sub(r"\1[secret]", uri)
 
 
+def forget_token(request) -> None:
+    """Scrub the token from a tornado request's ``uri`` and ``query`` (:func:`scrub_uri`), in place.
+
+    What reads those strings after the request is parsed would carry the token on: tornado's log line of an
+    uncaught exception (the request's repr), Voilà's page-kernel environment (``QUERY_STRING``,
+    ``VOILA_REQUEST_URL``). The login reads the parsed arguments (``request.arguments``), which are kept."""
+    request.uri = scrub_uri(request.uri or "")
+    request.query = scrub_uri("?" + (request.query or ""))[1:]
+
+
 class _Guard:
-    """Mixin for every handler: 403 for a non-local Host (before the handler's own prepare), 403 instead of a
-    login form for a request without the token, and log lines with the token scrubbed."""
+    """Mixin for every handler: the token scrubbed from the request's strings before anything reads them
+    (:func:`forget_token`), 403 for a non-local Host (before the handler's own prepare), 403 instead of a login form
+    for a request without the token, and log lines with the token scrubbed."""
 
     def prepare(self, *args, **kwargs):
+        forget_token(self.request)
         if not host_is_local(self.request.host):
             self.current_user = self._jupyter_current_user = None  # what jupyter_server's error page reads
             raise web.HTTPError(403, f"refused: Host {self.request.host!r} is not a local name")

@@ -195,6 +195,132 @@ def test_control_channel_client_that_leaves_leaves_the_server_bounded_and_its_ke
             assert srv.token not in f.read_text(errors="replace"), f
 
 
+def _open_page(srv) -> tuple[str, psutil.Process]:
+    """Load the page (a new kernel runs the panel): the kernel's id and its process."""
+    before = {p.pid for p in _voila_proc(srv).children(recursive=True)}
+    status, body = _get(srv, f"/?token={srv.token}")
+    assert status == 200
+    kernel_id = re.search(r'"kernelId":\s*"([0-9a-f-]+)"', body.decode()).group(1)
+    new = [
+        p
+        for p in _voila_proc(srv).children(recursive=True)
+        if p.pid not in before and "ipykernel" in " ".join(p.cmdline())
+    ]
+    assert len(new) == 1, new
+    return kernel_id, new[0]
+
+
+async def _send_frames(ws_url: str, headers: dict, frames: list, protocols=()) -> str:
+    """Connect, send each frame (bytes: binary, str: text), wait up to 5 s for the server to close; how it ended."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url, headers=headers, protocols=protocols) as ws:
+            for f in frames:
+                await (ws.send_bytes(f) if isinstance(f, bytes) else ws.send_str(f))
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 5:
+                try:
+                    r = await asyncio.wait_for(ws.receive(), 1.0)
+                except TimeoutError:
+                    continue
+                if r.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+                    return f"closed {ws.close_code}"
+            return "open"
+
+
+def _answers_and_stays_bounded(srv, rss0: int, seconds: int = 6) -> list[int]:
+    samples = []
+    for _ in range(seconds):
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        assert _get(srv, "/voila/static/voila.js")[0] == 200  # the event loop still serves
+        assert time.monotonic() - t0 < 2.0
+        samples.append(_voila_proc(srv).memory_info().rss)
+    assert max(samples) - rss0 < 40 * 2**20, [s >> 20 for s in [rss0, *samples]]
+    assert max(samples) - min(samples) < 10 * 2**20, [s >> 20 for s in samples]  # not growing
+    return samples
+
+
+@pytest.mark.slow
+def test_a_frame_with_a_huge_length_field_does_not_wedge_the_server(dashboard):
+    """Issue 28 item 2: one 24-byte v1 frame (an offset count of 2^60, then zeros) from a token holder stopped
+    Voilà answering and grew it 20-30 MB/s. The same kind in the legacy binary format (a part count of 2^31-1)."""
+    srv, _ = dashboard
+    port = int(srv.url.rsplit(":", 1)[1])
+    kernel_id, _kernel = _open_page(srv)
+    url = f"ws://127.0.0.1:{port}/api/kernels/{kernel_id}/channels?token={srv.token}&session_id="
+    local = {"Origin": f"http://127.0.0.1:{port}"}
+    frames = {
+        WS_V1: [(2**60).to_bytes(8, "little") + b"\0" * 16, (2**63).to_bytes(8, "little"), b"\x06" + b"\0" * 7],
+        None: [struct.pack("!i", 2**31 - 1) + b"\0" * 20, struct.pack("!i", -5) + b"\0" * 8],
+    }
+    # a well-formed v1 message reaches the kernel: a kernel_info request is answered
+    assert "kernel_info_reply" in asyncio.run(_reply_types(url + uuid.uuid4().hex, local, _kernel_info()))
+    rss0 = _voila_proc(srv).memory_info().rss
+    for protocol, bad in frames.items():  # one after the other (the culler shuts an unconnected kernel down in 4 s)
+        for frame in bad:
+            ended = asyncio.run(_send_frames(url + uuid.uuid4().hex, local, [frame], (protocol,) if protocol else ()))
+            assert ended.startswith("closed"), (protocol, frame[:8], ended)  # refused, not read
+    assert "kernel_info_reply" in asyncio.run(_reply_types(url + uuid.uuid4().hex, local, _kernel_info()))
+    _answers_and_stays_bounded(srv, rss0)
+
+
+def _kernel_info() -> bytes:
+    """A new kernel_info_request in the v1 format (a new id each time: the kernel refuses a replayed signature)."""
+    ids = uuid.uuid4().hex, uuid.uuid4().hex
+    header = {"msg_id": ids[0], "msg_type": "kernel_info_request", "session": ids[1], "username": "", "version": "5.3"}
+    return serialize_msg_to_ws_v1([json.dumps(x).encode() for x in (header, {}, {}, {})], "shell")
+
+
+async def _reply_types(ws_url: str, headers: dict, frame: bytes) -> set:
+    import aiohttp
+
+    seen = set()
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(ws_url, headers=headers, protocols=(WS_V1,)) as ws:
+            await ws.send_bytes(frame)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 20 and "kernel_info_reply" not in seen:
+                try:
+                    r = await asyncio.wait_for(ws.receive(), 1.0)
+                except TimeoutError:
+                    continue
+                if r.type == aiohttp.WSMsgType.BINARY:
+                    seen.add((message_header(r.data, WS_V1) or {}).get("msg_type"))
+                elif r.type != aiohttp.WSMsgType.TEXT:
+                    break
+    return seen
+
+
+@pytest.mark.slow
+def test_the_token_reaches_no_log_and_no_kernel_environment(dashboard):
+    """Issue 28 item 3: the token reached OUT/voila.log through tornado's request repr after an uncaught exception,
+    and sat in every page kernel's environment (QUERY_STRING)."""
+    srv, out = dashboard
+    port = int(srv.url.rsplit(":", 1)[1])
+    kernel_id, kernel = _open_page(srv)
+    env = kernel.environ()
+    assert "QUERY_STRING" in env and "SCRIPT_NAME" in env  # what Voilà gives a page kernel: read, and clean
+    assert not [k for k, v in env.items() if srv.token in v or srv.token in k]
+    # uncaught exceptions in the kernel websocket handler (a text frame where v1 needs binary, invalid JSON in the
+    # legacy protocol): tornado logs each with the request
+    ws_url = f"ws://127.0.0.1:{port}/api/kernels/{kernel_id}/channels?session_id=s4&token={srv.token}"
+    local = {"Origin": f"http://127.0.0.1:{port}"}
+    asyncio.run(_send_frames(ws_url, local, ["not a v1 binary message"], (WS_V1,)))
+    asyncio.run(_send_frames(ws_url, local, ["{not json"]))
+    log = out / "voila.log"
+    t0 = time.monotonic()
+    while log.read_text(errors="replace").count("Uncaught exception") < 2 and time.monotonic() - t0 < 10:
+        time.sleep(0.2)
+    text = log.read_text(errors="replace")
+    assert text.count("Uncaught exception") >= 2, text[-2000:]  # the path that leaked was taken
+    assert "token=[secret]" in text
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert srv.token not in f.read_text(errors="replace"), f
+
+
 def _start_cli(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "kit", "dashboard", "--port", "0", "--out", str(tmp_path / "d"), "--device", "cpu"],
