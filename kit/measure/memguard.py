@@ -20,6 +20,7 @@ recorded ``refused`` and never allocated.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from kit import dtypes
 from kit.errors import UserError
 from kit.plan.sizes import kv_bytes_per_token, state_bytes_per_seq, weight_bytes
 
+log = logging.getLogger("kit")
 GB = 1e9
 #: cgroup limits at or above this are "no limit" (cgroup v1 writes 2**63 rounded down to a page)
 NO_LIMIT = 2**60
@@ -246,6 +248,64 @@ def refusal(pred: MemoryPrediction, free: FreeMemory, margin_gb: float) -> str |
         f"refused by the memory guard: predicted {pred.total_gb:.2f} GB (weights {pred.weights_gb:.2f} + KV "
         f"{pred.kv_gb:.2f} + workspace {pred.workspace_gb:.2f}) > available {free.free_gb:.2f} GB ({free.source}) "
         f"minus a {margin_gb:.2f} GB margin; not allocated (--no-guard attempts it anyway)"
+    )
+
+
+def largest_point(spec, points, per_device: int = 1) -> tuple[MemoryPrediction, str, object]:
+    """The point of a sweep that needs the most memory: ``(prediction, dtype, point)`` over ``points`` (``(dtype,
+    PointConfig)`` pairs, :meth:`kit.measure.sweep.SweepConfig.points`). Each point needs its weights, its KV cache
+    and the larger workspace of a decode step and of its prefill (the whole context in one forward, or one chunk;
+    none for a synthetic fill). ``per_device`` > 1 (tensor parallelism on GPUs): weights and KV split over that
+    many devices, the figure is one device's."""
+    best = None
+    for dt, p in points:
+        q = 1 if p.kv_fill == "synthetic" else min(p.prefill_chunk or p.context_len, p.context_len)
+        pred = max((predict_memory(spec, dt, p.concurrency, p.cache_len, False, n) for n in {1, q}),
+                   key=lambda m: m.total_gb)  # fmt: skip
+        pred = MemoryPrediction(pred.weights_gb / per_device, pred.kv_gb / per_device, pred.workspace_gb,
+                                pred.kv_bytes_per_token)  # fmt: skip
+        if best is None or pred.total_gb > best[0].total_gb:
+            best = (pred, dt, p)
+    return best
+
+
+def check_sweep_memory(config, device: str, resident_bytes: int = 0, margin_gb: float | None = None) -> None:
+    """``kit sweep``'s memory pre-flight: refuse before any work when the sweep's largest point
+    (:func:`largest_point`) is predicted not to fit in the memory free now (:func:`available_memory`, plus
+    ``resident_bytes``: a model the sweep frees before building its own) minus a margin (default
+    :func:`default_margin_gb`). On the CPU an allocation past memory is not an error but the kernel's OOM killer
+    (a 70B preset on a 24 GB host); on a GPU it is an OOM after minutes of building.
+
+    Args:
+        config: a validated :class:`kit.measure.sweep.SweepConfig` (``model``, ``trust_remote_code``, ``tp``,
+            ``points()``). device: ``"cpu"`` or ``"cuda"``.
+
+    Raises:
+        UserError: one line naming the predicted and available bytes, the point, and how to override
+            (``--no-guard``). A model the planner cannot size is let through (logged).
+    """
+    from kit.models import get_config
+    from kit.plan.spec import get_spec
+
+    try:
+        spec = get_spec(get_config(config.model, config.trust_remote_code), f"default={config.dtypes[0]}")
+    except UserError as e:
+        log.warning("memory pre-flight skipped: the planner cannot size %s (%s)", config.model, e)
+        return
+    per_device = config.tp if device != "cpu" else 1  # on the CPU every rank shares the host's memory
+    pred, dt, p = largest_point(spec, config.points(), per_device)
+    free = available_memory(device)
+    avail = free.free_gb * GB + resident_bytes
+    source = free.source + (f" + {resident_bytes / GB:.2f} GB of a loaded model, freed first" if resident_bytes else "")
+    margin = margin_gb if margin_gb is not None else default_margin_gb(free.total_gb)
+    if pred.total_gb * GB <= avail - margin * GB:
+        return
+    raise UserError(
+        f"memory pre-flight: the largest point ({dtypes.name_of(dt)} kv={p.context_len} B={p.concurrency}"
+        f"{f' tp={config.tp}' if config.tp > 1 else ''}) needs a predicted {pred.total_gb * GB:,.0f} bytes (weights "
+        f"{pred.weights_gb:.2f} + KV {pred.kv_gb:.2f} + workspace {pred.workspace_gb:.2f} GB) but "
+        f"{avail:,.0f} bytes are available ({source}) minus a {margin:.2f} GB margin; refused before any "
+        "work (smaller --kv / --concurrency / --dtype, more --tp GPUs, or --no-guard to run it anyway)"
     )
 
 

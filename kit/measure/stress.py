@@ -182,10 +182,11 @@ class StressBackend:
 
     def __init__(self, config: StressConfig, runner=None):
         self.config = config.validate()
-        # the sweep's backend validates model, device, dtype and threads and owns the CPU thread policy
+        # the sweep's backend validates model, device, dtype and threads and owns the CPU thread policy (not its
+        # memory pre-flight: the stress guards each probe itself)
         sweep = SweepConfig(
             model=config.model, dtypes=[config.dtype], device=config.device, kv_lens=[1], concurrencies=[1],
-            seed=config.seed, threads=config.threads, trust_remote_code=config.trust_remote_code,
+            seed=config.seed, threads=config.threads, trust_remote_code=config.trust_remote_code, guard=False,
         )  # fmt: skip
         self.engine = EngineBackend(sweep)
         self.info = self.engine.info

@@ -34,6 +34,7 @@ from kit.cli import config_field, config_flag, config_with, int_list_arg
 from kit.dtypes import MODEL_DTYPES
 from kit.errors import UserError
 from kit.grid import RUN_OPTIONS, GridPoint, run_grid, split_run_options
+from kit.measure import memguard
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
 from kit.measure.power import PowerSampler
 from kit.measure.power_readers import SOURCES as POWER_SOURCES
@@ -121,6 +122,9 @@ class SweepConfig:
         False,
         help="allow a local checkpoint's own Python code (config.json "
         "auto_map); off: such a checkpoint is refused, never run",
+    )
+    guard: bool = config_field(
+        True, help="refuse before any work when the largest point is predicted not to fit in free memory"
     )
     threads: int | None = config_field(
         None,
@@ -240,6 +244,8 @@ class EngineBackend:
         self.config = config.validate()
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self.info = hardware.detect(config.device)
+        if config.guard:  # a model cached by an earlier sweep is freed before this one's is built: its bytes count
+            memguard.check_sweep_memory(config, self.info.device, sum(map(models.param_bytes, _MODEL_CACHE.values())))
         self.runner = runner or run_point
         self.description = f"sweep {config.model}"
         self._baseline_gb = None

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kit import models
-from kit.errors import OutputPathError
+from kit.errors import OutputPathError, UserError
 from kit.grid import oom_error_type
 from kit.measure import sweep
 from kit.measure.engine import run_point
@@ -241,3 +241,29 @@ def test_a_checkpoint_with_custom_code_is_refused_unless_trusted(tmp_path):
         sweep.SweepConfig(model=str(ckpt), **SMALL).validate()
     with pytest.raises(ValueError, match="needs its own Python code"):
         models.build_model(str(ckpt))
+
+
+def test_memory_preflight_refuses_a_sweep_that_cannot_fit_before_any_work(tmp_path, monkeypatch, capsys):
+    """Issue 28: the 70B preset on a 24 GB host reached the kernel's OOM killer. The largest point is predicted
+    (weights + KV + workspace) and a sweep that cannot fit is refused before any model is built: one line naming
+    predicted and available bytes and the override; --no-guard runs it anyway."""
+    from kit.cli import main
+    from kit.measure import memguard
+
+    host = memguard.FreeMemory(20.0, 24.0, "MemAvailable")  # a 24 GB host with 20 GB free
+    monkeypatch.setattr(memguard, "available_memory", lambda device: host)
+    monkeypatch.setattr(sweep, "_MODEL_CACHE", {})  # no model left loaded by an earlier test
+    monkeypatch.setattr(sweep.models, "build_model", lambda *a, **k: pytest.fail("refused sweeps build no model"))
+    args = ["sweep", "--model", "llama-3.1-70b", "--dtype", "bfloat16", "--kv", "128", "--concurrency", "1"]
+    assert main([*args, "--out", str(tmp_path / "big")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the largest point (bfloat16 kv=128 B=1) needs a predicted 141," in err
+    assert "20,000,000,000 bytes are available (MemAvailable) minus a 1.20 GB margin" in err and "--no-guard" in err
+    assert not (tmp_path / "big").exists()
+    # the largest point decides: tiny-llama fits at kv=16, not a 16,000-token prefill at B=64 in one forward
+    # (its attention mask alone is 64 x 16,000 x 16,003 x 5 bytes = 82 GB; 98 GB in all)
+    sweep.EngineBackend(sweep.SweepConfig(**SMALL))
+    big = {**SMALL, "kv_lens": [16, 16_000], "concurrencies": [1, 64]}
+    with pytest.raises(UserError, match=r"\(float32 kv=16000 B=64\) needs a predicted 98,[0-9,]+ bytes"):
+        sweep.EngineBackend(sweep.SweepConfig(**big))
+    assert sweep.EngineBackend(sweep.SweepConfig(**{**big, "guard": False})).config.guard is False
