@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args
-from kit.results import verdict
+from kit.results import ok_mask, verdict
 
 
 def _fmt(v, spec: str) -> str:
@@ -66,26 +67,67 @@ def add_cli(sub) -> None:
 
 
 def write_figures(df: pd.DataFrame, out: Path) -> list[Path]:
-    """``memory_vs_context.png`` and ``tpot_vs_context.png`` in ``out`` (:mod:`kit.view.stress_plots`)."""
+    """``memory_vs_context.png`` and ``tpot_vs_context.png`` in ``out`` (:mod:`kit.view.stress_plots`), each written
+    atomically (:func:`kit.view.files.save_figure`).
+
+    Raises:
+        OutputPathError: a figure cannot be written (a full disk, a read-only directory): one line naming the file;
+            the probes are already stored.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    from kit.view.files import save_figure
     from kit.view.stress_plots import memory_vs_context, tpot_vs_context_fit
 
-    paths = []
-    for name, fn in (("memory_vs_context.png", memory_vs_context), ("tpot_vs_context.png", tpot_vs_context_fit)):
-        fig = fn(df)
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        paths.append(out / name)
-    return paths
+    figures = (("memory_vs_context.png", memory_vs_context), ("tpot_vs_context.png", tpot_vs_context_fit))
+    return [save_figure(fn(df), out / name) for name, fn in figures]
+
+
+def slope_interval_ns(df: pd.DataFrame) -> float | None:
+    """Two standard errors of the per-token TPOT slope (ns per token) of :func:`kit.view.stress_plots.
+    fit_tpot_per_token` over the same ok rows and weights (``numpy.polyfit(..., cov=True)``: the covariance scaled
+    by the residuals' scatter, n − 2 degrees of freedom); None with fewer than three ok probes (no scatter left)."""
+    ok = df[ok_mask(df)].dropna(subset=["context_len", "tpot_ms_p50"]) if len(df) else df
+    if len(ok) < 3 or ok["context_len"].nunique() < 2:
+        return None
+    x, y = ok["context_len"].astype(float).to_numpy(), ok["tpot_ms_p50"].astype(float).to_numpy()
+    _, cov = np.polyfit(x, y, 1, w=1.0 / y, cov=True)
+    return 2.0 * float(np.sqrt(max(cov[0, 0], 0.0))) * 1e6
+
+
+def fit_line(df: pd.DataFrame) -> str | None:
+    """The printed TPOT fit: ``intercept ms + slope ± 2 SE ns per token``, saying when it cannot be read as the cost
+    of context: a negative slope is noise (one more token of context never makes a decode step cheaper), a slope
+    within two standard errors of 0 is not distinguishable from 0 given the probes' scatter, and a negative
+    intercept means the probes' TPOT is noise-dominated. None without a fit (fewer than two ok probes)."""
+    from kit.view.stress_plots import fit_tpot_per_token
+
+    fit = fit_tpot_per_token(df)
+    if fit is None:
+        return None
+    slope, band = fit["slope_ns_per_token"], slope_interval_ns(df)
+    text = f"TPOT fit over {fit['n']} ok probes: {fit['intercept_ms']:.3g} ms + {slope:.3g}"
+    text += (
+        f" ± {band:.3g} ns per token of context (2 standard errors)" if band is not None else " ns per token of context"
+    )
+    notes = []
+    if slope < 0:
+        notes.append("a negative slope is noise, or the machine's load drifting between probes: a longer context "
+                     "never makes a decode step cheaper")  # fmt: skip
+    if band is not None and abs(slope) <= band:
+        notes.append("the slope is not distinguishable from 0 given the probes' scatter")
+    elif band is None:
+        notes.append("two probes leave no scatter to judge the slope by")
+    if fit["intercept_ms"] < 0:
+        notes.append("a negative intercept: the probes' TPOT is noise-dominated")
+    if slope < 0 or (band is not None and abs(slope) <= band) or fit["intercept_ms"] < 0:
+        notes.append("read the figure, not the fit: longer contexts or more --decode-steps / --repeats resolve it")
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _cli(args: argparse.Namespace) -> int:
     from kit.measure.stress import StressConfig, run_kv_stress, stress_summary
-    from kit.view.stress_plots import fit_tpot_per_token
 
     cfg = config_from_args(StressConfig, args)
     df = run_kv_stress(cfg, args.out, resume=not args.no_resume, retry_killed=args.retry_killed)
@@ -93,17 +135,9 @@ def _cli(args: argparse.Namespace) -> int:
     with pd.option_context("display.width", 200):
         print(stress_table(df))
     print(stress_summary(df))
-    fit = fit_tpot_per_token(df)
-    if fit is not None:
-        print(
-            f"TPOT fit over {fit['n']} ok probes: {fit['intercept_ms']:.3g} ms + "
-            f"{fit['slope_ns_per_token']:.3g} ns per token of context"
-            + (
-                " (a negative intercept: the probes' TPOT is noise-dominated; read the figure, not the fit)"
-                if fit["intercept_ms"] < 0
-                else ""
-            )  # fmt: skip
-        )
+    line = fit_line(df)
+    if line:
+        print(line)
     check = df.attrs.get("check")
     if check:
         print(

@@ -191,3 +191,41 @@ def test_expandable_segments_setting_and_fragmentation_columns():
     assert cols["x_inactive_split_gb"] == 0.5 and cols["x_mem_reserved_gb"] == 4.0 and cols["x_expandable_segments"]
     cpu = memguard.fragmentation_columns(None)
     assert cpu["x_frag_ratio"] is None and cpu["x_alloc_stats"].startswith("not available")
+
+
+def test_fit_line_says_when_the_slope_is_noise():
+    """Issue 22: kv-stress printed "-710 ns per token of context" as if it were the cost of context. A negative
+    slope is noise, a slope within two standard errors of 0 is indistinguishable from 0; a clear one stays plain."""
+    from kit.measure.stress_cli import fit_line
+
+    def probes(tpots):
+        base = dict(backend="engine", model="m", dtype="float32", concurrency=1, device="cpu", status="ok")
+        return to_frame([dict(base, context_len=c, tpot_ms_p50=t) for c, t in zip((1024, 4096, 16384, 65536), tpots)])
+
+    falling = fit_line(probes([2.6, 2.4, 2.5, 2.2]))  # the scatter of a busy 2-core machine
+    assert "ns per token of context (2 standard errors)" in falling and " + -" in falling
+    assert "a negative slope is noise" in falling and "a longer context never makes a decode step cheaper" in falling
+    assert "read the figure, not the fit" in falling
+    flat = fit_line(probes([2.0, 2.3, 1.9, 2.1]))
+    assert "not distinguishable from 0 given the probes' scatter" in flat and "negative slope" not in flat
+    clear = fit_line(rows())  # 1 ms + 1,000 ns per token exactly: resolved, nothing to add
+    assert clear.startswith("TPOT fit over 3 ok probes: 1 ms + 1e+03 ± ") and clear.endswith("(2 standard errors)")
+    two = fit_line(rows().iloc[:2])
+    assert "two probes leave no scatter to judge the slope by" in two
+    assert fit_line(rows().iloc[:1]) is None
+
+
+def test_a_full_disk_while_writing_the_figures_is_one_line(tmp_path, capsys, monkeypatch):
+    """Issue 28: kv-stress on a full disk ended in an OSError traceback from matplotlib (ENOSPC while writing a
+    PNG). Now one line naming the file, exit 2; the probes are already stored."""
+    from matplotlib.figure import Figure
+
+    def full(self, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    out = tmp_path / "run"
+    assert main(["kv-stress", *SMALL, "--check-context", "0", "--threads", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"kit kv-stress: error: cannot write {out / 'memory_vs_context.png'}: No space left on device"
+    assert len(load_results(out)) == 2 and not list(out.glob(".*.tmp"))
