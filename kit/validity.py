@@ -109,6 +109,14 @@ def validity(row, unique_prompts: bool = True, token_tolerance: float = TOKEN_TO
     bound = _val(row, "x_client_bound")
     if bound is not None:
         check("client_bound", bool(bound), f"client-bound: {_val(row, 'x_client_warning') or 'the client was busy'}")
+    buffered = _val(row, "x_buffered_requests")
+    if buffered is not None:
+        check(
+            "buffered",
+            buffered > 0,
+            f"{buffered} request(s) arrived whole in one network read (a buffering proxy between the kit and the "
+            "server?): their per-token timing (TPOT, ITL) is unknown",
+        )
     osl = _val(row, "x_osl_mismatch")
     if osl is not None:
         check("osl", osl > 0, f"{osl} request(s) returned another output length than requested (OSL mismatch)")

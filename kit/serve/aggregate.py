@@ -166,6 +166,8 @@ def token_columns(ok: Sequence[dict], dur: float) -> dict:
         # completed with output tokens in usage but no token-bearing chunk (e.g. text a detokeniser withheld):
         # they count in throughput but have no TTFT/TPOT
         "x_requests_without_text": sum(1 for r in ok if not r.get("n_chunks") and (r.get("output_tokens") or 0) > 0),
+        # every token-bearing chunk in one network read (a buffering proxy): per-token timing unknown
+        "x_buffered_requests": sum(1 for r in ok if r.get("buffered")),
         "x_tokens_per_chunk_source": ",".join(sorted({str(r.get("tokens_per_chunk_source")) for r in ok})) or None,
     }
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,8 +55,12 @@ if TYPE_CHECKING:  # annotations only: kit.serve.load imports this module
 
 #: ``LoadConfig.endpoint`` → the path of its streaming API
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+#: longest error text a request record keeps (the HTTP error body included), characters, cut after scrubbing
+ERROR_TEXT_CHARS = 600
 #: environment variable read for the API key when none is named
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+#: what an HTTP header value may hold: visible characters and inner spaces/tabs (RFC 9110 field-value), no CR/LF
+HEADER_VALUE = re.compile(r"[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*")
 
 
 # ---------------------------------------------------------------- tokenizer helpers
@@ -139,10 +144,18 @@ def request_body(
 def auth_headers(api_key_env: str | None = DEFAULT_API_KEY_ENV, url: str | None = None) -> dict:
     """``{"Authorization": "Bearer <key>"}`` when the environment variable ``api_key_env`` holds a key, else ``{}``.
     The key is read at call time and never written anywhere. A ``url`` with credentials (``http://user:pw@host``)
-    gets none: its credentials go as HTTP basic auth (one ``Authorization`` header only; the URL is explicit)."""
+    gets none: its credentials go as HTTP basic auth (one ``Authorization`` header only; the URL is explicit).
+
+    Raises:
+        UserError: the key holds a line break or another control character (it would inject headers)."""
     if url is not None and "@" in urlsplit(str(url)).netloc:
         return {}
     key = os.environ.get(api_key_env) if api_key_env else None
+    if key and not HEADER_VALUE.fullmatch(key):  # a line break would add headers of its own to every request
+        raise UserError(
+            f"the API key in ${api_key_env} holds a line break or another control character; an API key is printable "
+            "text (check how the variable was set)"
+        )
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
@@ -196,7 +209,7 @@ async def stream_request(pool: StreamPool, url: str, body: dict, headers: dict, 
         an error event (any shape, :func:`kit.serve.sse.classify_event`), a timeout, an oversized event, a broken
         or truncated stream, or a failed connection.
     """
-    cap = StreamCapture()
+    cap = StreamCapture(max_events=max_events_for(body))
     parser = SSEParser(limits.max_event_bytes)
     shown = redact_url(url)
     st: dict = {"phase": "connect", "conn": None}  # where a timeout happened; the connection to release
@@ -228,8 +241,20 @@ async def stream_request(pool: StreamPool, url: str, body: dict, headers: dict, 
                 conn.keep_alive = False
             pool.release(conn)
     cap.t_end = time.perf_counter()
-    cap.error = scrub(cap.error, limits.secrets)
+    cap.error = scrub(cap.error, limits.secrets)  # before the cut: a cut must never leave part of a secret
+    if cap.error is not None and len(cap.error) > ERROR_TEXT_CHARS:
+        cap.error = cap.error[:ERROR_TEXT_CHARS] + " ..."
     return cap
+
+
+def max_events_for(body: dict) -> int:
+    """Most SSE events one request may bring: 4 per output token asked for (``max_tokens``; detokenisers may split a
+    token over chunks) + 64 (role, usage, finish, [DONE], keep-alives), at least 1024."""
+    try:
+        asked = int(body.get("max_tokens") or 0)
+    except (TypeError, ValueError):
+        asked = 0
+    return max(1024, 4 * asked + 64)
 
 
 async def _open(pool: StreamPool, key, request: bytes, sink, limits: StreamLimits, st: dict) -> tuple[int, dict]:
@@ -265,7 +290,7 @@ def _judge(cap: StreamCapture, conn: StreamConnection, parser: SSEParser, status
         )
     elif status != 200:
         where = f" (POST {shown})" if status in (404, 405) else ""  # most often a wrong path or endpoint
-        cap.error = f"HTTP {status}{where}: {conn.error_body.decode('utf-8', 'replace')[:500]}"
+        cap.error = f"HTTP {status}{where}: {conn.error_body.decode('utf-8', 'replace')}"  # cut after scrubbing
     else:
         cap.add_events(parser.close(), time.perf_counter())
         cap.finish()
@@ -303,7 +328,8 @@ async def _wait_body(conn: StreamConnection, stall_timeout_s: float) -> None:
 def _tokens_per_chunk(cap: StreamCapture, count_tokens) -> tuple[list[int] | None, str]:
     """Tokens each token-bearing chunk carried and where that came from (see :func:`request_record`)."""
     n = len(cap.chunk_times)
-    if n and len(cap.chunk_usage) == n:
+    counts = cap.chunk_usage.values()
+    if n and len(cap.chunk_usage) == n and all(usage_count({"n": u}, "n")[0] is not None for u in counts):
         prev, per_chunk = 0, []
         for i in range(n):
             u = cap.chunk_usage[i]
@@ -335,49 +361,57 @@ def request_record(
     (``itl_ms`` None, ``itl_unknown`` True; the chunk gaps keep their own name; docs/metrics.md, case E7).
     ``output_tokens``: ``usage.completion_tokens``, else the tokenizer count of the whole text, else the chunk
     count (then ``output_tokens_estimated`` is True). Times in the record are ms; ``sent_s`` / ``end_s`` are
-    seconds since the run started.
+    seconds since the run started. A usage count that is not one (negative, fractional, over
+    :data:`MAX_USAGE_TOKENS`) fails the request (:func:`usage_count`). When every token-bearing chunk arrived in one
+    network read (``buffered``: a proxy that buffers the stream; :data:`BUFFERED_MIN_CHUNKS` chunks at least), the
+    per-token timing is unknown: ``tpot_ms`` and
+    ``itl_ms`` are None, never 0.
     """
     n = len(cap.chunk_times)
-    usage_ct = cap.usage.get("completion_tokens") if cap.usage else None
+    usage_ct, bad_usage = usage_count(cap.usage, "completion_tokens")
+    pt, bad_prompt = usage_count(cap.usage, "prompt_tokens")
     per_chunk, source = _tokens_per_chunk(cap, count_tokens)
-    if isinstance(usage_ct, (int, float)):
-        out_tok, est = int(usage_ct), False
+    if usage_ct is not None:
+        out_tok, est = usage_ct, False
     elif count_tokens is not None:
         out_tok, est = (count_tokens(["".join(cap.chunk_texts)])[0] if n else 0), True
     else:
         out_tok, est = (sum(per_chunk) if per_chunk is not None else n), True
     if per_chunk is None and out_tok <= n:
         per_chunk, source = [1] * n, "assumed_1"
-    ok = cap.error is None
-    tm = M.request_timings(cap.chunk_times, per_chunk, out_tok, t0_s=cap.t_send)
-    pt = cap.usage.get("prompt_tokens") if cap.usage else None
+    # every token-bearing chunk in one network read (a buffering proxy): the gaps between them are not the server's
+    buffered = n >= BUFFERED_MIN_CHUNKS and cap.chunk_times[0] == cap.chunk_times[-1]
+    error = cap.error or bad_usage or bad_prompt
+    tm = M.request_timings(cap.chunk_times, None if buffered else per_chunk, out_tok, t0_s=cap.t_send)
+    tpot = None if buffered else tm.tpot_ms
     t_send = cap.t_send
     return {
         "request_id": request_id,
         "warmup": warmup,
-        "ok": ok,
-        "error": cap.error,
+        "ok": error is None,
+        "error": error,
         "http_status": cap.http_status,
         "sent_s": t_send - t0_run,
         "end_s": cap.t_end - t0_run,
         "client_queue_ms": client_queue_ms,
         "ttft_ms": tm.ttft_ms,
         "e2el_ms": tm.e2el_ms,
-        "tpot_ms": tm.tpot_ms,
-        "tok_s_per_user": M.tok_s_per_stream(tm.tpot_ms) if tm.tpot_ms else None,
+        "tpot_ms": tpot,
+        "tok_s_per_user": M.tok_s_per_stream(tpot) if tpot else None,
         "chunk_gaps_ms": tm.chunk_gaps_ms,
         "itl_ms": tm.itl_ms,
         "itl_unknown": tm.itl_ms is None,
+        "buffered": buffered,
         "chunk_times_ms": [(t - t_send) * 1000.0 for t in cap.chunk_times],
         "output_tokens": out_tok,
         "output_tokens_estimated": est,
-        "tokens_per_chunk_source": source,
-        "input_tokens": int(pt) if isinstance(pt, (int, float)) else req.input_tokens,
+        "tokens_per_chunk_source": "buffered" if buffered else source,
+        "input_tokens": pt if pt is not None else req.input_tokens,
         "max_tokens": req.max_tokens,
         # prompt tokens the server served from its prefix cache (OpenAI usage.prompt_tokens_details; vLLM with
         # --enable-prompt-tokens-details); None when it does not say
         "cached_tokens": cached_tokens(cap.usage),
-        "osl_mismatch": bool(ok and out_tok != req.max_tokens),
+        "osl_mismatch": bool(error is None and out_tok != req.max_tokens),
         "n_chunks": n,
         "n_events": cap.n_events,
         "finish_reason": cap.finish_reason,
@@ -385,10 +419,32 @@ def request_record(
     }
 
 
+#: a stream whose token-bearing chunks (at least this many) all came in one network read was buffered on the way: a
+#: client descheduled for a few ms can read 2 or 3 chunks at once, not this many of a real server's stream
+BUFFERED_MIN_CHUNKS = 8
+#: the largest token count a server's usage may report (larger ones, like negative ones, are not counts)
+MAX_USAGE_TOKENS = 100_000_000
+
+
+def usage_count(usage: dict | None, key: str) -> tuple[int | None, str | None]:
+    """``(count, None)`` for a usage field that is a token count (an integer in [0, :data:`MAX_USAGE_TOKENS`]),
+    ``(None, None)`` when absent, ``(None, error)`` when it is something else (the request then fails with that
+    error: a server reporting 10^30 or −5 tokens is not to be believed, nor its other figures)."""
+    v = (usage or {}).get(key)
+    if v is None:
+        return None, None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v <= MAX_USAGE_TOKENS) or v != int(v):
+        return None, (
+            f"the server's usage.{key}={v!r} is not a token count (an integer in [0, {MAX_USAGE_TOKENS:,}]); the "
+            "request's figures are not used"
+        )
+    return int(v), None
+
+
 def cached_tokens(usage: dict | None) -> int | None:
     """``usage.prompt_tokens_details.cached_tokens`` of a final usage object (OpenAI API), or None."""
-    v = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    details = (usage or {}).get("prompt_tokens_details")
+    return usage_count(details if isinstance(details, dict) else None, "cached_tokens")[0]
 
 
 async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, timeout_s: float = 10.0) -> str:
@@ -418,7 +474,7 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
                     raise fail(f"HTTP {r.status} redirect to {where} not followed")
                 if r.status != 200:
                     text = (await r.content.read(2000)).decode("utf-8", "replace")
-                    raise fail(f"HTTP {r.status}: {short_error(text, 160)}")
+                    raise fail(f"HTTP {r.status}: {short_error(scrub(text, secrets), 160)}")  # scrubbed, then cut
                 data = json.loads(await r.content.read(MAX_EVENT_BYTES))
     except UserError:
         raise
@@ -435,8 +491,9 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
         ) from None
     except Exception as e:  # noqa: BLE001
         raise fail(describe_exception(e)) from None
-    items = (data or {}).get("data", []) if isinstance(data, dict) else []
-    models = [m.get("id") for m in items if isinstance(m, dict) and m.get("id")]
+    items = data.get("data") if isinstance(data, dict) else None
+    items = items if isinstance(items, list) else []  # {"data": 5}, a string ...: not a model list
+    models = [m.get("id") for m in items if isinstance(m, dict) and isinstance(m.get("id"), str) and m.get("id")]
     if not models:
         raise UserError(f"{shown} lists no model; {hint}")
     return models[0]

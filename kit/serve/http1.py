@@ -370,7 +370,7 @@ def build_request(url: str, body: bytes, headers: dict) -> tuple[tuple, bytes]:
     URL (``http://user:pass@host/...``) becomes Basic authorization unless ``headers`` carry one.
 
     Raises:
-        ValueError: not an http(s) URL with a host.
+        ValueError: not an http(s) URL with a host, or a header holding a line break or NUL.
     """
     p = urlsplit(url)
     if p.scheme not in ("http", "https") or not p.hostname:
@@ -388,5 +388,8 @@ def build_request(url: str, body: bytes, headers: dict) -> tuple[tuple, bytes]:
         cred = f"{p.username}:{p.password or ''}".encode()
         h["Authorization"] = "Basic " + base64.b64encode(cred).decode()
     h.update(headers)
+    bad = [k for k, v in h.items() if any(c in f"{k}{v}" for c in "\r\n\0")]
+    if bad:  # a line break in a name or value would inject headers (or a second request) of its own
+        raise ValueError(f"header {bad[0]!r} holds a line break or NUL: refused")
     lines = [f"POST {target} HTTP/1.1"] + [f"{k}: {v}" for k, v in h.items()]
     return (p.scheme, p.hostname, port), ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body

@@ -31,6 +31,10 @@ MAX_DISTINCT_PROMPTS = 1024
 #: longest output asked for (max_tokens) and most requests per point
 MAX_OSL = 10_000_000
 MAX_REQUESTS = 100_000_000
+#: the served modes' settings (a value past them would run for days or never end)
+MAX_TURNS = 1000
+MAX_THINK_TIME_S = 3600.0
+MAX_TIME_SCALE = 1000.0
 
 
 def json_object_arg(text: str) -> dict:

@@ -104,6 +104,7 @@ class LoadConfig:
             UserError: naming the bad field, its value and what is allowed.
         """
         check_load_config(self, ENDPOINTS)
+        self.request_headers()  # an API key that would inject headers is refused now, before any network work
         return self
 
     @property

@@ -20,6 +20,7 @@ import pandas as pd
 from kit.cli import config_field, config_flag, config_with
 from kit.errors import UserError
 from kit.grid import RUN_OPTIONS, split_run_options
+from kit.serve.limits import MAX_THINK_TIME_S, MAX_TIME_SCALE, MAX_TURNS
 from kit.serve.load import LoadConfig
 from kit.serve.schedule import RAMP_AXES, RAMP_STRATEGIES
 from kit.serve.sessions import SessionBackend
@@ -94,9 +95,9 @@ class ServedMode:
         if len(modes) > 1:
             raise UserError(f"{' and '.join(modes)} cannot be combined; choose one")
         for name, ok, allowed in (
-            ("turns", int(self.turns) >= 1, "an integer >= 1"),
-            ("think_time_s", self.think_time_s >= 0, ">= 0 s"),
-            ("time_scale", self.time_scale > 0, "> 0"),
+            ("turns", 1 <= int(self.turns) <= MAX_TURNS, f"an integer in [1, {MAX_TURNS}]"),
+            ("think_time_s", 0 <= self.think_time_s <= MAX_THINK_TIME_S, f"in [0, {MAX_THINK_TIME_S:g}] s"),
+            ("time_scale", 0 < self.time_scale <= MAX_TIME_SCALE, f"in (0, {MAX_TIME_SCALE:g}]"),
             ("prefix_group_size", int(self.prefix_group_size) >= 1, "an integer >= 1"),
             ("slo_fraction", 0 < self.slo_fraction <= 1, "in (0, 1]"),
             ("ramp_start", 0 < self.ramp_start < math.inf, "finite and > 0 (req/s or a concurrency)"),

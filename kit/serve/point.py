@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from kit import metrics as M
 from kit._io import atomic_write_text, check_out_dir
-from kit.errors import UserError
+from kit.errors import OutputPathError, UserError
 from kit.measure.power import PowerSampler
 from kit.serve.aggregate import aggregate
 from kit.serve.limits import check_number
@@ -98,7 +98,8 @@ def measure_point(
         hooks: ``on_progress``, ``on_status`` (:func:`kit.serve.loop.run_schedule`).
 
     Returns: the row (schema columns + ``x_`` extras). Never raises for server faults: a dead server gives a row
-    with ``status = "error"`` and every planned request in ``failed``.
+    with ``status = "error"`` and every planned request in ``failed``. A detail file the disk refused is not
+    written; the row says why (``x_detail_error``) and keeps every figure.
 
     Raises:
         UserError: an invalid ``cfg`` or ``extra["n_gpus"]`` (not an integer >= 1); OutputPathError: ``out_dir``
@@ -117,10 +118,15 @@ def measure_point(
     if schedule is None:  # prompts of this point only: no earlier point of a sweep sent them
         schedule = Arrivals.from_config(cfg, fresh_workload(cfg, pid, tokenizer))
     records, info, watched = watched_run(cfg, schedule, tokenizer, setup_error, hooks)
-    detail = write_detail(out, pid, records, cfg) if out is not None else None
+    detail, detail_error = None, None
+    try:  # a full disk loses the detail file, never the measured row
+        detail = write_detail(out, pid, records, cfg) if out is not None else None
+    except OutputPathError as e:
+        detail_error = str(e)
     row = aggregate(records, cfg, info) | schedule.columns(records)
     row |= steady_columns(records, schedule.steady) | measured_concurrency(records)
     row |= {"point_id": pid, "x_detail_file": str(detail) if detail else None, "x_schedule": schedule.kind}
+    row["x_detail_error"] = detail_error
     out_tok = client_output_tokens(records)
     in_tok = sum(int(r.get("input_tokens") or 0) for r in records if r.get("ok"))
     row |= watched["watch"].columns(out_tok)

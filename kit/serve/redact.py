@@ -9,6 +9,7 @@ query parameters, the API key from the environment); :func:`scrub` replaces them
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from collections.abc import Iterable
@@ -49,16 +50,21 @@ def redact_url(url: str) -> str:
 
 
 def secrets_of(url: str, api_key_env: str | None = None) -> list[str]:
-    """The secret strings of a run: the URL's password and user name (raw and percent-decoded), the values of
-    sensitive query parameters, and the API key held by the environment variable ``api_key_env``. Longest
-    first (so a secret containing another is replaced whole); strings shorter than 3 characters are left out
-    (masking them would mangle ordinary text)."""
+    """The secret strings of a run: the URL's password and user name (raw and percent-decoded) and their HTTP
+    Basic form (base64 of ``user:password``, as a server that echoes the Authorization header writes it back), the
+    values of sensitive query parameters, and the API key held by the environment variable ``api_key_env``.
+    Longest first (so a secret containing another is replaced whole); strings shorter than 3 characters are left
+    out (masking them would mangle ordinary text)."""
     found: set[str] = set()
     parts = _split(url)
     if parts is not None:
         userinfo = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
         for s in (userinfo, *userinfo.split(":", 1)) if userinfo else ():
             found.update((s, unquote(s), quote(unquote(s), safe="")))
+        if userinfo:
+            user, _, password = userinfo.partition(":")
+            for cred in (f"{user}:{password}", f"{unquote(user)}:{unquote(password)}"):
+                found.add(base64.b64encode(cred.encode()).decode())
         for k, v in parse_qsl(parts.query, keep_blank_values=True):
             if SENSITIVE_QUERY.search(k):
                 found.update((v, quote(v, safe=""), quote(v)))
@@ -69,12 +75,24 @@ def secrets_of(url: str, api_key_env: str | None = None) -> list[str]:
 
 
 def scrub(text, secrets: Iterable[str]):
-    """``text`` with every string of ``secrets`` replaced by :data:`MASK` (None and non-strings unchanged)."""
+    """``text`` with every string of ``secrets`` replaced by :data:`MASK` (None and non-strings unchanged), and a
+    secret cut by the text's end (its first 3 or more characters ending the text, e.g. an error body truncated on
+    receipt) or by its start masked too. Scrub before cutting a text: a cut after scrubbing cannot uncover a secret.
+    """
     if not isinstance(text, str):
         return text
+    secrets = [s for s in secrets if s]
     for s in secrets:
         if s in text:
             text = text.replace(s, MASK)
+    for s in secrets:
+        for k in range(min(len(s), len(text)) - 1, 2, -1):  # longest cut piece first
+            if text.endswith(s[:k]):
+                text = text[:-k] + MASK
+                break
+            if text.startswith(s[-k:]):
+                text = MASK + text[k:]
+                break
     return text
 
 

@@ -116,7 +116,8 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 def scrape(base_url: str, timeout_s: float = 5.0) -> Snapshot:
     """GET the server's ``/metrics`` and parse it. Never raises for a server fault: an HTTP error, a redirect
     (not followed), a refused connection, a timeout or a non-Prometheus body gives a Snapshot whose ``error``
-    says which. Credentials in ``base_url`` are sent as basic auth and never appear in an error text."""
+    says which. Credentials in ``base_url`` are sent as basic auth, only to the server (never through a proxy of the
+    environment's ``HTTP_PROXY``), and never appear in an error text."""
     url = metrics_url(base_url)
     parts = urllib.parse.urlsplit(url)
     shown = redact_url(url)
@@ -127,7 +128,9 @@ def scrape(base_url: str, timeout_s: float = 5.0) -> Snapshot:
         req.add_header("Authorization", "Basic " + base64.b64encode(token.encode()).decode())
     t = time.monotonic()
     try:
-        with urllib.request.build_opener(_NoRedirect).open(req, timeout=timeout_s) as r:
+        # no proxy from the environment (HTTP_PROXY ...): the scrape goes to the server, and its credentials with it
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect)
+        with opener.open(req, timeout=timeout_s) as r:
             text = r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         moved = " (a redirect: not followed)" if 300 <= e.code < 400 else ""

@@ -26,6 +26,7 @@ import pandas as pd
 from kit import metrics as M
 from kit.errors import UserError
 from kit.grid import GridPoint
+from kit.serve.limits import MAX_THINK_TIME_S, MAX_TURNS
 from kit.serve.load import LoadConfig
 from kit.serve.schedule import RunClock, Send, Steady
 from kit.serve.sweep import ServedBackend
@@ -61,9 +62,10 @@ class SessionSchedule:
     unique_prompts = False  # each turn resends its conversation's history: prefix-cache hits are intended
 
     def __init__(self, messages: Sequence[Sequence[str]], users: int, osl: int, think_time_s: float = 0.0):
-        if not messages or int(users) < 1 or not (float(think_time_s) >= 0):
+        if not messages or int(users) < 1 or not (0 <= float(think_time_s) <= MAX_THINK_TIME_S):
             raise UserError(
-                f"{len(messages)} conversations (>= 1), users={users} (>= 1), think_time_s={think_time_s} (>= 0 s)"
+                f"{len(messages)} conversations (>= 1), users={users} (>= 1), think_time_s={think_time_s} (in [0, "
+                f"{MAX_THINK_TIME_S:g}] s)"
             )
         self.messages, self.users, self.osl = [list(m) for m in messages], int(users), int(osl)
         self.think_time_s = float(think_time_s)
@@ -181,8 +183,11 @@ class SessionBackend(ServedBackend):
     """
 
     def __init__(self, config, concurrencies, out_dir, *, turns: int = 3, think_time_s: float = 0.0, **options):
-        if int(turns) < 1 or not (float(think_time_s) >= 0):
-            raise UserError(f"turns={turns} (>= 1), think_time_s={think_time_s} (>= 0 s)")
+        if not (1 <= int(turns) <= MAX_TURNS and 0 <= float(think_time_s) <= MAX_THINK_TIME_S):
+            raise UserError(
+                f"turns={turns} (an integer in [1, {MAX_TURNS}]), think_time_s={think_time_s} (in [0, "
+                f"{MAX_THINK_TIME_S:g}] s)"
+            )
         if options.get("workload") is not None or list(options.get("prefix_fractions", [0.0])) != [0.0]:
             raise UserError("sessions draw their own messages: give no workload and no prefix fractions")
         super().__init__(replace(config, warmup_requests=0), concurrencies, out_dir, **options)
@@ -198,8 +203,12 @@ class SessionBackend(ServedBackend):
         return self._points
 
     def schedule_for(self, point: GridPoint) -> SessionSchedule:
-        """The point's conversations: ``ceil(num_requests / turns)`` of them, ``max_concurrency`` at a time."""
+        """The point's conversations: ``ceil(num_requests / turns)`` of them, ``max_concurrency`` at a time, with
+        ``num_requests`` turns in all (never more: the last conversation may be shorter)."""
         c: LoadConfig = point.config
-        n_sessions = math.ceil(int(c.num_requests or 1) / self.turns)
-        msgs = session_messages(c, n_sessions, self.turns, point_seed(c.seed, point.point_id), self.tokenizer)
+        n = int(c.num_requests or 1)  # exactly this many turns in all: the last conversation may be shorter
+        turns = min(self.turns, n)
+        n_sessions = math.ceil(n / turns)
+        msgs = session_messages(c, n_sessions, turns, point_seed(c.seed, point.point_id), self.tokenizer)
+        msgs[-1] = msgs[-1][: n - (n_sessions - 1) * turns]
         return SessionSchedule(msgs, int(c.max_concurrency or n_sessions), c.osl, self.think_time_s)

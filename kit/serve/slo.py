@@ -65,8 +65,10 @@ def answer_line(cfg: LoadConfig, axis: str, fraction: float, answer, largest_pro
 class SearchResult:
     """The outcome of :func:`slo_search`: ``answer`` (largest load that met the SLO; None if none did),
     ``bracket`` (last load met, first load not met; None where unknown), ``line`` (the one-line answer),
-    ``probes`` (one row per probe in the order run: load, fraction_met, met, status, problems (the row's problem
-    flags), client_bound, point_id) and ``rows`` (the probes' results rows)."""
+    ``probes`` (one row per probe in the order run: load, fraction_met, met, verdict (``met``, ``missed``, or
+    ``errors`` when more requests failed than the SLO fraction allows: the server failed, it was not slow; the
+    search stops there and the line names it), failed, error, status, problems (the row's problem flags),
+    client_bound, point_id) and ``rows`` (the probes' results rows)."""
 
     axis: str
     answer: float | None
@@ -156,6 +158,8 @@ def slo_search(cfg: LoadConfig, out_dir: str | Path, **options) -> SearchResult:
     if spec.axis == "concurrency":  # loads are whole numbers of requests in flight
         lo, hi = (None if v is None else int(v) for v in (lo, hi))
     line = answer_line(cfg, spec.axis, spec.slo_fraction, lo, max(p["load"] for p in search.probes))
+    if search.stopped:
+        line += f"; the search stopped at {search.stopped}"
     return SearchResult(
         spec.axis, lo, (lo, hi), line, spec.slo_fraction, pd.DataFrame(search.probes), pd.DataFrame(search.rows)
     )
@@ -169,6 +173,7 @@ class Search:
         self.run_options, self.backend_options = split_run_options(options)
         self.probes: list[dict] = []
         self.rows: list[dict] = []
+        self.stopped: str | None = None  # the probe whose requests failed, named (the search ends there)
 
     def probe(self, load: float) -> bool:
         """Measure (or find stored) the point at ``load``; True when it met the SLOs for the fraction asked."""
@@ -186,9 +191,16 @@ class Search:
         row = df[df["point_id"] == pid].iloc[-1].to_dict()
         frac = fraction_met(row)
         met = bool(frac >= spec.slo_fraction)
+        n, failed = int(row.get("completed") or 0) + int(row.get("failed") or 0), int(row.get("failed") or 0)
+        verdict = "met" if met else "missed"
+        if failed and failed > (1 - spec.slo_fraction) * n:  # the server failed requests: not a latency answer
+            verdict = "errors"
+            self.stopped = f"{spec.axis} {load:g}: {failed} of {n} requests failed ({row.get('error')})"
+            log.warning("probe %s", self.stopped)
         if row.get("x_client_bound"):
             log.warning("probe %s=%g: %s", spec.axis, load, row.get("x_client_warning"))
-        self.probes.append({"load": load, "fraction_met": frac, "met": met, "status": row.get("status")})
+        self.probes.append({"load": load, "fraction_met": frac, "met": met, "verdict": verdict, "failed": failed})
+        self.probes[-1] |= {"error": row.get("error"), "status": row.get("status")}
         problems = "; ".join(R.row_problems(row)) or None
         self.probes[-1] |= {"problems": problems, "client_bound": row.get("x_client_bound"), "point_id": pid}
         self.rows.append(row)
@@ -200,7 +212,7 @@ class Search:
         lo, hi, load = None, None, float(int(spec.start) if spec.axis == "concurrency" else spec.start)
         while len(self.probes) < spec.max_probes:
             if not self.probe(load):
-                return lo, load
+                return (lo, None) if self.stopped else (lo, load)
             lo = load
             if load >= spec.max_load:
                 break
@@ -210,11 +222,11 @@ class Search:
     def bisect(self, lo: float | None, hi: float | None) -> tuple[float | None, float | None]:
         """Halve the bracket to one request (concurrency) or ``rate_tolerance`` (rate)."""
         spec = self.spec
-        while lo is not None and hi is not None and len(self.probes) < spec.max_probes:
+        while lo is not None and hi is not None and len(self.probes) < spec.max_probes and not self.stopped:
             if (spec.axis == "concurrency" and hi - lo <= 1) or (
                 spec.axis == "rate" and (hi - lo) / lo <= spec.rate_tolerance
             ):
                 break
             mid = float((lo + hi) // 2) if spec.axis == "concurrency" else (lo + hi) / 2
             lo, hi = (mid, hi) if self.probe(mid) else (lo, mid)
-        return lo, hi
+        return (lo, None) if self.stopped else (lo, hi)

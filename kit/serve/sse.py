@@ -40,8 +40,17 @@ class EventTooLarge(Exception):
     """An SSE event (or an unfinished line) grew past the parser's ``max_event_bytes``."""
 
 
+class TooManyEvents(EventTooLarge):
+    """A stream sent more events than its request can need (:attr:`StreamCapture.max_events`): an endless stream."""
+
+
 class ErrorEvent(str):
     """The data of an SSE frame typed ``event: error`` (any data, possibly empty)."""
+
+
+#: longest piece of a server's text an error message quotes, characters; it ends the message, so a secret cut here is
+#: still masked (:func:`kit.serve.redact.scrub` masks a secret's start ending a text)
+ERROR_PIECE_CHARS = 2000
 
 
 def _error_text(obj: Any) -> str:
@@ -49,7 +58,7 @@ def _error_text(obj: Any) -> str:
     err = obj.get("error", obj) if isinstance(obj, dict) else obj
     if isinstance(err, dict):
         err = err.get("message", err.get("detail", err))
-    return str(err)[:500]
+    return str(err)[:ERROR_PIECE_CHARS]
 
 
 def classify_event(obj: Any) -> tuple[str, int | None, dict | None, str | None, str | None]:
@@ -63,7 +72,7 @@ def classify_event(obj: Any) -> tuple[str, int | None, dict | None, str | None, 
     not a JSON object.
     """
     if not isinstance(obj, dict):
-        return "", None, None, None, f"unexpected event payload {str(obj)[:200]!r}"
+        return "", None, None, None, f"unexpected event payload: {str(obj)[:ERROR_PIECE_CHARS]}"
     if obj.get("error") is not None or obj.get("object") == "error" or obj.get("type") == "error":
         return "", None, None, None, f"error event: {_error_text(obj)}"
     text, n_ids, finish = "", None, None
@@ -199,6 +208,7 @@ class StreamCapture:
 
     ``chunk_times`` / ``chunk_texts``: one entry per token-bearing chunk; ``chunk_usage`` / ``chunk_token_ids``:
     ``{chunk index: cumulative completion_tokens | number of token ids}`` for the chunks that carried them.
+    ``max_events``: most events one request may bring (0: no cap); more raise :class:`TooManyEvents`.
     """
 
     t_send: float = 0.0
@@ -213,6 +223,7 @@ class StreamCapture:
     finish_reason: str | None = None
     done: bool = False
     n_events: int = 0
+    max_events: int = 0
     _pre: bytes = field(default=b"", repr=False)
     _suf: bytes = field(default=b"", repr=False)
     _rx: re.Pattern | None = field(default=None, repr=False)
@@ -238,13 +249,27 @@ class StreamCapture:
                     self.n_events += 1
                     self.chunk_times.append(now)
                     self.chunk_texts.append(texts[0].decode("utf-8", "replace"))
+                    if self.n_events > self.max_events > 0:
+                        self.too_many()
                     return
             elif n and n * self._fixed + sum(map(len, texts)) == len(raw):
                 self.n_events += n
                 self.chunk_times.extend(repeat(now, n))
                 self.chunk_texts.extend(map(_DECODE, texts))
+                if self.n_events > self.max_events > 0:
+                    self.too_many()
                 return
         self.add_events(parser.feed(raw), now)
+        if self.n_events > self.max_events > 0:
+            self.too_many()
+
+    def too_many(self) -> None:
+        """Raise :class:`TooManyEvents`: more events than :attr:`max_events` (the stream is cut, the request fails
+        instead of filling the client's memory)."""
+        raise TooManyEvents(
+            f"the server sent more than {self.max_events} events for one request (an endless stream?); the kit "
+            "stops reading it"
+        )
 
     def add_events(self, payloads: Sequence, now: float) -> None:
         """Record the complete events of one network read that arrived at ``now`` (s).
@@ -287,7 +312,7 @@ class StreamCapture:
             if end != len(s):
                 raise ValueError("extra data")
         except ValueError:
-            self.error = self.error or f"malformed event (not JSON): {s[:200]!r}"
+            self.error = self.error or f"malformed event (not JSON): {s[:ERROR_PIECE_CHARS]}"
             return
         text, n_ids, usage, finish, err = classify_event(obj)
         if err:
@@ -329,7 +354,7 @@ class StreamCapture:
         try:
             msg = _error_text(json.loads(data)) if data.strip() else "(no data)"
         except ValueError:
-            msg = data[:500]
+            msg = data[:ERROR_PIECE_CHARS]
         self.error = self.error or f"error event: {msg}"
 
     def finish(self) -> None:

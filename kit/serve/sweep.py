@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from kit._io import check_out_dir
-from kit.errors import UserError
+from kit.errors import OutputPathError, UserError
 from kit.grid import GridPoint, run_grid, split_run_options
 from kit.serve.client import get_model_id
 from kit.serve.load import LoadConfig
@@ -86,6 +86,7 @@ class ServedBackend:
         # one prompt seed for this run: the given one, else a new one (ids do not include it, so a re-run resumes)
         self.seed = self.config.seed if self.config.seed is not None else fresh_seed()
         self.description = f"serve-bench {config.shown_url}"
+        self.disk_error: OutputPathError | None = None
         self._points: list[GridPoint] | None = None
 
     def resolve_model(self) -> str | None:
@@ -167,9 +168,16 @@ class ServedBackend:
 
     def measure(self, point: GridPoint) -> dict:
         """The row of one point: :func:`kit.serve.point.measure_point` of :meth:`schedule_for` (writes its detail
-        file). Every served mode measures through here."""
+        file). Every served mode measures through here. When the disk refused a point's detail file, that point's
+        row is kept (``x_detail_error``) and the next point raises the error instead of sending requests: the grid
+        stops the run, keeping what finished.
+
+        Raises:
+            OutputPathError: the disk refused the previous point's detail file."""
+        if self.disk_error is not None:  # the disk refused the last point's detail file: stop before sending more
+            raise self.disk_error
         extra = self.extra | {k: v for k, v in point.columns.items() if k.startswith("x_")}
-        return measure_point(
+        row = measure_point(
             point.config,
             self.schedule_for(point),
             out_dir=self.out_dir,
@@ -180,6 +188,9 @@ class ServedBackend:
             on_progress=self.options.on_progress,
             on_status=self.options.on_status,
         )
+        if row.get("x_detail_error"):
+            self.disk_error = OutputPathError(row["x_detail_error"])
+        return row
 
     def after_failure(self) -> dict:
         """Nothing to free (the point ran on the server): no extra columns."""

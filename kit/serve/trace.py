@@ -22,6 +22,7 @@ import numpy as np
 
 from kit.errors import InputNotFoundError, UserError
 from kit.grid import GridPoint
+from kit.serve.limits import MAX_OSL, MAX_TIME_SCALE, MAX_WORKLOAD_TOKENS, check_number
 from kit.serve.load import LoadConfig
 from kit.serve.point import served_point_id
 from kit.serve.schedule import RunClock, Send, Steady
@@ -42,37 +43,65 @@ class TraceEntry:
     hash_ids: tuple[int, ...] = ()
 
 
+#: longest trace a replay accepts: 7 days of timestamps (ms), and this many requests
+MAX_TRACE_MS = 7 * 24 * 3600 * 1000
+MAX_TRACE_ENTRIES = 1_000_000
+
+
 def load_trace(path: str | Path) -> list[TraceEntry]:
     """The entries of a Mooncake-format JSONL trace, sorted by timestamp (blank lines skipped).
 
+    Every value is bounded before anything is allocated: ``timestamp`` a finite number of ms in [0,
+    :data:`MAX_TRACE_MS`], ``input_length`` an integer in [1, :data:`kit.serve.limits.MAX_WORKLOAD_TOKENS`],
+    ``output_length`` an integer in [1, :data:`kit.serve.limits.MAX_OSL`], ``hash_ids`` a list of at most
+    ``input_length`` integers (each stands for at least one prompt token), at most :data:`MAX_TRACE_ENTRIES` lines.
+
     Raises:
-        InputNotFoundError: no such file. UserError: a line that is not a JSON object with a numeric
-            ``timestamp`` >= 0 and integer ``input_length`` / ``output_length`` >= 1 (the message names file and
-            line), or a trace with no entry.
+        InputNotFoundError: no such file. UserError: a line that is not UTF-8 or not such a JSON object (the message
+            names file, line and value), too many lines, or a trace with no entry.
     """
     p = Path(path)
     if not p.is_file():
         raise InputNotFoundError(f"trace {str(p)!r} not found (a JSONL file, one request per line)")
     out = []
-    for k, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
+    for k, raw in enumerate(p.read_bytes().splitlines(), 1):
+        if not raw.strip():
             continue
+        if len(out) >= MAX_TRACE_ENTRIES:
+            raise UserError(f"{p}: more than {MAX_TRACE_ENTRIES:,} requests; split the trace")
         try:
-            d = json.loads(line)
-            e = TraceEntry(
-                float(d["timestamp"]), int(d["input_length"]), int(d["output_length"]), tuple(d.get("hash_ids") or ())
-            )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise UserError(
-                f"{p}:{k}: {line[:120]!r} is not a trace entry ({type(err).__name__}: {err}); expected "
-                '{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}'
-            ) from None
-        if not (e.timestamp_ms >= 0 and e.input_length >= 1 and e.output_length >= 1):
-            raise UserError(f"{p}:{k}: timestamp must be >= 0 and both lengths >= 1, got {line[:120]!r}")
-        out.append(e)
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"{p}:{k}: not UTF-8 text ({e.reason} at byte {e.start}); a trace is JSON lines") from None
+        out.append(trace_entry(line, f"{p}:{k}"))
     if not out:
         raise UserError(f"trace {p} has no entries")
     return sorted(out, key=lambda e: e.timestamp_ms)
+
+
+def trace_entry(line: str, where: str) -> TraceEntry:
+    """One trace line as a :class:`TraceEntry`, every value checked (see :func:`load_trace`).
+
+    Raises:
+        UserError: naming ``where`` (file:line), the field, its value and what is allowed.
+    """
+    expected = '{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [...]}'
+    try:
+        d = json.loads(line)
+    except ValueError as err:
+        raise UserError(f"{where}: {line[:120]!r} is not JSON ({err}); expected {expected}") from None
+    if not isinstance(d, dict) or not {"timestamp", "input_length", "output_length"} <= set(d):
+        raise UserError(f"{where}: {line[:120]!r} is not a trace entry; expected {expected}")
+    ts = check_number(f"{where}: timestamp", d["timestamp"], lo=0, hi=MAX_TRACE_MS, meaning="ms")
+    isl = check_number(f"{where}: input_length", d["input_length"], lo=1, hi=MAX_WORKLOAD_TOKENS, integer=True)
+    osl = check_number(f"{where}: output_length", d["output_length"], lo=1, hi=MAX_OSL, integer=True)
+    ids = d.get("hash_ids") or []
+    if not isinstance(ids, list) or len(ids) > isl:
+        size = len(ids) if isinstance(ids, list) else type(ids).__name__
+        raise UserError(f"{where}: hash_ids ({size}) must be a list of at most input_length={isl} integers")
+    for h in ids:
+        check_number(f"{where}: hash id", h, lo=-(2**63), hi=2**63 - 1, integer=True)
+    return TraceEntry(float(ts), int(isl), int(osl), tuple(int(h) for h in ids))
 
 
 def trace_workload(
@@ -92,7 +121,8 @@ def trace_workload(
 
     out = []
     for i, e in enumerate(entries):
-        ids = [t for h in e.hash_ids for t in block(h)][: e.input_length]
+        used = e.hash_ids[: -(-e.input_length // block_tokens)]  # the blocks past the prompt's length are not needed
+        ids = [t for h in used for t in block(h)][: e.input_length]
         own = np.random.default_rng(point_seed(seed, f"request{i}")).integers(*ID_RANGE, e.input_length - len(ids))
         ids += [int(x) for x in own]
         prompt = ids if as_token_ids else " ".join(f"w{t}" for t in ids)
@@ -157,9 +187,15 @@ class TraceBackend(ServedBackend):
     """
 
     def __init__(self, config, trace, out_dir, *, time_scale: float = 1.0, block_tokens=MOONCAKE_BLOCK_TOKENS, **kw):
-        if not (float(time_scale) > 0):
-            raise UserError(f"time_scale={time_scale}; must be > 0 (0.5 replays twice as fast)")
+        if not (0 < float(time_scale) <= MAX_TIME_SCALE):
+            raise UserError(f"time_scale={time_scale}; must be in (0, {MAX_TIME_SCALE:g}] (0.5 replays twice as fast)")
         self.trace_path, self.entries = Path(trace), load_trace(trace)
+        span = (self.entries[-1].timestamp_ms - self.entries[0].timestamp_ms) * float(time_scale)
+        if span > MAX_TRACE_MS:
+            raise UserError(
+                f"time_scale={time_scale}: the replay would last {span / 86_400_000:.1f} days (at most "
+                f"{MAX_TRACE_MS / 86_400_000:g}); give a smaller --time-scale"
+            )
         self.time_scale, self.block_tokens = float(time_scale), int(block_tokens)
         super().__init__(replace(config, max_concurrency=1), [1], out_dir, **kw)
 

@@ -110,7 +110,7 @@ def test_bad_traces_are_named(tmp_path):
     with pytest.raises(UserError, match=r"bad.jsonl:2"):
         load_trace(bad)
     bad.write_text(json.dumps({"timestamp": 0, "input_length": 0, "output_length": 2}) + "\n")
-    with pytest.raises(UserError, match=r"bad.jsonl:1.*lengths >= 1"):
+    with pytest.raises(UserError, match=r"bad.jsonl:1: input_length=0; must be an integer >= 1"):
         load_trace(bad)
     with pytest.raises(UserError, match="time_scale"):
         TraceBackend(LoadConfig(url="http://127.0.0.1:9"), TRACE, tmp_path, time_scale=0)
