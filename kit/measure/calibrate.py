@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import re
 from pathlib import Path
 
@@ -266,22 +267,53 @@ def save_calibration(cal: dict, path: str | Path | None = None) -> Path:
     return atomic_write_text(p, json.dumps(cal, indent=2, default=str), example="calibration.json")
 
 
+#: numbers a calibration may carry besides ``mem_bw_gb_s`` and ``matmul_tflops`` (each finite and >= 0 when set)
+CALIBRATION_NUMBERS = ("memory_gb", "threads", "overhead_ms_fixed", "overhead_ms_per_layer", "attn_tflops")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
 def load_calibration(path: str | Path | None = None, device: str | None = None) -> dict:
     """Read a calibration file (``path``, else the default file of ``device`` / the detected device); the returned
     dict carries ``path``.
 
     Raises:
-        FileNotFoundError: no such file (the message says to run ``kit calibrate``).
-        ValueError: the file lacks ``mem_bw_gb_s`` or ``matmul_tflops``.
+        InputNotFoundError: no such file (the message says to run ``kit calibrate``).
+        UserError: one line naming the file and what is wrong, and to rerun ``kit calibrate``: unreadable, not
+            JSON (a corrupted or truncated file: where the JSON breaks), not an object, ``mem_bw_gb_s`` missing or
+            not a number > 0, ``matmul_tflops`` missing or not ``{dtype: TFLOPS}``, or a number of
+            :data:`CALIBRATION_NUMBERS` that is not finite and >= 0.
     """
     p = Path(path) if path else default_path(device)
     if not p.exists():
         raise InputNotFoundError(f"no calibration at {p}; run `kit calibrate` (or pass --calibration PATH)")
-    cal = json.loads(p.read_text())
+    again = "rerun `kit calibrate` to write it again (or pass --calibration PATH)"
+    try:
+        cal = json.loads(p.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise UserError(f"calibration file {p} cannot be read ({e.strerror or e}); {again}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"calibration file {p} is not UTF-8 text (byte {e.start}); {again}") from None
+    except json.JSONDecodeError as e:
+        raise UserError(
+            f"calibration file {p} is not valid JSON ({e.msg}, line {e.lineno} column {e.colno}); {again}"
+        ) from None
+    if not isinstance(cal, dict):
+        raise UserError(f"calibration file {p} holds a JSON {type(cal).__name__}, not a calibration object; {again}")
     for k in ("mem_bw_gb_s", "matmul_tflops"):
         if k not in cal:
-            raise UserError(f"calibration file {p} lacks {k!r}; rerun `kit calibrate`")
-    cal["matmul_tflops"] = {k: v for k, v in cal["matmul_tflops"].items() if v}
+            raise UserError(f"calibration file {p} lacks {k!r}; {again}")
+    if not _number(cal["mem_bw_gb_s"]) or not cal["mem_bw_gb_s"] > 0:
+        raise UserError(f"calibration file {p}: mem_bw_gb_s={cal['mem_bw_gb_s']!r} is not a number > 0 GB/s; {again}")
+    mm = cal["matmul_tflops"]
+    if not isinstance(mm, dict) or not all(v is None or _number(v) for v in mm.values()):
+        raise UserError(f"calibration file {p}: matmul_tflops={mm!r} is not {{dtype: TFLOPS >= 0}}; {again}")
+    for k in CALIBRATION_NUMBERS:
+        if cal.get(k) is not None and not _number(cal[k]):
+            raise UserError(f"calibration file {p}: {k}={cal[k]!r} is not a finite number >= 0; {again}")
+    cal["matmul_tflops"] = {k: v for k, v in mm.items() if v}
     cal["path"] = str(p)
     return cal
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kit.errors import OutputPathError
+from kit.errors import OutputPathError, UserError
 from kit.measure import calibrate
 from kit.plan.config import PredictConfig
 from kit.plan.device import get_device_model
@@ -57,6 +57,44 @@ def test_missing_calibration_says_what_to_run(tmp_path, monkeypatch):
     bad.write_text(json.dumps({"device": "cpu"}))
     with pytest.raises(ValueError, match="mem_bw_gb_s"):
         calibrate.load_calibration(bad)
+
+
+GOOD = {"device": "cpu", "threads": 2, "mem_bw_gb_s": 10.6, "matmul_tflops": {"float32": 0.6, "float16": None},
+        "overhead_ms_fixed": 6.8, "overhead_ms_per_layer": 0.1, "attn_tflops": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (json.dumps(GOOD, indent=2)[:120].encode(), "is not valid JSON (Expecting ',' delimiter, line 7 column"),
+        (b"", "is not valid JSON (Expecting value, line 1 column 1)"),
+        (b"\xff\xfe{}", "is not UTF-8 text (byte 0)"),
+        (b"[1, 2]", "holds a JSON list, not a calibration object"),
+        (json.dumps({**GOOD, "mem_bw_gb_s": "fast"}).encode(), "mem_bw_gb_s='fast' is not a number > 0 GB/s"),
+        (json.dumps({**GOOD, "mem_bw_gb_s": -3}).encode(), "mem_bw_gb_s=-3 is not a number > 0 GB/s"),
+        (json.dumps({**GOOD, "matmul_tflops": [0.6]}).encode(), "matmul_tflops=[0.6] is not {dtype: TFLOPS >= 0}"),
+        (json.dumps({**GOOD, "threads": float("nan")}).encode(), "threads=nan is not a finite number >= 0"),
+        (json.dumps({**GOOD, "overhead_ms_fixed": "6"}).encode(), "overhead_ms_fixed='6' is not a finite number"),
+    ],
+)
+def test_a_corrupted_calibration_is_one_line_naming_the_file(content, says, tmp_path, monkeypatch, capsys):
+    """Issue 28: a `kit calibrate` file corrupted afterwards (truncated, emptied, another type, a wrong value) made
+    the planner end in a JSONDecodeError / TypeError traceback. Now a UserError naming the file, what is wrong and
+    to rerun `kit calibrate`: from load_calibration, the planner's local device and `kit plan` (exit 2)."""
+    from kit.cli import main
+
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
+    path = calibrate.default_path("cpu")
+    path.write_bytes(content)
+    for load in (lambda: calibrate.load_calibration(path), lambda: get_device_model("cpu")):
+        with pytest.raises(UserError, match="rerun `kit calibrate`") as e:
+            load()
+        assert str(e.value).startswith(f"calibration file {path}") and says in str(e.value)
+    assert main(["plan", "--model", "tiny-llama", "--accelerator", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err
+    path.write_text(json.dumps(GOOD))  # the same file, intact: read, None and 0 TFLOPS dropped
+    assert calibrate.load_calibration(path)["matmul_tflops"] == {"float32": 0.6}
 
 
 def test_bad_sizes():
