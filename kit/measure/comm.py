@@ -63,7 +63,8 @@ def _ops_arg(text) -> list[str]:
     ops = [o.strip() for o in str(text).split(",") if o.strip()] if isinstance(text, str) else list(text)
     bad = [o for o in ops if o not in OPS]
     if bad or not ops:
-        raise UserError(f"unknown collective(s) {bad or ops}; allowed: {', '.join(OPS)}")
+        what = f"has unknown collective(s) {bad}" if bad else "names no collective"
+        raise UserError(f"{text!r} {what}; allowed: {', '.join(OPS)}")
     return ops
 
 

@@ -32,8 +32,8 @@ def test_settings_are_checked_before_any_rank_starts(tmp_path):
     assert parse_bytes("64K") == 65536 and parse_bytes("1G") == 1 << 30 and parse_bytes("8") == 8
     with pytest.raises(UserError, match="number of bytes"):
         parse_bytes("lots")
-    with pytest.raises(UserError, match="unknown collective"):
-        CommConfig(ops="all_reduce,gather", out=str(tmp_path)).validate()
+    with pytest.raises(UserError, match=r"'all_reduce,gather' has unknown collective\(s\) \['gather'\]; allowed: all_"):
+        CommConfig(ops="all_reduce,gather", out=str(tmp_path)).validate()  # the value given, the bad item, the choices
     with pytest.raises(UserError, match="at least 2 ranks"):
         CommConfig(nproc=1, out=str(tmp_path)).validate()
     with pytest.raises(UserError, match="max_bytes=4 must be >= min_bytes=8"):
