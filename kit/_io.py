@@ -33,7 +33,7 @@ def check_out_file(path: str | Path, what: str = "--out", example: str = "out.js
 
     Raises:
         OutputPathError: ``path`` is a directory, an ancestor is a file, or the nearest existing ancestor is not
-            writable.
+            writable or on a full file system.
     """
     if not str(path).strip():
         raise OutputPathError(f"{what} is empty; give a file path (e.g. {example})")
@@ -45,17 +45,35 @@ def check_out_file(path: str | Path, what: str = "--out", example: str = "out.js
         anc = anc.parent
     if not anc.is_dir():
         raise OutputPathError(f"{what} {path}: {anc} is a file, not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{what} {path}: directory {anc} is not writable")
+    _check_writable(anc, what, path)
     return p
 
 
-def check_out_dir(path: str | Path, what: str = "output directory", example: str = "results/my-run") -> Path:
-    """Validate an output *directory* before any work: not empty, not a file, and no ancestor is a file.
-    Creates nothing.
+def _check_writable(directory: Path, what: str, path) -> None:
+    """An output ``path`` whose nearest existing directory is ``directory`` can be written: the directory is
+    writable by this process (``access(2)``: permissions, and a read-only mount even for root) and its file
+    system has free space (``statvfs``; root counts the blocks reserved for it).
 
     Raises:
-        OutputPathError: the path is empty, or it (or a parent) exists and is not a directory.
+        OutputPathError: not writable, or no free space (one line naming ``what``, ``path`` and the directory).
+    """
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{what} {path}: directory {directory} is not writable")
+    try:
+        st = os.statvfs(directory)
+    except OSError:  # a file system that does not say: the write itself will tell
+        return
+    if (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0 and st.f_blocks > 0:
+        raise OutputPathError(f"{what} {path}: the file system of {directory} is full; free space or give another path")
+
+
+def check_out_dir(path: str | Path, what: str = "output directory", example: str = "results/my-run") -> Path:
+    """Validate an output *directory* before any work: not empty, not a file, no ancestor is a file, and the
+    nearest existing one can be written (permissions, read-only mount, full disk). Creates nothing.
+
+    Raises:
+        OutputPathError: the path is empty, it (or a parent) exists and is not a directory, or the nearest existing
+            directory is not writable or its file system is full.
     """
     if not str(path).strip():
         raise OutputPathError(f"{what} is empty; give a directory for the results (e.g. {example})")
@@ -67,6 +85,7 @@ def check_out_dir(path: str | Path, what: str = "output directory", example: str
                 raise OutputPathError(
                     f"{what} {str(d)!r}{where} exists and is a file; give a directory path (it is created if missing)"
                 )
+            _check_writable(q, what, str(d))
             break
     return d
 

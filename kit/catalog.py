@@ -74,7 +74,7 @@ def _validate_accels(df: pd.DataFrame, origin: str) -> pd.DataFrame:
     for i, row in df.iterrows():
         where = f"{origin} row {i + 2} (name={row.get('name')!r})"
         if not isinstance(row["name"], str) or not row["name"].strip():
-            raise CatalogError(f"{where}: empty name")
+            raise CatalogError(f"{where}: empty name; give each accelerator a name (e.g. H200)")
         for col, typ in ACCEL_REQUIRED.items():
             if typ in (float, int):
                 try:
@@ -126,7 +126,7 @@ def _validate_prices(df: pd.DataFrame, origin: str, known: dict[str, str]) -> pd
         if not (v > 0 and math.isfinite(v)):
             raise CatalogError(f"{where}: usd_per_gpu_hr={row['usd_per_gpu_hr']!r} must be a finite number > 0")
         if not isinstance(row["basis"], str) or not row["basis"].strip():
-            raise CatalogError(f"{where}: empty price basis")
+            raise CatalogError(f"{where}: basis={row['basis']!r} is empty; give a basis name (e.g. tco, on-demand)")
     df["usd_per_gpu_hr"] = df["usd_per_gpu_hr"].astype(float)
     dup = df[df.duplicated(["accelerator", "basis"], keep=False)]
     if len(dup):
@@ -194,7 +194,9 @@ class Catalog:
         col = PEAK_COLUMNS[key]
         v = self.get(name).get(col)
         if v is None or pd.isna(v):
-            raise UserError(f"no {dtype} TFLOPS figure for {name}")
+            row = self.get(name)
+            have = [k for k, c in PEAK_COLUMNS.items() if c in row.index and pd.notna(row.get(c))]
+            raise UserError(f"no {dtype} TFLOPS figure for {name}; it has figures for {have}")
         return float(v)
 
     def price(self, name: str, basis: str = DEFAULT_BASIS) -> Price:

@@ -258,7 +258,23 @@ class _OneLineParser(argparse.ArgumentParser):
     whole usage block (``--help`` shows that)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: line breaks (a value a user typed, a server's text) shown as ``\\n`` / ``\\r``, so
+    an error is always the one line the exit-code convention promises."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the command that ``argv`` names (``kit history add ...`` -> the ``history add`` parser): its
+    first word that is not an option, followed through nested subcommands; ``parser`` itself when none matches."""
+    words = [w for w in argv if not w.startswith("-")]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and words and words[0] in action.choices:
+            return _command_parser(action.choices[words[0]], argv[argv.index(words[0]) + 1 :])
+    return parser
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -312,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command's parser (``kit sweep: error: ...``), not the top-level one (``kit: error:``)
+        _command_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(format=f"kit {args.command}: %(message)s", level=logging.INFO)
 
     def one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -324,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = one_line_warning
             rc = args.func(args)
     except KitError as e:
-        print(f"kit {args.command}: error: {_as_flag(str(e), parser)}", file=sys.stderr)
+        print(f"kit {args.command}: error: {one_line(_as_flag(str(e), parser))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # commands that keep partial results say so themselves and return 130
         out = getattr(args, "out", None)

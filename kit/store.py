@@ -147,8 +147,8 @@ def run_lock(out_dir: Path):
             f"{out_dir} is being written by another kit run ({desc}); wait for it to finish or give "
             "another output directory"
         ) from None
-    except OSError as e:
-        raise _os_error(out_dir / LOCK_NAME, e) from None
+    except OSError as e:  # the directory (when it could not be created) or the lock file
+        raise _os_error(out_dir / LOCK_NAME if out_dir.is_dir() else out_dir, e) from None
     try:
         atomic_write_bytes(
             holder,

@@ -206,8 +206,8 @@ class DoctorConfig:
     timing: bool = config_field(True, help="time the matmul speed sanity check (off: only 'does it run')")
 
     def __post_init__(self):
-        if not self.compile_timeout_s > 0:
-            raise UserError(f"compile_timeout_s must be > 0 seconds; got {self.compile_timeout_s}")
+        if not 0 < self.compile_timeout_s < float("inf"):  # (NaN fails too)
+            raise UserError(f"compile_timeout_s={self.compile_timeout_s!r} must be a finite number of seconds > 0")
         object.__setattr__(self, "libraries", tuple(self.libraries))
         object.__setattr__(self, "require", tuple(self.require))
 
@@ -406,14 +406,15 @@ def _cli(args) -> int:
     if args.schema:
         print(json.dumps(SCHEMA, indent=2))
         return 0
-    if args.compile_timeout_s <= 0:
-        raise UserError(f"--compile-timeout must be > 0 seconds; got {args.compile_timeout_s}")
+    quick = {"compile_check": False, "timing": False} if args.quick else {}
+    config = config_from_args(DoctorConfig, args, **quick)
+    if config.compile_check:
+        probes.check_compile_backend(config.compile_backend)
     if args.out:
         from kit._io import check_out_file
 
         check_out_file(args.out, example="doctor.json")  # before the probes run, not after
-    quick = {"compile_check": False, "timing": False} if args.quick else {}
-    report = run_doctor(config_from_args(DoctorConfig, args, **quick))
+    report = run_doctor(config)
     if args.out:
         from kit._io import atomic_write_text
 

@@ -47,6 +47,22 @@ except Exception as e:
 """
 
 
+def check_compile_backend(name: str) -> None:
+    """Refuse a ``torch.compile`` backend name that torch does not know (``torch._dynamo.list_backends``, which
+    includes backends registered by installed packages), before the compile check starts.
+
+    Raises:
+        UserError: ``name`` is not a registered backend (the message lists them).
+    """
+    if name == "inductor":  # torch's default: always there, and no need to import dynamo to know it
+        return
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if name not in known:
+        raise UserError(f"compile_backend={name!r} is not a torch.compile backend; known: {', '.join(known)}")
+
+
 def start_compile_check(device: str, compile_backend: str) -> subprocess.Popen:
     """Start the ``torch.compile`` check in a child process: compile a small function on ``device`` with
     ``compile_backend`` (``"inductor"``) and compare it with eager. Collect it with :func:`finish_compile_check`."""

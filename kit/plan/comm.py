@@ -150,35 +150,48 @@ def load_comm_calibration(path: str | Path) -> dict:
     """A saved ``kit comm`` link calibration (:func:`kit.measure.comm.save_comm_calibration`).
 
     Raises:
-        InputNotFoundError: no such file. UserError: not a link calibration (names the missing keys).
+        InputNotFoundError: no such file. UserError: a directory, unreadable, not UTF-8 JSON, or not a link
+            calibration (names the missing keys).
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InputNotFoundError(f"comm calibration {path}: no such file (write one with `kit comm --save-links`)")
+    if not p.is_file():
+        raise UserError(f"comm calibration {path} is a directory; give the JSON file `kit comm --save-links` wrote")
     try:
         cal = json.loads(p.read_text())
-    except ValueError as e:
-        raise UserError(f"comm calibration {path}: not JSON ({e})") from None
+    except OSError as e:
+        raise UserError(f"comm calibration {path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:  # UnicodeDecodeError (not UTF-8) is a ValueError
+        raise UserError(f"comm calibration {path}: not UTF-8 JSON ({e})") from None
     if not isinstance(cal, dict) or not isinstance(cal.get("links"), dict):
         raise UserError(f"comm calibration {path}: needs a 'links' object with 'scale-up' and/or 'scale-out'")
     cal["path"] = str(p)
     return cal
 
 
+def _positive_finite(v) -> bool:
+    """A JSON number (not a boolean) that is finite and > 0."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+
+
 def apply_comm_calibration(dev: DeviceModel, cal: dict | str | Path) -> DeviceModel:
     """Set ``dev``'s link α / busbw from a ``kit comm`` measurement (a dict or JSON path); returns ``dev``.
 
     Raises:
-        UserError: a link entry without a positive ``alpha_us`` and ``busbw_gb_s``, or an unknown link name.
+        UserError: a link entry without finite positive ``alpha_us`` and ``busbw_gb_s``, or an unknown link name.
     """
     if not isinstance(cal, dict):
         cal = load_comm_calibration(cal)
+    where = f"comm calibration {cal.get('path') or '(dict)'}"
     for name, fig in cal["links"].items():
         if name not in ("scale-up", "scale-out"):
-            raise UserError(f"comm calibration: unknown link {name!r}; allowed: 'scale-up', 'scale-out'")
+            raise UserError(f"{where}: unknown link {name!r}; allowed: 'scale-up', 'scale-out'")
+        if not isinstance(fig, dict):
+            raise UserError(f"{where}: link {name} is {fig!r}, not an object with alpha_us and busbw_gb_s")
         a, b = fig.get("alpha_us"), fig.get("busbw_gb_s")
-        if not (isinstance(a, (int, float)) and a > 0 and isinstance(b, (int, float)) and b > 0):
-            raise UserError(f"comm calibration {name}: alpha_us={a!r} and busbw_gb_s={b!r} must be numbers > 0")
+        if not (_positive_finite(a) and _positive_finite(b)):
+            raise UserError(f"{where}: link {name} alpha_us={a!r} and busbw_gb_s={b!r} must be finite numbers > 0")
         prefix = "scaleup" if name == "scale-up" else "scaleout"
         setattr(dev, f"{prefix}_alpha_us", float(a))
         setattr(dev, f"{prefix}_busbw_gb_s", float(b))

@@ -12,6 +12,7 @@ from ``quantization_config`` and ``dtype`` / ``torch_dtype``.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from kit import dtypes
@@ -97,16 +98,45 @@ def _need(cfg: dict, key: str, why: str, *aliases: str):
     raise UserError(f"config is missing {names}, which the planner needs for {why}")
 
 
-def _count(cfg: dict, key: str, why: str, *aliases: str) -> int:
-    """A shape count of the config (heads, layers, sizes): present and a whole number >= 1.
+#: the largest shape count a config may give (int32; real models are far below, a typo or hostile file is not)
+MAX_COUNT = 2**31 - 1
+#: the most layers a config may give (the planner walks layers one by one; the deepest models have a few hundred)
+MAX_LAYERS = 100_000
+
+
+def _count(cfg: dict, key: str, why: str, *aliases: str, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
+    """A shape count of the config (heads, layers, sizes) under ``key`` or an alias: present and a whole number in
+    [minimum, maximum] (JSON's NaN and Infinity, strings, lists and booleans are not).
 
     Raises:
-        UserError: missing, not a whole number, or < 1 (a config with 0 heads would divide by zero later).
+        UserError: missing, not a whole number, or out of range (0 heads would divide by zero later; 10**30 layers
+            would never finish); the message names the key, its value and the range.
     """
     v = _need(cfg, key, why, *aliases)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
-        raise UserError(f"config has {key}={v!r}; the planner needs a whole number >= 1 for {why}")
+    k = next(k for k in (key, *aliases) if cfg.get(k) is not None)
+    whole = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v == int(v)
+    if not whole or not minimum <= v <= maximum:
+        shown = repr(v) if len(repr(v)) <= 60 else f"{repr(v)[:40]}... ({len(repr(v))} characters)"
+        raise UserError(f"config has {k}={shown}; the planner needs a whole number in [{minimum}, {maximum}] for {why}")
     return int(v)
+
+
+def _first_set(cfg: dict, *keys: str) -> str | None:
+    """The first of ``keys`` the config sets to something truthy (not absent, None, 0 or empty), or None."""
+    return next((k for k in keys if cfg.get(k)), None)
+
+
+def _list_of(cfg: dict, key: str) -> list | None:
+    """``cfg[key]`` when it is a non-empty list, None when absent or empty.
+
+    Raises:
+        UserError: set to something else (a number, a string, an object)."""
+    v = cfg.get(key)
+    if not v:
+        return None
+    if not isinstance(v, list):
+        raise UserError(f"config has {key}={v!r}; the planner needs a list (one entry per layer)")
+    return v
 
 
 def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | None = None) -> dict:
@@ -121,7 +151,7 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
     cfg, name = _config_dict(config, name)
     mt = str(cfg.get("model_type", ""))
     h = _count(cfg, "hidden_size", "every weight shape", "d_model", "n_embd")
-    L = _count(cfg, "num_hidden_layers", "the layer count", "n_layer", "num_layers")
+    L = _count(cfg, "num_hidden_layers", "the layer count", "n_layer", "num_layers", maximum=MAX_LAYERS)
     nh = _count(cfg, "num_attention_heads", "the attention shapes", "n_head")
     V = _count(cfg, "vocab_size", "the embedding size")
     kw: dict = dict(
@@ -132,7 +162,9 @@ def arch_fields(config, name: str | None = None, weight_dtypes: str | dict | Non
         num_attention_heads=nh,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", False)),
-        max_position_embeddings=cfg.get("max_position_embeddings"),
+        max_position_embeddings=_count(cfg, "max_position_embeddings", "the longest context")
+        if cfg.get("max_position_embeddings") is not None
+        else None,
         source=f"config ({mt or 'dict'})",
     )
     kw.update(_attention_fields(cfg, mt, h, nh))
@@ -222,24 +254,23 @@ def _layer_kind_fields(cfg: dict, mt: str, L: int) -> dict:
     Raises:
         UserError: ``layer_types`` of another length than the layers, or a window / linear-attention size missing.
     """
-    lt = cfg.get("layer_types")
+    lt = _list_of(cfg, "layer_types")
     if not lt:
         return {}
-    lt = list(lt)
     if len(lt) != L:
         raise UserError(f"config layer_types has {len(lt)} entries but num_hidden_layers={L}")
     n_lin = sum(t in ("linear_attention", "kda", "mamba", "gated_deltanet") for t in lt)
     n_swa = sum(t in ("sliding_attention", "sliding_window") for t in lt)
     kw: dict = dict(n_swa_layers=n_swa, n_linear_layers=n_lin, n_kv_layers=L - n_swa - n_lin)
     if n_swa:
-        kw["sliding_window"] = int(_need(cfg, "sliding_window", "the sliding-window cache size"))
+        kw["sliding_window"] = _count(cfg, "sliding_window", "the sliding-window cache size")
     if n_lin:
         kw.update(
-            linear_num_heads=int(
-                _need(cfg, "linear_num_heads", "the linear-attention state", "linear_num_value_heads")
-            ),
-            linear_head_dim=int(_need(cfg, "linear_head_dim", "the linear-attention state", "linear_value_head_dim")),
-            linear_conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4),
+            linear_num_heads=_count(cfg, "linear_num_heads", "the linear-attention state", "linear_num_value_heads"),
+            linear_head_dim=_count(cfg, "linear_head_dim", "the linear-attention state", "linear_value_head_dim"),
+            linear_conv_kernel=_count(cfg, "linear_conv_kernel_dim", "the conv state")
+            if cfg.get("linear_conv_kernel_dim")
+            else 4,
         )
         if mt != "kimi_linear":
             kw["flags"] = (
@@ -256,24 +287,25 @@ def _mlp_fields(cfg: dict, mt: str, L: int) -> dict:
     Raises:
         UserError: a width or the active experts per token missing.
     """
-    E = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-    if not E:
-        return {"intermediate_size": int(_need(cfg, "intermediate_size", "the MLP width", "ffn_dim", "n_inner"))}
-    k = int(_need(cfg, "num_experts_per_tok", "the active experts per token", *_TOPK_ALIASES))
+    e_key = _first_set(cfg, "n_routed_experts", "num_local_experts", "num_experts")
+    if e_key is None:
+        return {"intermediate_size": _count(cfg, "intermediate_size", "the MLP width", "ffn_dim", "n_inner")}
+    k = _count(cfg, "num_experts_per_tok", "the active experts per token", *_TOPK_ALIASES)
     width_key = "intermediate_size" if mt == "gpt_oss" else "moe_intermediate_size"
     n_dense = _dense_layers(cfg, L)
+    s_key = _first_set(cfg, "n_shared_experts", "num_shared_experts")
     kw = dict(
-        n_routed_experts=int(E),
+        n_routed_experts=_count(cfg, e_key, "the routed experts"),
         experts_per_token=k,
-        moe_intermediate_size=int(_need(cfg, width_key, "the expert width")),
+        moe_intermediate_size=_count(cfg, width_key, "the expert width"),
         n_dense_layers=n_dense,
-        n_shared_experts=int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0),
+        n_shared_experts=_count(cfg, s_key, "the shared experts") if s_key else 0,
         expert_bias=mt == "gpt_oss",
         shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size"),
         moe_latent_size=cfg.get("moe_latent_size"),
     )
     if n_dense:
-        kw["intermediate_size"] = int(_need(cfg, "intermediate_size", "the dense MLP layers"))
+        kw["intermediate_size"] = _count(cfg, "intermediate_size", "the dense MLP layers")
     return kw
 
 
@@ -283,14 +315,14 @@ _TOPK_ALIASES = ("num_experts_per_token", "experts_per_token", "moe_topk")
 def _dense_layers(cfg: dict, L: int) -> int:
     """Dense-MLP layers of a MoE: from ``mlp_layer_types``, ``first_k_dense_replace``, or ``mlp_only_layers`` /
     ``decoder_sparse_step`` (Qwen-MoE: layer i is sparse when (i + 1) % step == 0); 0 when none says."""
-    mlt = cfg.get("mlp_layer_types")
+    mlt = _list_of(cfg, "mlp_layer_types")
     if mlt:
         return sum(t == "dense" for t in mlt)
     if cfg.get("first_k_dense_replace") is not None:
-        return int(cfg["first_k_dense_replace"])
-    if cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) > 1:
-        step = int(cfg.get("decoder_sparse_step") or 1)
-        only = set(cfg.get("mlp_only_layers") or [])
+        return _count(cfg, "first_k_dense_replace", "the dense MLP layers", minimum=0, maximum=L)
+    step = _count(cfg, "decoder_sparse_step", "the sparse layers") if cfg.get("decoder_sparse_step") else 1
+    only = _list_of(cfg, "mlp_only_layers") or []
+    if only or step > 1:
         return sum(1 for i in range(L) if i in only or (i + 1) % step != 0)
     return 0
 

@@ -99,7 +99,8 @@ def test_require_missing_library_is_a_problem(capsys):
         (["--library", "sgl_kernel"], r"use NAME=MODULE"),
         (["--require", "vllm"], r"--require 'vllm': unknown library; known"),
         (["--device", "tpu"], r"--device 'tpu' is not allowed"),
-        (["--compile-timeout", "0"], r"--compile-timeout must be > 0"),
+        (["--compile-timeout", "0"], r"--compile-timeout 0.0 must be a finite number of seconds > 0"),
+        (["--compile-timeout", "inf"], r"--compile-timeout inf must be a finite number of seconds > 0"),
     ],
 )
 def test_cli_bad_arguments_exit_2_with_message(argv, pattern, capsys):
@@ -232,7 +233,7 @@ def test_cli_options_derive_from_doctor_config(capsys):
 
 
 def test_run_doctor_rejects_bad_config():
-    with pytest.raises(UserError, match="compile_timeout_s must be > 0"):
+    with pytest.raises(UserError, match="compile_timeout_s=0 must be a finite number of seconds > 0"):
         D.run_doctor(compile_timeout_s=0)
     with pytest.raises(TypeError):
         D.run_doctor(backend_overrides=["x=y"])  # the old keyword is gone, not silently ignored
