@@ -210,9 +210,8 @@ FAULTS = [
         "--mem-util": ["0", "2", "nan"], "--basis": ["x"], "--price": ["nan", "-1", "inf", "0"],
         "--prices": _CSV_INPUTS, "--out": _OUT_PATHS[:3],
     }),
-    (["plan", "--model", "llama-3.1-8b", "--accelerator", "local", "--calibration", "{F}/missing.json"],
-     "{F}/missing.json"),
-    (["plan", "--model", "llama-3.1-8b", "--accelerator", "local", "--calibration", "{F}/list.json"], "{F}/list.json"),
+    *_opts(["plan", "--model", "llama-3.1-8b", "--accelerator", "local"], {"--calibration": [
+        "{F}/missing.json", "{F}/list.json", "{F}/corrupt.json", "{F}/nonutf8.json", "{F}/adir"]}),
     *_opts(["calibrate", "--quick"], {"--device": ["x"], "--out": [("{F}/adir", "{F}/adir"), *_OUT_PATHS[1:3]],
                                       "--threads": ["0", "-1"]}),
     *_opts(["kv-stress"], {
