@@ -50,88 +50,141 @@ def validity(row, unique_prompts: bool = True, token_tolerance: float = TOKEN_TO
         token_tolerance: largest relative server/client output-token difference (default 1 %).
 
     Returns: ``x_valid`` (bool), ``x_invalid_reasons`` ("; "-joined text, None when valid) and
-    ``x_validity_checks`` (the checks applied, comma-joined).
+    ``x_validity_checks`` (the checks applied, comma-joined; :data:`CHECKS` in order).
     """
+    opts = {"unique_prompts": unique_prompts, "token_tolerance": token_tolerance}
     reasons, checks = [], []
-
-    def check(name, bad, why):
+    for name, judge in CHECKS:
+        verdict = judge(row, opts)
+        if verdict is None:  # its inputs are missing: not applied
+            continue
         checks.append(name)
+        bad, why = verdict
         if bad:
             reasons.append(why)
-
-    failed = _val(row, "failed")
-    if failed is not None:
-        check("failed", failed > 0, f"{failed} request(s) failed")
-    pre = _val(row, "x_server_preemptions")
-    pre_now = _val(row, "x_server_preempted_requests_max")
-    if pre is not None or pre_now is not None:
-        n = max(pre or 0, pre_now or 0)
-        check("preemptions", n > 0, f"{n:g} preemption(s) during the point (KV cache full: requests recomputed)")
-    hits = _val(row, "x_server_prefix_cache_hits")
-    if unique_prompts and hits is not None:
-        check("prefix_cache", hits > 0, f"{hits:g} prefix-cache hit tokens although every prompt was unique")
-    achieved, intended = _val(row, "x_prefix_hit_rate_achieved"), _val(row, "x_prefix_hit_rate_intended")
-    if achieved is not None and intended is not None:
-        check(
-            "prefix_cache_usage",
-            achieved > intended + HIT_RATE_TOLERANCE,
-            f"the server answered {100 * achieved:.0f} % of prompt tokens from its prefix cache (per-request usage), "
-            f"the workload intended {100 * intended:.0f} %: prompts an earlier run sent? (leave --seed unset for new "
-            "prompts per run)",
-        )
-    diff = _val(row, "x_server_output_tokens_diff_frac")
-    if diff is not None:
-        server, client = _val(row, "x_server_generation_tokens"), _val(row, "x_server_client_output_tokens")
-        check(
-            "server_tokens",
-            diff > token_tolerance,
-            f"server counted {server:g} output tokens, client {client:g} ({100 * diff:.1f} % apart, > "
-            f"{100 * token_tolerance:g} %)",
-        )
-    late = _val(row, "x_send_late_ms_p99")
-    if late is not None:
-        worst = _val(row, "x_send_late_ms_max") or late
-        check(
-            "send_lateness",
-            late > SEND_LATE_LIMIT_MS,
-            f"the client sent requests late (p99 {late:.1f} ms, max {worst:.0f} ms after their due time, > "
-            f"{SEND_LATE_LIMIT_MS:g} ms): the offered load was not the one asked for",
-        )
-    over = _val(row, "x_server_spec_overcount_frac")
-    if over is not None:
-        check(
-            "spec_acceptance",
-            over > token_tolerance,
-            f"the server's speculative-decoding counters imply {100 * over:.0f} % more emitted tokens than the client "
-            "received (drafts accepted past the end of a sequence?): its acceptance figures are overstated; "
-            "x_spec_tokens_per_step_client is what the client saw",
-        )
-    bound = _val(row, "x_client_bound")
-    if bound is not None:
-        check("client_bound", bool(bound), f"client-bound: {_val(row, 'x_client_warning') or 'the client was busy'}")
-    buffered = _val(row, "x_buffered_requests")
-    if buffered is not None:
-        check(
-            "buffered",
-            buffered > 0,
-            f"{buffered} request(s) arrived whole in one network read (a buffering proxy between the kit and the "
-            "server?): their per-token timing (TPOT, ITL) is unknown",
-        )
-    osl = _val(row, "x_osl_mismatch")
-    if osl is not None:
-        check("osl", osl > 0, f"{osl} request(s) returned another output length than requested (OSL mismatch)")
-    finite = _val(row, "x_logits_finite")
-    if finite is not None:
-        check("logits", not bool(finite), "non-finite logits")
-    thr = _val(row, "x_throttled")
-    if thr is not None:
-        frac = _val(row, "x_throttle_fraction") or 0.0
-        check("throttling", bool(thr), f"GPU throttled (clock low at the power limit) in {100 * frac:.0f} % of samples")
     return {
         "x_valid": not reasons,
         "x_invalid_reasons": "; ".join(reasons) or None,
         "x_validity_checks": ",".join(checks),
     }
+
+
+def _failed(row, opts):
+    n = _val(row, "failed")
+    return None if n is None else (n > 0, f"{n} request(s) failed")
+
+
+def _preemptions(row, opts):
+    pre, pre_now = _val(row, "x_server_preemptions"), _val(row, "x_server_preempted_requests_max")
+    if pre is None and pre_now is None:
+        return None
+    n = max(pre or 0, pre_now or 0)
+    return n > 0, f"{n:g} preemption(s) during the point (KV cache full: requests recomputed)"
+
+
+def _prefix_cache(row, opts):
+    hits = _val(row, "x_server_prefix_cache_hits")
+    if not opts["unique_prompts"] or hits is None:
+        return None
+    return hits > 0, f"{hits:g} prefix-cache hit tokens although every prompt was unique"
+
+
+def _prefix_cache_usage(row, opts):
+    achieved, intended = _val(row, "x_prefix_hit_rate_achieved"), _val(row, "x_prefix_hit_rate_intended")
+    if achieved is None or intended is None:
+        return None
+    return achieved > intended + HIT_RATE_TOLERANCE, (
+        f"the server answered {100 * achieved:.0f} % of prompt tokens from its prefix cache (per-request usage), "
+        f"the workload intended {100 * intended:.0f} %: prompts an earlier run sent? (leave --seed unset for new "
+        "prompts per run)"
+    )
+
+
+def _server_tokens(row, opts):
+    diff, tol = _val(row, "x_server_output_tokens_diff_frac"), opts["token_tolerance"]
+    if diff is None:
+        return None
+    server, client = _val(row, "x_server_generation_tokens"), _val(row, "x_server_client_output_tokens")
+    return diff > tol, (
+        f"server counted {server:g} output tokens, client {client:g} ({100 * diff:.1f} % apart, > {100 * tol:g} %)"
+    )
+
+
+def _send_lateness(row, opts):
+    late = _val(row, "x_send_late_ms_p99")
+    if late is None:
+        return None
+    worst = _val(row, "x_send_late_ms_max") or late
+    return late > SEND_LATE_LIMIT_MS, (
+        f"the client sent requests late (p99 {late:.1f} ms, max {worst:.0f} ms after their due time, > "
+        f"{SEND_LATE_LIMIT_MS:g} ms): the offered load was not the one asked for"
+    )
+
+
+def _spec_acceptance(row, opts):
+    over = _val(row, "x_server_spec_overcount_frac")
+    if over is None:
+        return None
+    return over > opts["token_tolerance"], (
+        f"the server's speculative-decoding counters imply {100 * over:.0f} % more emitted tokens than the client "
+        "received (drafts accepted past the end of a sequence?): its acceptance figures are overstated; "
+        "x_spec_tokens_per_step_client is what the client saw"
+    )
+
+
+def _client_bound(row, opts):
+    bound = _val(row, "x_client_bound")
+    if bound is None:
+        return None
+    return bool(bound), f"client-bound: {_val(row, 'x_client_warning') or 'the client was busy'}"
+
+
+def _buffered(row, opts):
+    n = _val(row, "x_buffered_requests")
+    if n is None:
+        return None
+    return n > 0, (
+        f"{n} request(s) arrived whole in one network read (a buffering proxy between the kit and the server?): "
+        "their per-token timing (TPOT, ITL) is unknown"
+    )
+
+
+def _osl(row, opts):
+    n = _val(row, "x_osl_mismatch")
+    return (
+        None if n is None else (n > 0, f"{n} request(s) returned another output length than requested (OSL mismatch)")
+    )
+
+
+def _logits(row, opts):
+    finite = _val(row, "x_logits_finite")
+    return None if finite is None else (not bool(finite), "non-finite logits")
+
+
+def _throttling(row, opts):
+    thr = _val(row, "x_throttled")
+    if thr is None:
+        return None
+    frac = _val(row, "x_throttle_fraction") or 0.0
+    return bool(thr), f"GPU throttled (clock low at the power limit) in {100 * frac:.0f} % of samples"
+
+
+#: every check, in the order applied: (name in ``x_validity_checks``, judge(row, options) -> None when its inputs
+#: are missing, else (bad?, reason))
+CHECKS = (
+    ("failed", _failed),
+    ("preemptions", _preemptions),
+    ("prefix_cache", _prefix_cache),
+    ("prefix_cache_usage", _prefix_cache_usage),
+    ("server_tokens", _server_tokens),
+    ("send_lateness", _send_lateness),
+    ("spec_acceptance", _spec_acceptance),
+    ("client_bound", _client_bound),
+    ("buffered", _buffered),
+    ("osl", _osl),
+    ("logits", _logits),
+    ("throttling", _throttling),
+)
 
 
 def invalid_note(row) -> str:

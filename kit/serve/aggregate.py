@@ -38,7 +38,7 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
     and requests/s.
 
     Args:
-        records: request records (:func:`kit.serve.client.request_record`, or failed ones), warm-up ones flagged.
+        records: request records (:func:`kit.serve.record.request_record`, or failed ones), warm-up ones flagged.
         info: the run facts of :func:`kit.serve.loop.run_schedule` (``duration_s``, ``model``, ``url``, self-check).
     """
     meas = [r for r in records if not r.get("warmup")]

@@ -57,7 +57,7 @@ def metric_conventions(records: Sequence[dict], row: dict | None = None) -> pd.D
     ``mean``, ``n`` (entries used: chunk gaps, tokens or requests), ``unit``, ``source``.
 
     Args:
-        records: request records of one point (:func:`kit.serve.client.request_record`); failed and warm-up
+        records: request records of one point (:func:`kit.serve.record.request_record`); failed and warm-up
             ones are left out.
         row: the point's results row, for the per-point conventions (``output_tok_s``, ``concurrency``); without
             it "output tok/s / concurrency" is NaN.

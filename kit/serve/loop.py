@@ -4,7 +4,7 @@ streamed event and records every request.
 :func:`run_schedule` pulls :class:`kit.serve.schedule.Send` items one at a time, waits until each is due and a
 slot under its concurrency cap is free (in the schedule's order), sends it with the streaming client
 (:func:`kit.serve.client.stream_request`) and, after the run, turns each capture into a request record
-(:func:`kit.serve.client.request_record`). The same loop serves the closed loop, the open loop, ramps, multi-turn
+(:func:`kit.serve.record.request_record`). The same loop serves the closed loop, the open loop, ramps, multi-turn
 sessions and trace replays, so each of them gets:
 
 - **early stop** (:mod:`kit.serve.progress`): when the first finished requests all time out, the rest are not
@@ -44,9 +44,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kit.errors import UserError
-from kit.serve.client import get_model_id, request_record, stream_request, token_counter
+from kit.serve.client import get_model_id, stream_request, token_counter
 from kit.serve.http1 import StreamPool
 from kit.serve.progress import STATUS_INTERVAL_S, PointProgress
+from kit.serve.record import request_record
 from kit.serve.redact import redact_url, scrub
 from kit.serve.schedule import RunClock
 from kit.serve.selfcheck import LoopProbe, selfcheck_skipped
@@ -262,7 +263,7 @@ async def run_schedule(
     Args:
         cfg: the server, endpoint, timeouts, sampling and ``duration_s`` (no measured request is sent after it).
         schedule: a schedule of :mod:`kit.serve.schedule` (or sessions, trace).
-        tokenizer: HF tokenizer or ``str -> int`` callable for token counts (:func:`kit.serve.client.request_record`).
+        tokenizer: HF tokenizer or ``str -> int`` callable for token counts (:func:`kit.serve.record.request_record`).
         on_progress: called as each request finishes with (finished so far, ok?); keep it quick.
         on_status: called every :data:`kit.serve.progress.STATUS_INTERVAL_S` and at the end with the point's
             :class:`kit.serve.progress.PointProgress` (done, failed, in flight; also while nothing finishes).

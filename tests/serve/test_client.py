@@ -7,7 +7,7 @@ import time
 import pytest
 from sse_server import chars, script
 
-from kit.serve import client
+from kit.serve import client, record
 from kit.serve.aggregate import aggregate
 from kit.serve.load import LoadConfig
 from kit.serve.loop import run_coro
@@ -43,7 +43,7 @@ def replay(name: str, chat: bool = True, split: bool = False) -> StreamCapture:
 def test_e1_role_chunk_multi_token_chunk_usage_chunk(split):
     cap = replay("e1", split=split)
     assert cap.error is None and cap.done
-    rec = client.request_record(cap, RequestInput("p", 4, 64), client.token_counter(chars))
+    rec = record.request_record(cap, RequestInput("p", 4, 64), client.token_counter(chars))
     assert rec["ok"]
     assert rec["ttft_ms"] == pytest.approx(500.0)  # not 50 (the role-only chunk)
     assert rec["e2el_ms"] == pytest.approx(1000.0)
@@ -56,24 +56,24 @@ def test_e1_role_chunk_multi_token_chunk_usage_chunk(split):
 
 
 def test_e1_with_continuous_usage_needs_no_tokenizer():
-    rec = client.request_record(replay("e1u"), RequestInput("p", 4, 64), None)
+    rec = record.request_record(replay("e1u"), RequestInput("p", 4, 64), None)
     assert rec["tokens_per_chunk_source"] == "usage"
     assert rec["itl_ms"] == pytest.approx([100.0] * 5)
     assert rec["output_tokens"] == 6 and rec["tpot_ms"] == pytest.approx(100.0)
 
 
 def test_e2_one_and_zero_output_tokens():
-    a = client.request_record(replay("e2a", chat=False), RequestInput("p", 4, 64), client.token_counter(chars))
+    a = record.request_record(replay("e2a", chat=False), RequestInput("p", 4, 64), client.token_counter(chars))
     assert a["ok"] and a["ttft_ms"] == pytest.approx(300.0) and a["tpot_ms"] is None and a["itl_ms"] == []
-    b = client.request_record(replay("e2b", chat=False), RequestInput("p", 4, 64), client.token_counter(chars))
+    b = record.request_record(replay("e2b", chat=False), RequestInput("p", 4, 64), client.token_counter(chars))
     assert b["ok"] and b["output_tokens"] == 0 and b["ttft_ms"] is None and b["tpot_ms"] is None
-    c = client.request_record(replay("e2c", chat=False), RequestInput("p", 4, 64), None)
+    c = record.request_record(replay("e2c", chat=False), RequestInput("p", 4, 64), None)
     assert c["ok"] and c["output_tokens"] == 2
     assert c["itl_ms"] == pytest.approx([100.0])  # the whitespace chunk (0 tokens) adds no ITL entry
     # B (no usage, tokenizer says whitespace is 0 tokens) gives the same
     cap = replay("e2c", chat=False)
     cap.chunk_usage = {}
-    assert client.request_record(cap, RequestInput("p", 4, 64), client.token_counter(chars))["itl_ms"] == pytest.approx(
+    assert record.request_record(cap, RequestInput("p", 4, 64), client.token_counter(chars))["itl_ms"] == pytest.approx(
         [100.0]
     )
     cfg = LoadConfig(url="http://x", slo_tpot_ms=50.0)
@@ -123,7 +123,7 @@ def test_output_tokens_estimated_without_usage():
     cap = StreamCapture()
     cap.add_events([json.dumps({"choices": [{"text": "ab", "finish_reason": None}]})], 0.1)
     cap.add_events([json.dumps({"choices": [{"text": "c", "finish_reason": "stop"}]})], 0.2)
-    rec = client.request_record(cap, RequestInput("p", 1, 3), client.token_counter(chars))
+    rec = record.request_record(cap, RequestInput("p", 1, 3), client.token_counter(chars))
     assert rec["output_tokens"] == 3 and rec["output_tokens_estimated"]
     # the first chunk carried 2 tokens: one 0-ms entry, so the mean ITL equals the TPOT (case E5)
     assert rec["tpot_ms"] == pytest.approx(50.0) and rec["itl_ms"] == pytest.approx([0.0, 100.0])
@@ -174,7 +174,7 @@ def test_short_error():
 
 # ---------------------------------------------------------------- E5-E7: one per-token accounting
 def test_e5_first_chunk_with_several_tokens_enters_zero_ms_entries():
-    rec = client.request_record(replay("e5", chat=False), RequestInput("p", 4, 7), None)
+    rec = record.request_record(replay("e5", chat=False), RequestInput("p", 4, 7), None)
     assert rec["tokens_per_chunk_source"] == "usage" and rec["output_tokens"] == 7
     assert rec["ttft_ms"] == pytest.approx(500.0) and rec["e2el_ms"] == pytest.approx(900.0)
     assert rec["tpot_ms"] == pytest.approx(400.0 / 6)
@@ -202,7 +202,7 @@ def test_mean_itl_equals_tpot_whenever_the_chunk_counts_add_up(times, tokens):
 
 def test_e7_several_tokens_per_chunk_without_counts_leaves_itl_unknown(caplog):
     cap = replay("e7", chat=False)
-    rec = client.request_record(cap, RequestInput("p", 4, 40), None)
+    rec = record.request_record(cap, RequestInput("p", 4, 40), None)
     assert rec["output_tokens"] == 40 and rec["ttft_ms"] == pytest.approx(200.0)
     assert rec["e2el_ms"] == pytest.approx(560.0) and rec["tpot_ms"] == pytest.approx(360.0 / 39)
     assert rec["chunk_gaps_ms"] == pytest.approx([40.0] * 9)
@@ -212,10 +212,10 @@ def test_e7_several_tokens_per_chunk_without_counts_leaves_itl_unknown(caplog):
     assert row["itl_n"] == 0 and row["x_itl_unknown"] == 1 and row["x_chunk_gap_ms_p50"] == pytest.approx(40.0)
     assert "per-token ITL unknown" in row["x_itl_warning"] and "per-token ITL unknown" in caplog.text
     # with a tokenizer (or per-chunk usage) the per-token ITL follows E5's rule: 3 zeros + [10] x 36
-    tok = client.request_record(replay("e7", chat=False), RequestInput("p", 4, 40), client.token_counter(chars))
+    tok = record.request_record(replay("e7", chat=False), RequestInput("p", 4, 40), client.token_counter(chars))
     assert tok["itl_ms"] == pytest.approx([0.0] * 3 + [10.0] * 36)
     # one token per chunk and no counts: the chunk gaps are the ITL (nothing is unknown)
-    one = client.request_record(replay("normal", chat=False), RequestInput("p", 4, 64), None)
+    one = record.request_record(replay("normal", chat=False), RequestInput("p", 4, 64), None)
     assert one["tokens_per_chunk_source"] == "assumed_1" and one["itl_ms"] == pytest.approx(one["chunk_gaps_ms"])
 
 
@@ -223,7 +223,7 @@ def test_e7_several_tokens_per_chunk_without_counts_leaves_itl_unknown(caplog):
 @pytest.mark.parametrize("name", ["e6", "e6text", "e6nodata", "e6type", "e6obj", "e6finish"])
 def test_e6_an_error_in_any_protocol_shape_fails_the_request(name):
     cap = replay(name, chat=False)
-    rec = client.request_record(cap, RequestInput("p", 4, 64), None)
+    rec = record.request_record(cap, RequestInput("p", 4, 64), None)
     assert not rec["ok"] and rec["error"]
     if name in ("e6", "e6text", "e6type", "e6obj"):
         assert "engine overloaded" in rec["error"]
