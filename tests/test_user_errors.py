@@ -87,7 +87,7 @@ def test_values_the_library_refuses_name_themselves(tmp_path, capsys):
         (["serve-bench", "--url", "http://127.0.0.1:1", "--accelerator", "nosuch", "--out", str(tmp_path / "s")],
          "unknown accelerator 'nosuch'"),
         (["serve-bench", "--url", "http://127.0.0.1:1", "--turns", "0", "--out", str(tmp_path / "s")],
-         "--turns 0 must be an integer"),  # alone, and before the model listing (no 30 s wait)
+         "--turns=0; must be an integer"),  # alone, and before the model listing (no 30 s wait)
         (["serve-bench", "--url", "http://127.0.0.1:99999", "--out", str(tmp_path / "s")],
          "its port must be an integer in 1-65535"),
     ]  # fmt: skip

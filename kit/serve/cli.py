@@ -34,7 +34,7 @@ def summary_line(row: dict) -> str:
         return "nan" if x is None else format(x, fmt)
 
     s = (
-        f"c={row.get('concurrency')} rate={row.get('request_rate')}: {f(row.get('output_tok_s'))} out tok/s, "
+        f"{load_label(row)}: {f(row.get('output_tok_s'))} out tok/s, "
         f"{f(row.get('request_throughput'), '.2f')} req/s, TTFT p50 {f(row.get('ttft_ms'))} ms "
         f"(n={row.get('x_ttft_n')}), TPOT p50 {f(row.get('tpot_ms_p50'))} ms (n={row.get('tpot_n')}), "
         f"ITL p50 {f(row.get('itl_ms_p50'))} ms (n={row.get('itl_n')}), "
@@ -58,6 +58,19 @@ def summary_line(row: dict) -> str:
         s += f"; ERROR {short_error(row['error'], 300)}"
     note = invalid_note(row)  # a row that failed its validity checks says so first (never summarised as ok)
     return f"{note} | {s}" if note else s
+
+
+def load_label(row: dict) -> str:
+    """The load of a served row in words: ``c=4 rate=inf``, ``c=4 rate=10/s``, ``ramp rate 1→16 (linear)``,
+    ``3 turns c=2``, ``trace x0.5``."""
+    if row.get("x_ramp_axis"):
+        return f"ramp {row['x_ramp_axis']} {row['x_ramp_start']:g}→{row['x_ramp_end']:g} ({row.get('x_ramp_strategy')})"
+    if row.get("x_trace"):
+        return f"trace x{row.get('x_time_scale', 1):g}"
+    rate = row.get("request_rate")
+    rate = "inf" if rate is None or rate == float("inf") else f"{rate:g}/s"
+    turns = f"{row['x_turns']} turns " if row.get("x_turns") else ""
+    return f"{turns}c={row.get('concurrency')} rate={rate}"
 
 
 #: argparse type of ``--concurrency``: a comma list of integers >= 1 (argparse names the option)
@@ -191,6 +204,10 @@ def configs_from_args(args):
         cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
     cfg.validate()
     mode = config_from_args(ServedMode, args).validate()
+    if mode.trace:  # a bad trace is said now, not after the model list
+        from kit.serve.trace import load_trace
+
+        load_trace(mode.trace)
     if args.accelerator:  # a catalog name: the rows' price and tok/s/GPU columns look it up
         from kit.catalog import load_catalog
 
@@ -207,6 +224,7 @@ def resolve_model_and_tokenizer(cfg: LoadConfig, tokenizer: str | None, note) ->
         UserError: an explicit ``--tokenizer`` that is not on this machine.
     """
     model_error = None
+    tok = load_tokenizer(tokenizer) if tokenizer else None  # a path that is not there is said before any network
     if not cfg.model:
         where = redact_url(endpoint_url(cfg.url, "/v1/models"))  # the path before any query string
         note(f"listing models at {where} (up to {cfg.models_timeout_s:g} s)")
@@ -215,7 +233,6 @@ def resolve_model_and_tokenizer(cfg: LoadConfig, tokenizer: str | None, note) ->
         except UserError as e:
             model_error = str(e)
             note(f"{e}; no request is sent, every planned request is counted as failed")
-    tok = load_tokenizer(tokenizer) if tokenizer else None
     if tokenizer is None and cfg.model:
         try:
             tok = load_tokenizer(cfg.model)

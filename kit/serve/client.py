@@ -366,6 +366,11 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
                 secrets,
             )
         ) from None
+    except (aiohttp.ClientConnectionError, OSError) as e:  # nothing (or not HTTP) listening there
+        why = describe_exception(e)
+        raise UserError(
+            scrub(f"cannot list models at {shown} (cannot connect: {why}): is a server running there?", secrets)
+        ) from None
     except Exception as e:  # noqa: BLE001
         raise fail(describe_exception(e)) from None
     items = data.get("data") if isinstance(data, dict) else None

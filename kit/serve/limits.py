@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import TYPE_CHECKING
@@ -31,6 +32,8 @@ MAX_DISTINCT_PROMPTS = 1024
 #: longest output asked for (max_tokens) and most requests per point
 MAX_OSL = 10_000_000
 MAX_REQUESTS = 100_000_000
+#: longest a load point's sends may be planned to take (7 days, s): past it a typo (a rate of 1e-9) would never end
+MAX_PLAN_S = 7 * 86_400.0
 #: the served modes' settings (a value past them would run for days or never end)
 MAX_TURNS = 1000
 MAX_THINK_TIME_S = 3600.0
@@ -116,6 +119,11 @@ def check_load_config(cfg: LoadConfig, endpoints) -> None:
     Raises:
         UserError: naming the first bad field, its value and what is allowed.
     """
+    if cfg.api_key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(cfg.api_key_env)):
+        raise UserError(
+            f"api_key_env={cfg.api_key_env!r}: the name of an environment variable (letters, digits, _), e.g. "
+            "OPENAI_API_KEY; '' for no key"
+        )
     if cfg.endpoint not in endpoints:
         raise UserError(f"endpoint={cfg.endpoint!r}; allowed: {sorted(endpoints)}")
     check_url(cfg.url)
@@ -133,6 +141,13 @@ def check_load_config(cfg: LoadConfig, endpoints) -> None:
         raise UserError("give num_requests or duration_s (or both)")
     check_number("num_requests", cfg.num_requests, lo=1, hi=MAX_REQUESTS, integer=True, allow_none=True)
     check_number("duration_s", cfg.duration_s, lo=0, lo_open=True, allow_none=True, meaning="s")
+    if cfg.num_requests is not None and math.isfinite(cfg.request_rate):
+        days = cfg.num_requests / cfg.request_rate / 86_400
+        if days > MAX_PLAN_S / 86_400:
+            raise UserError(
+                f"request_rate={cfg.request_rate!r} for num_requests={cfg.num_requests}: the sends would take "
+                f"{days:.1f} days (at most {MAX_PLAN_S / 86_400:g}); raise the rate or lower the count"
+            )
     check_number("warmup_requests", cfg.warmup_requests, lo=0, hi=MAX_REQUESTS, integer=True)
     check_number("isl", cfg.isl, lo=1, hi=MAX_WORKLOAD_TOKENS, integer=True, meaning="input tokens")
     check_number("osl", cfg.osl, lo=1, hi=MAX_OSL, integer=True, meaning="output tokens")
@@ -172,6 +187,8 @@ def check_url(url) -> None:
     from kit.serve.redact import redact_url
 
     ok = isinstance(url, str) and url.startswith(("http://", "https://"))
+    if ok and any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):  # a line break would end a request line
+        raise UserError(f"url={redact_url(url)!r} holds a space, line break or control character; percent-encode it")
     try:
         parts = urlsplit(url) if ok else None
         ok = ok and bool(parts.hostname)

@@ -165,9 +165,12 @@ class RequestLoop:
             self.record_not_sent(send, self.state.stopped or send.skip)
             return True
         due = self.t0 + send.at_s if send.at_s is not None else None
+        duration = self.cfg.duration_s
+        if duration is not None and not send.warmup and (due or 0.0) - self.t0 >= duration:
+            self.state.waiting -= 1  # due after the run's end: not waited for, not sent
+            return False
         if due is not None:
             await sleep_until(due)
-        duration = self.cfg.duration_s
         if duration is not None and not send.warmup and time.perf_counter() - self.t0 >= duration:
             self.state.waiting -= 1
             return False

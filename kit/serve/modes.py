@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -20,12 +20,19 @@ import pandas as pd
 from kit.cli import config_field, config_flag, config_with
 from kit.errors import UserError
 from kit.grid import RUN_OPTIONS, split_run_options
-from kit.serve.limits import MAX_THINK_TIME_S, MAX_TIME_SCALE, MAX_TURNS
+from kit.serve.limits import (
+    MAX_CONCURRENCY,
+    MAX_REQUESTS,
+    MAX_THINK_TIME_S,
+    MAX_TIME_SCALE,
+    MAX_TURNS,
+    check_number,
+)
 from kit.serve.load import LoadConfig
 from kit.serve.schedule import RAMP_AXES, RAMP_STRATEGIES
 from kit.serve.sessions import SessionBackend
 from kit.serve.slo import AXES, SearchResult, slo_search
-from kit.serve.sweep import BackendOptions, RampBackend, ServedBackend, run_backend
+from kit.serve.sweep import RampBackend, ServedBackend, run_backend
 from kit.serve.trace import TraceBackend
 
 
@@ -83,8 +90,10 @@ class ServedMode:
         """Check the values and that at most one mode is chosen; returns self.
 
         Raises:
-            UserError: naming the value and what is allowed.
+            UserError: naming the option, the value and what is allowed.
         """
+        for name, rule in MODE_RULES.items():  # each bad value named alone (NaN, a string, 2.5 turns ...)
+            setattr(self, name, check_number(config_flag(ServedMode, name), getattr(self, name), **rule))
         chosen = (
             ("--search", self.search),
             ("--trace", self.trace),
@@ -94,24 +103,37 @@ class ServedMode:
         modes = [n for n, on in chosen if on]
         if len(modes) > 1:
             raise UserError(f"{' and '.join(modes)} cannot be combined; choose one")
-        for name, ok, allowed in (
-            ("turns", 1 <= int(self.turns) <= MAX_TURNS, f"an integer in [1, {MAX_TURNS}]"),
-            ("think_time_s", 0 <= self.think_time_s <= MAX_THINK_TIME_S, f"in [0, {MAX_THINK_TIME_S:g}] s"),
-            ("time_scale", 0 < self.time_scale <= MAX_TIME_SCALE, f"in (0, {MAX_TIME_SCALE:g}]"),
-            ("prefix_group_size", int(self.prefix_group_size) >= 1, "an integer >= 1"),
-            ("slo_fraction", 0 < self.slo_fraction <= 1, "in (0, 1]"),
-            ("ramp_start", 0 < self.ramp_start < math.inf, "finite and > 0 (req/s or a concurrency)"),
-            ("ramp_end", 0 < self.ramp_end < math.inf, "finite and > 0 (req/s or a concurrency)"),
-        ):  # each bad value named alone (NaN fails every comparison)
-            if not ok:
-                raise UserError(f"{config_flag(ServedMode, name)} {getattr(self, name)!r} must be {allowed}")
-        fr = [float(f) for f in self.prefix_fraction]
+        if self.ramp and self.ramp_end < self.ramp_start:
+            raise UserError(f"--ramp-end {self.ramp_end:g} < --ramp-start {self.ramp_start:g}: a ramp rises")
+        if self.ramp == "concurrency" and not (1 <= self.ramp_start and self.ramp_end <= MAX_CONCURRENCY):
+            raise UserError(
+                f"--ramp concurrency from {self.ramp_start:g} to {self.ramp_end:g}: concurrencies in [1, "
+                f"{MAX_CONCURRENCY:,}]"
+            )
+        fr = self.prefix_fraction = (
+            [self.prefix_fraction] if isinstance(self.prefix_fraction, float | int) else list(self.prefix_fraction)
+        )
+        for f in fr:
+            check_number("--prefix-fraction", f, lo=0, hi=1)
         if (self.trace or self.turns > 1 or self.ramp) and fr != [0.0] or (self.search and len(fr) > 1):
             raise UserError(
                 f"prefix_fraction={fr}: a sweep axis of the concurrency sweep (one value with --search; "
                 "none with --trace, --turns or --ramp)"
             )
         return self
+
+
+#: the range of every number of a :class:`ServedMode` (:class:`kit.serve.limits.NumberRule` fields)
+MODE_RULES = {
+    "turns": {"lo": 1, "hi": MAX_TURNS, "integer": True},
+    "think_time_s": {"lo": 0, "hi": MAX_THINK_TIME_S, "meaning": "s"},
+    "time_scale": {"lo": 0, "lo_open": True, "hi": MAX_TIME_SCALE},
+    "prefix_group_size": {"lo": 1, "hi": MAX_REQUESTS, "integer": True},
+    "slo_fraction": {"lo": 0, "lo_open": True, "hi": 1},
+    "max_load": {"lo": 0, "lo_open": True, "hi": MAX_CONCURRENCY, "meaning": "concurrency or req/s"},
+    "ramp_start": {"lo": 0, "lo_open": True, "hi": MAX_CONCURRENCY, "meaning": "req/s or a concurrency"},
+    "ramp_end": {"lo": 0, "lo_open": True, "hi": MAX_CONCURRENCY, "meaning": "req/s or a concurrency"},
+}
 
 
 def run_mode(
@@ -161,12 +183,21 @@ def run_mode(
     elif mode.turns > 1:
         backend = SessionBackend(cfg, concs, out, turns=mode.turns, think_time_s=mode.think_time_s, **backend_options)
     elif mode.ramp:
+        if mode.ramp == "rate" and math.isfinite(cfg.request_rate):
+            raise UserError(
+                f"--request-rate {cfg.request_rate:g} with --ramp rate: the ramp sets the rate (--ramp-start, "
+                "--ramp-end); leave --request-rate unset"
+            )
         ramp = {"axis": mode.ramp, "start": mode.ramp_start, "end": mode.ramp_end, "strategy": mode.ramp_strategy}
         backend = RampBackend(replace(cfg, max_concurrency=max(concs)), out, **ramp, **backend_options)
     else:
         fr, g = mode.prefix_fraction, mode.prefix_group_size
         backend = ServedBackend(cfg, concs, out, prefix_fractions=fr, group_size=g, **backend_options)
     return run_backend(backend, out, **run_options), None
+
+
+#: the served backend's options ``serve_bench`` takes (its other fields are set by the modes themselves)
+FRONT_DOOR_OPTIONS = ("tokenizer", "extra", "metadata", "on_progress", "on_status")
 
 
 def serve_bench(
@@ -193,12 +224,15 @@ def serve_bench(
         UserError: a bad value (named, with what is allowed), before any network work. KeyboardInterrupt: Ctrl-C,
             after the finished points are saved.
     """
-    concs = [concurrency] if isinstance(concurrency, int) else list(concurrency)
-    if not concs:
-        raise UserError("concurrency=[]: give one or more integers >= 1")
+    if out_dir is None or str(out_dir) == "":
+        raise UserError(f"out_dir={out_dir!r}: give a directory for the results")
+    concs = [concurrency] if isinstance(concurrency, int | float) else concurrency
+    if not isinstance(concs, list | tuple) or not concs:
+        raise UserError(f"concurrency={concurrency!r}: give an integer >= 1 or a list of them")
+    concs = [check_number("concurrency", c, lo=1, hi=MAX_CONCURRENCY, integer=True) for c in concs]
     cfg, rest = config_with(LoadConfig, None, {"url": url, "max_concurrency": concs[0], **options})
     mode, rest = config_with(ServedMode, None, rest)
-    allowed = {f.name for f in fields(BackendOptions)} | set(RUN_OPTIONS)
+    allowed = set(FRONT_DOOR_OPTIONS) | set(RUN_OPTIONS)
     if set(rest) - allowed:
         raise UserError(
             f"unknown option(s) {sorted(set(rest) - allowed)}; give LoadConfig or ServedMode fields, "

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kit.errors import UserError
+from kit.serve.limits import MAX_PLAN_S
 from kit.serve.progress import PointProgress
 from kit.serve.workload import RequestInput, arrival_gaps_s, fresh_seed
 
@@ -251,6 +252,12 @@ class Ramp(Arrivals):
         super().__init__(workload, n, **kw)
         self.axis, self.start, self.end, self.strategy = axis, float(start), float(end), strategy
         self.values = ramp_values(self.start, self.end, self.n or 1, strategy)
+        planned_s = float(np.sum(1.0 / self.values)) if axis == "rate" else 0.0
+        if planned_s > MAX_PLAN_S:
+            raise UserError(
+                f"a rate ramp from {start:g} to {end:g} req/s over {self.n} requests would take "
+                f"{planned_s / 86_400:.1f} days to send (at most {MAX_PLAN_S / 86_400:g}); raise the rates"
+            )
         self.kind = "ramp"
         self.label = f"ramp {axis} {start:g}→{end:g} ({strategy})"
         self.steady = Steady(note=f"a ramp has no steady state: the {axis} changes with every request")

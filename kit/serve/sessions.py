@@ -67,12 +67,13 @@ class SessionSchedule:
                 f"{len(messages)} conversations (>= 1), users={users} (>= 1), think_time_s={think_time_s} (in [0, "
                 f"{MAX_THINK_TIME_S:g}] s)"
             )
-        self.messages, self.users, self.osl = [list(m) for m in messages], int(users), int(osl)
+        self.messages, self.osl = [list(m) for m in messages], int(osl)
+        self.users = min(int(users), len(self.messages))  # never more users than conversations (the row's concurrency)
         self.think_time_s = float(think_time_s)
         self.turns = max(len(m) for m in self.messages)
         self.planned = sum(len(m) for m in self.messages)
         self.label = f"{self.users} users x {self.turns} turns"
-        self.steady = Steady(target=min(self.users, len(self.messages)), unit="session_id")
+        self.steady = Steady(target=self.users, unit="session_id")
 
     def planned_max_tokens(self) -> list[tuple[bool, int]]:
         """``(False, osl)`` for every planned turn."""

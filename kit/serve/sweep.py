@@ -36,7 +36,7 @@ from kit.serve.loop import run_coro
 from kit.serve.point import measure_point, served_point_id
 from kit.serve.progress import PointProgress
 from kit.serve.redact import redact_url, scrub
-from kit.serve.schedule import RAMP_AXES, RAMP_STRATEGIES, Arrivals, Ramp, ramp_values
+from kit.serve.schedule import RAMP_AXES, RAMP_STRATEGIES, Arrivals, Ramp
 from kit.serve.workload import RequestInput, fresh_seed, fresh_workload, intended_hit_rate
 from kit.store import latest_rows, run_metadata
 
@@ -252,7 +252,8 @@ class RampBackend(ServedBackend):
         self.axis, self.start, self.end, self.strategy = axis, float(start), float(end), strategy
         if config.num_requests is None:
             raise UserError("a ramp needs a request count (--num-requests), not only a duration")
-        ramp_values(self.start, self.end, int(config.num_requests) or 1, strategy)  # bad values refused now
+        probe = [RequestInput("", None, 1)]  # bad values (or a ramp that would take days) refused now
+        Ramp(probe, int(config.num_requests), axis, self.start, self.end, strategy)
 
     def points(self) -> list[GridPoint]:
         """The ramp's one point (its id: the config and the ramp)."""

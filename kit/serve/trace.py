@@ -61,6 +61,8 @@ def load_trace(path: str | Path) -> list[TraceEntry]:
             names file, line and value), too many lines, or a trace with no entry.
     """
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"trace {str(p)!r} is a directory; give a JSONL file, one request per line")
     if not p.is_file():
         raise InputNotFoundError(f"trace {str(p)!r} not found (a JSONL file, one request per line)")
     out = []

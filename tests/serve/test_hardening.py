@@ -273,16 +273,24 @@ def test_huge_hash_lists_and_non_utf8_traces_are_refused_before_allocating(tmp_p
 @pytest.mark.parametrize(
     "mode, allowed",
     [
-        ({"time_scale": float("inf")}, "in \\(0, 1000\\]"),
-        ({"think_time_s": float("inf")}, "in \\[0, 3600\\] s"),
-        ({"turns": 1_000_000}, "in \\[1, 1000\\]"),
-        ({"ramp": "rate", "ramp_end": float("inf")}, "finite and > 0"),
+        ({"time_scale": float("inf")}, "--time-scale=inf; must be a finite number > 0 and <= 1,000"),
+        ({"think_time_s": float("inf")}, "--think-time-s=inf; must be a finite number >= 0 and <= 3,600"),
+        ({"turns": 1_000_000}, "--turns=1000000; must be an integer >= 1 and <= 1,000"),
+        ({"turns": 2.5}, "--turns=2.5; must be an integer"),
+        ({"turns": "x"}, "--turns='x'; must be an integer"),
+        ({"turns": float("nan")}, "--turns=nan; must be an integer"),
+        ({"ramp": "rate", "ramp_start": "1"}, "--ramp-start='1'; must be a finite number"),
+        ({"ramp": "rate", "ramp_end": float("inf")}, "--ramp-end=inf; must be a finite number"),
+        ({"ramp": "rate", "ramp_start": 40, "ramp_end": 5}, "--ramp-end 5 < --ramp-start 40: a ramp rises"),
+        ({"ramp": "concurrency", "ramp_start": 0.3, "ramp_end": 0.6}, "concurrencies in \\[1, 65,536\\]"),
+        ({"ramp": "concurrency", "ramp_end": 1e9}, "--ramp-end=1000000000.0; must be a finite number > 0 and <="),
+        ({"max_load": 0}, "--max-load=0; must be a finite number > 0"),
     ],
 )
 def test_mode_settings_that_would_never_end_are_refused(mode, allowed):
     from kit.serve.modes import ServedMode
 
-    with pytest.raises(UserError, match=allowed):
+    with pytest.raises(UserError, match=allowed if "\\[" in allowed else re.escape(allowed)):
         ServedMode(**mode).validate()
 
 
@@ -315,3 +323,56 @@ def test_a_model_list_that_is_not_one_is_a_one_line_error():
             run_coro(get_model_id(app.url, timeout_s=5))
     finally:
         app.stop()
+
+
+# ---------------------------------------------------------------- the front door's served options
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"concurrency": None}, "concurrency=None: give an integer >= 1 or a list of them"),
+        ({"concurrency": [0]}, "concurrency=0; must be an integer >= 1"),
+        ({"out_dir": None}, "out_dir=None: give a directory"),
+        ({"group_size": 2}, "unknown option(s) ['group_size']"),
+        ({"model_error": "boom"}, "unknown option(s) ['model_error']"),
+        ({"ramp": "rate", "request_rate": 3.0}, "--request-rate 3 with --ramp rate"),
+        ({"request_rate": 1e-9}, "the sends would take"),
+        ({"ramp": "rate", "ramp_start": 1e-9, "ramp_end": 1e-9}, "would take"),
+    ],
+)
+def test_serve_bench_refuses_bad_options_in_one_line(kw, message, tmp_path):
+    from kit.serve.modes import serve_bench
+
+    args = {"concurrency": [1], "out_dir": tmp_path, "model": "m", "num_requests": 4} | kw
+    with pytest.raises(UserError, match=re.escape(message)):
+        serve_bench("http://127.0.0.1:9", args.pop("concurrency"), **args)
+
+
+def test_a_scalar_prefix_fraction_is_one_value():
+    from kit.serve.modes import ServedMode
+
+    assert ServedMode(prefix_fraction=0.5).validate().prefix_fraction == [0.5]
+
+
+@pytest.mark.slow
+def test_a_dead_server_is_named_as_such(tmp_path):
+    from sse_server import dead_url
+
+    from kit.serve.client import get_model_id
+    from kit.serve.loop import run_coro
+
+    url = dead_url()
+    with pytest.raises(UserError, match="cannot connect: .*is a server running there"):
+        run_coro(get_model_id(url, timeout_s=3))
+
+
+@pytest.mark.slow
+def test_the_duration_ends_the_sends_due_after_it(tmp_path):
+    """A request due after --duration-s is not waited for (was: waited for forever at a tiny rate)."""
+    import time
+
+    with SimServer(SimModel(ttft_base_ms=1, tpot_base_ms=1)) as sim:
+        cfg = LoadConfig(url=sim.url, model="sim", num_requests=3, warmup_requests=0, isl=4, osl=2, seed=1)
+        cfg.request_rate, cfg.duration_s = 0.001, 1.0  # the first send is due after ~1000 s
+        t = time.perf_counter()
+        row = measure_point(cfg, out_dir=tmp_path)
+        assert time.perf_counter() - t < 5 and row["completed"] == 0 and len(sim.log) == 0
