@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit import dtypes
+from kit.errors import UserError
 from kit.plan.device import DeviceModel, get_device_model
 
 if TYPE_CHECKING:
@@ -120,3 +121,17 @@ class PredictConfig:
         kv = dtypes.canonical(self.kv_dtype or dtype or "bfloat16")
         act = dtypes.canonical(self.act_dtype or dtype or "bfloat16")
         return dts, kv, act, dtypes.canonical(self.compute_dtype or dts["attn"])
+
+
+def as_predict_config(config) -> PredictConfig:
+    """``config``, or the default :class:`PredictConfig` for None.
+
+    Raises:
+        UserError: anything else (e.g. an accelerator name where the config goes), naming it and what to pass.
+    """
+    if config is None:
+        return PredictConfig()
+    if not isinstance(config, PredictConfig):
+        hint = f"PredictConfig(accelerator={config!r})" if isinstance(config, str) else "PredictConfig(...)"
+        raise UserError(f"config={config!r}: give a PredictConfig, e.g. {hint}, or None")
+    return config

@@ -29,7 +29,7 @@ from kit import dtypes, metrics
 from kit.errors import UserError
 from kit.grid import GridPoint
 from kit.plan.comm import apply_comm_calibration, comm_terms, decode_messages
-from kit.plan.config import PredictConfig
+from kit.plan.config import PredictConfig, as_predict_config
 from kit.plan.decode import StepSetup, assumptions_text, decode_step, dominant_term
 from kit.plan.device import check_eff
 from kit.plan.fit import FitResult, check_context, memory_fit, weight_dtypes_summary
@@ -73,7 +73,7 @@ def predict_point(model, concurrency: int = 1, context_len: int = 1024, config: 
             negative or non-finite ``overhead_ms``, bad speculative-decoding settings.
         UnknownNameError: unknown model or accelerator.
     """
-    cfg = config or PredictConfig()
+    cfg = as_predict_config(config)
     spec = get_spec(model)
     B = check_pos_int("concurrency", concurrency)
     C = check_context(spec, context_len)
@@ -245,7 +245,7 @@ class PlannerBackend:
         context_lens=(128, 512, 2048),
         config: PredictConfig | None = None,
     ):
-        cfg = config or PredictConfig()
+        cfg = as_predict_config(config)
         self.spec = get_spec(model)
         self.device_model = cfg.device()
         self.config = replace(cfg, device_model=self.device_model)
@@ -354,7 +354,7 @@ def predict_like(measured: pd.DataFrame, config: PredictConfig | None = None) ->
     ok = ok.dropna(subset=need)
     if ok.empty:
         raise UserError("measured frame has no ok rows with model, dtype, concurrency and context_len")
-    cfg = config or PredictConfig()
+    cfg = as_predict_config(config)
     dev = cfg.device()
     recs = []
     grid = [

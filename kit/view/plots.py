@@ -44,7 +44,10 @@ def label_of(col: str) -> str:
 
 
 def require_columns(df: pd.DataFrame, cols) -> None:
-    """Raise UserError naming the columns of ``cols`` (None entries ignored) that ``df`` lacks."""
+    """Raise UserError naming the columns of ``cols`` (None entries ignored) that ``df`` lacks (or naming ``df`` when
+    it is not a DataFrame)."""
+    if not isinstance(df, pd.DataFrame):
+        raise UserError(f"df={type(df).__name__}: give the results as a pandas DataFrame (kit.load(out_dir))")
     missing = [c for c in cols if c and c not in df.columns]
     if missing:
         raise UserError(f"column(s) {missing} not in the results; available: {list(df.columns)}")
@@ -138,6 +141,7 @@ def throughput_vs_concurrency(df: pd.DataFrame, y: str = "decode_tok_s", label: 
 
 def tpot_vs_context(df: pd.DataFrame, y: str = "tpot_ms_p50", label: str | None = None, ax=None):
     """TPOT p50 vs KV length, one line per concurrency, shaded up to p90 (rises with KV length)."""
+    require_columns(df, ())
     band = "tpot_ms_p90" if y == "tpot_ms_p50" and "tpot_ms_p90" in df.columns else None
     return line_plot(
         df,
@@ -205,6 +209,7 @@ def heatmap(
 
 
 def _title(df: pd.DataFrame, what: str) -> str:
+    require_columns(df, ())
     parts = []
     for col in ("model", "dtype", "device_name"):
         if col in df.columns:
@@ -319,6 +324,8 @@ def plot_served(df, title: str | None = None):
     from matplotlib.ticker import NullFormatter
 
     from kit import metrics as M
+
+    require_columns(df, ())
     from kit import results as R
 
     df = R.coerce(df)
