@@ -31,7 +31,9 @@ Results
 Configs
     SweepConfig, LoadConfig, ServedMode, StressConfig, CommConfig, PredictConfig, DoctorConfig
 Errors
-    KitError, UserError         every user error is a UserError naming the bad value and what is allowed
+    KitError, UserError         KitError: the base of every error the kit raises for a user's input; UserError: a
+                                bad value, named with what is allowed (files: kit.errors.InputNotFoundError,
+                                OutputPathError); a bug keeps its traceback
 
 Subpackages by concern (``docs/architecture.md``): :mod:`kit.measure` (in-process engine and sweep, calibration,
 torchrun ranks, collectives, KV stress, power), :mod:`kit.serve` (OpenAI-compatible endpoints under load, launch
