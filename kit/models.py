@@ -172,11 +172,12 @@ def get_config(
         except (ValueError, KeyError, OSError) as e:
             raise UserError(f"cannot read the config of checkpoint {str(model)!r}: {str(e).splitlines()[0]}") from e
         return override_positions(cfg, max_position_embeddings, True, extend_checkpoint_positions)
+    allowed = f"give a preset ({', '.join(sorted(PRESETS))}) or a checkpoint directory (config.json + *.safetensors)"
+    if not str(model).strip():
+        raise UserError(f"model={model!r} is empty; {allowed}")
     if Path(model).exists():
-        raise UserError(
-            f"model={model!r} is a path but holds no config.json; a checkpoint directory needs "
-            "config.json + *.safetensors"
-        )
+        what = "a directory without config.json" if Path(model).is_dir() else "a file, not a checkpoint directory"
+        raise UserError(f"model={model!r} is {what}; {allowed}")
     if any(sep in str(model) for sep in ("/", "\\")) or str(model).startswith((".", "~")):
         raise UserError(
             f"model={model!r} looks like a checkpoint path but it does not exist; give an existing "

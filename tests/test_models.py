@@ -1,5 +1,7 @@
 """Presets build real transformers architectures offline; local checkpoints load."""
 
+import re
+
 import pytest
 import torch
 
@@ -48,8 +50,13 @@ def test_bf16_build_and_param_bytes():
 def test_unknown_preset_lists_allowed(tmp_path):
     with pytest.raises(ValueError, match="unknown model preset 'gpt-9'.*tiny-llama"):
         models.get_config("gpt-9")
-    with pytest.raises(ValueError, match="holds no config.json"):
+    with pytest.raises(ValueError, match="is a directory without config.json; give a preset .*tiny-llama"):
         models.get_config(str(tmp_path))
+    (tmp_path / "weights.bin").write_text("x")
+    file_or_empty = [(str(tmp_path / "weights.bin"), "is a file, not a checkpoint directory"), ("", "is empty")]
+    for model, what in file_or_empty:  # not "holds no config.json": what was given, and what is allowed
+        with pytest.raises(ValueError, match=re.escape(f"model={model!r} {what}; give a preset (")):
+            models.get_config(model)
 
 
 def test_local_checkpoint_round_trip(tmp_path):

@@ -28,9 +28,11 @@ import numpy as np
 import torch
 
 from kit import hardware, metrics
-from kit.errors import UserError
-from kit.measure.engine import PointConfig, bare_decode_loop_ms, run_point
+from kit.cli import number_arg
+from kit.measure.engine import MAX_REPEATS, PointConfig, bare_decode_loop_ms, run_point
+from kit.measure.ranks import check_local_ranks
 from kit.measure.sweep import get_model
+from kit.models import get_config, max_positions
 
 
 def _pair(a: list[float], b: list[float], names: tuple[str, str]) -> dict:
@@ -179,11 +181,13 @@ def add_cli(sub) -> None:
     p.add_argument("--model", default="tiny-llama", help="preset or checkpoint directory")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | rocm")
-    p.add_argument("--batch", type=int, default=16, help="concurrency B")
-    p.add_argument("--context", type=int, default=1024, help="KV-cache length C (tokens)")
-    p.add_argument("--steps", type=int, default=32, help="decode steps per round")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per side")
-    p.add_argument("--tp", type=int, default=2, help="ranks of --which tp")
+    count = number_arg(int, minimum=1)  # a bad count is one line naming the option and what is allowed
+    p.add_argument("--batch", type=count, default=16, help="concurrency B")
+    p.add_argument("--context", type=count, default=1024, help="KV-cache length C (tokens; at most the model's)")
+    p.add_argument("--steps", type=count, default=32, help="decode steps per round")
+    rounds = number_arg(int, minimum=1, maximum=MAX_REPEATS)
+    p.add_argument("--rounds", type=rounds, default=7, help=f"interleaved rounds per side (1 to {MAX_REPEATS})")
+    p.add_argument("--tp", type=count, default=2, help="ranks of --which tp (at most this node's GPUs, or 4 per core)")
     p.add_argument(
         "--which",
         choices=("overhead", "generate", "compile", "tp", "all"),
@@ -195,10 +199,10 @@ def add_cli(sub) -> None:
 
 
 def _cli(args) -> int:
-    for name in ("batch", "context", "steps", "rounds", "tp"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name}={getattr(args, name)} must be >= 1")
     info = hardware.detect(args.device)
+    PointConfig(args.batch, args.context, args.steps, warmup_steps=3).validate(max_positions(get_config(args.model)))
+    if args.which == "tp":
+        check_local_ranks(args.tp, "tp", "gloo" if info.device == "cpu" else "nccl")
     model = get_model(args.model, args.dtype, info.device)
     out = {
         "model": args.model,

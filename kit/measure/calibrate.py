@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import torch
 
 from kit import dtypes, hardware
 from kit._io import atomic_write_text, cache_dir, check_out_file
+from kit.cli import number_arg
 from kit.errors import InputNotFoundError, UserError
 from kit.measure.timing import timed_repeats
 from kit.metrics import achieved_gb_s, percentiles
@@ -260,10 +262,10 @@ def save_calibration(cal: dict, path: str | Path | None = None) -> Path:
     """Write ``cal`` as JSON to ``path`` (default :func:`default_path` of its device); returns the path.
 
     Raises:
-        IsADirectoryError: ``path`` is a directory. NotADirectoryError: ``path``'s parent exists and is a file.
-        PermissionError: the parent is not writable (see :func:`kit._io.check_out_file`).
+        OutputPathError: ``path`` is empty (None is the default), a directory, under a file, or not writable
+            (see :func:`kit._io.atomic_write_text`).
     """
-    p = Path(path) if path else cache_dir() / f"calibration-{cal.get('device_key', 'cpu')}.json"
+    p = path if path is not None else cache_dir() / f"calibration-{cal.get('device_key', 'cpu')}.json"  # "": refused
     return atomic_write_text(p, json.dumps(cal, indent=2, default=str), example="calibration.json")
 
 
@@ -331,9 +333,9 @@ def add_cli(sub) -> None:
     p.add_argument("--quick", action="store_true", help="small buffers, few repeats (seconds)")
     p.add_argument(
         "--threads",
-        type=int,
+        type=number_arg(int, minimum=1, maximum=os.cpu_count() or 1),
         default=None,
-        help="torch CPU threads to measure with (default: torch's); match what your sweeps use",
+        help="torch CPU threads to measure with, at most the cores (default: torch's); match what your sweeps use",
     )
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
     p.set_defaults(func=_cli)
@@ -341,10 +343,8 @@ def add_cli(sub) -> None:
 
 def _cli(args) -> int:
     if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads {args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
-    if args.out:
+    if args.out is not None:  # "" is refused, not taken as the default file
         check_out_file(args.out, example="calibration.json")  # before minutes of measuring, not after
     cal = calibrate(args.device, quick=args.quick)
     path = save_calibration(cal, args.out)

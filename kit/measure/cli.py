@@ -19,10 +19,13 @@ import time
 import pandas as pd
 
 from kit._io import check_out_dir
-from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args
+from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args, number_arg
 from kit.measure.sweep import SweepConfig, noise_warning, summary_table
 from kit.results import ok_mask, verdict
 from kit.track.repeat import current_run_rows, median_replicates, replicate_summary, run_sweep_runs
+
+#: the most whole-grid repeats ``--runs`` takes (a compare needs a handful; 10^8 would never end)
+MAX_RUNS = 1000
 
 
 def add_cli(sub) -> None:
@@ -37,11 +40,11 @@ def add_cli(sub) -> None:
     add_config_args(p, SweepConfig)
     p.add_argument(
         "--runs",
-        type=int,
+        type=number_arg(int, minimum=1, maximum=MAX_RUNS),
         default=1,
         metavar="N",
-        help="repeat the whole grid N times, interleaved, one row per point and run (independent samples for "
-        "`kit history compare`; the summary shows medians with 95%% intervals)",
+        help=f"repeat the whole grid N times (1 to {MAX_RUNS}), interleaved, one row per point and run (independent "
+        "samples for `kit history compare`; the summary shows medians with 95%% intervals)",
     )
     p.add_argument("--no-plots", action="store_true", help="skip writing PNG plots")
     p.add_argument(

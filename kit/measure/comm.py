@@ -33,29 +33,33 @@ from kit import dtypes
 from kit._io import atomic_write_text, check_out_dir, check_out_file
 from kit.cli import DefaultsHelpFormatter, add_config_args, config_field, config_from_args
 from kit.errors import UserError
-from kit.measure.ranks import Rendezvous, run_ranks
+from kit.measure.ranks import Rendezvous, check_local_ranks, run_ranks
 
 log = logging.getLogger("kit")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 GPU_MAX_BYTES, CPU_MAX_BYTES = 1 << 30, 16 << 20
+#: the largest message :func:`parse_bytes` accepts (1 TiB, more than any one device holds); below it
+#: :meth:`CommConfig.validate` checks the largest size's buffers against the memory free on this node
+MAX_SIZE_BYTES = 1 << 40
 
 
 def parse_bytes(text) -> int:
     """``"8"``, ``"64K"``, ``"16M"``, ``"1G"`` (binary units) → bytes.
 
     Raises:
-        UserError: not a positive size (names the value and the allowed form).
+        UserError: not a size from 1 byte to :data:`MAX_SIZE_BYTES` (NaN, inf, 0, 1e30; names the value and the
+            allowed form).
     """
     t = str(text).strip().upper().removesuffix("B")
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
     try:
         v = int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf
         raise UserError(
             f"size {text!r} must be a number of bytes, optionally with K, M or G (e.g. 8, 64K, 1G)"
         ) from None
-    if v <= 0:
-        raise UserError(f"size {text!r} must be > 0 bytes")
+    if not 0 < v <= MAX_SIZE_BYTES:
+        raise UserError(f"size {text!r} must be > 0 bytes and at most {MAX_SIZE_BYTES >> 30}G (1 TiB)")
     return v
 
 
@@ -66,10 +70,6 @@ def _ops_arg(text) -> list[str]:
         what = f"has unknown collective(s) {bad}" if bad else "names no collective"
         raise UserError(f"{text!r} {what}; allowed: {', '.join(OPS)}")
     return ops
-
-
-#: the most gloo (CPU) ranks per usable core ``kit comm`` starts on one node
-MAX_CPU_RANKS_PER_CORE = 4
 
 
 @dataclass
@@ -124,7 +124,8 @@ class CommConfig:
         return default_backend()
 
     def validate(self) -> CommConfig:
-        """Raises UserError for a bad size range, dtype, count, backend or a single rank."""
+        """Raises UserError for a bad size range, dtype, count, backend, a single rank, more ranks than this node runs
+        (:func:`kit.measure.ranks.check_local_ranks`) or buffers past its free memory."""
         self.ops = _ops_arg(self.ops)
         self.dtype = dtypes.canonical(self.dtype)
         if self.max_bytes is not None and self.max_bytes < self.min_bytes:
@@ -137,7 +138,8 @@ class CommConfig:
             raise UserError(f"nproc × nnodes = {self.world}: a collective needs at least 2 ranks")
         if self.backend not in (None, "gloo", "nccl"):
             raise UserError(f"backend={self.backend!r}; allowed: gloo, nccl (nccl is RCCL on ROCm)")
-        self._check_nproc()
+        check_local_ranks(self.nproc, "nproc", self.dist_backend())
+        self._check_memory()
         if self.rdzv_endpoint:
             host, _, port = str(self.rdzv_endpoint).rpartition(":")
             if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
@@ -154,24 +156,31 @@ class CommConfig:
             self.accelerator = load_catalog().resolve(self.accelerator)  # UnknownNameError lists the known ones
         return self
 
-    def _check_nproc(self) -> None:
-        """Ranks on this node: nccl one per visible GPU at most; gloo at most :data:`MAX_CPU_RANKS_PER_CORE` per
-        usable core (each rank is a Python process with torch loaded, ~0.25 GB)."""
-        import os
+    def _check_memory(self) -> None:
+        """The largest size's buffers fit in the memory free on this node, before any rank starts: each rank holds
+        the message, a 1/world part and (all_to_all, send_recv) an output as large as the message; gloo ranks
+        share this machine's memory, nccl ranks have a GPU each. A margin stays free
+        (:func:`kit.measure.memguard.default_margin_gb`).
 
-        if self.dist_backend() == "nccl":
-            import torch
+        Raises:
+            UserError: naming the largest size, the bytes it needs and the GB free (with their source).
+        """
+        from kit.measure import memguard
 
-            n = torch.cuda.device_count()
-            if self.nproc > n:
-                raise UserError(f"nproc={self.nproc}: nccl runs one rank per GPU and {n} GPU(s) are visible here")
+        sizes = self.sizes()
+        if not sizes:
             return
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        top = max(8, MAX_CPU_RANKS_PER_CORE * cores)
-        if self.nproc > top:
+        nccl = self.dist_backend() == "nccl"
+        per_rank = sizes[-1] * (1 + 1 / self.world + any(op in ("all_to_all", "send_recv") for op in self.ops))
+        need_gb = per_rank * (1 if nccl else self.nproc) / memguard.GB
+        free = memguard.available_memory("cuda" if nccl else "cpu")
+        margin = memguard.default_margin_gb(free.total_gb)
+        if need_gb > free.free_gb - margin:
+            where = "one GPU" if nccl else f"this machine ({self.nproc} ranks)"
             raise UserError(
-                f"nproc={self.nproc}: at most {top} gloo ranks on this node's {cores} usable core(s) "
-                f"({MAX_CPU_RANKS_PER_CORE} per core, 8 at least); more only oversubscribe it"
+                f"max_bytes={self.max_bytes or sizes[-1]}: the largest size probed, {sizes[-1]:,} bytes, needs "
+                f"{need_gb:.2f} GB of buffers on {where} but {free.free_gb:.2f} GB are free ({free.source}) minus a "
+                f"{margin:.2f} GB margin; give a smaller size"
             )
 
 

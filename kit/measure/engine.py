@@ -31,6 +31,8 @@ from kit.errors import UserError
 from kit.models import max_positions, param_bytes
 
 KV_FILLS = ("prefill", "synthetic")
+#: most measurement blocks per point: past it a typo (1e9) would never end
+MAX_REPEATS = 1000
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,15 @@ class PointConfig:
     prefill_chunk: int | None = None
 
     def validate(self, max_positions: int | None = None) -> PointConfig:
-        """Raise ValueError naming a bad value and what is allowed."""
+        """Raise UserError naming a bad value and what is allowed; with ``max_positions`` (the model's), the
+        cache of context + the larger of warm-up and decode steps must fit in it (the message names the steps
+        when they alone leave no room for any context)."""
         for name in ("concurrency", "context_len", "decode_steps", "repeats"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UserError(f"{name}={v!r} must be an integer >= 1")
+        if self.repeats > MAX_REPEATS:
+            raise UserError(f"repeats={self.repeats} must be an integer from 1 to {MAX_REPEATS} (blocks per point)")
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise UserError(f"warmup_steps={self.warmup_steps!r} must be an integer >= 0")
         if self.kv_fill not in KV_FILLS:
@@ -59,14 +65,19 @@ class PointConfig:
         c = self.prefill_chunk
         if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 1):
             raise UserError(f"prefill_chunk={c!r} must be an integer >= 1 (tokens per chunk) or None (one forward)")
-        if max_positions:
-            need = self.cache_len
-            if need > max_positions:
-                raise UserError(
-                    f"context_len={self.context_len} needs a cache of {need} tokens (context + "
-                    f"max(warmup, decode steps)) but the model supports at most {max_positions} "
-                    f"positions; use context_len <= {max_positions - max(self.warmup_steps, self.decode_steps)}"
-                )
+        if max_positions and self.cache_len > max_positions:
+            name = "decode_steps" if self.decode_steps >= self.warmup_steps else "warmup_steps"
+            steps = getattr(self, name)
+            room, cap = max_positions - steps, max_positions  # room: the longest context these steps leave
+            if room >= 1:
+                head, fix = f"context_len={self.context_len}", f"context_len <= {room}"
+            else:
+                head = f"{name}={steps}"
+                fix = f"{name} <= {cap - self.context_len}" if self.context_len < cap else f"context + steps <= {cap}"
+            raise UserError(
+                f"{head} needs a cache of {self.cache_len} tokens (context {self.context_len} + {steps} "
+                f"{name.replace('_', ' ')}) but the model supports at most {cap} positions; use {fix}"
+            )
         return self
 
     @property

@@ -97,6 +97,22 @@ def throttle_fraction(samples: Sequence[Sample], max_clock_mhz: float | None, li
     return hot / len(rated)
 
 
+def catalog_tdp_w(accelerator: str | None) -> float | None:
+    """The catalog TDP of one ``accelerator`` device, W (``kit/data/accelerators.csv``; None when unnamed, unknown
+    or without a TDP: ``pct_tdp`` then stays empty)."""
+    if not accelerator:
+        return None
+    import pandas as pd
+
+    from kit.catalog import load_catalog
+
+    try:
+        v = load_catalog().get(accelerator).get("tdp_w")
+    except KeyError:
+        return None
+    return float(v) if v is not None and not pd.isna(v) else None
+
+
 def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 

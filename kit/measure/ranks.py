@@ -40,6 +40,39 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+#: the most gloo (CPU) ranks per usable core the kit starts on one node (each is a Python process with torch
+#: loaded, ~0.25 GB; more only oversubscribe the cores); 8 at least on any machine
+MAX_CPU_RANKS_PER_CORE = 4
+
+
+def check_local_ranks(n: int, name: str, backend: str) -> None:
+    """Refuse ``n`` ranks on this node when it cannot run them: nccl (CUDA, or RCCL on ROCm) one rank per visible
+    GPU; gloo at most :data:`MAX_CPU_RANKS_PER_CORE` per core this process may use (``sched_getaffinity``), 8 at
+    least. Checked before any rank starts (``kit comm --nproc``, ``kit sweep --tp``, ``kit bench --tp``), so a
+    typo never starts a thousand torchrun workers.
+
+    Args:
+        name: the setting, as the message names it (``"nproc"``, ``"tp"``; the command line shows its option).
+
+    Raises:
+        UserError: ``name=n`` is more than this node runs, with the limit and why.
+    """
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if n > gpus:
+            raise UserError(f"{name}={n}: nccl runs one rank per GPU and {gpus} GPU(s) are visible here")
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    top = max(8, MAX_CPU_RANKS_PER_CORE * cores)
+    if n > top:
+        raise UserError(
+            f"{name}={n}: at most {top} gloo ranks on this node's {cores} usable core(s) "
+            f"({MAX_CPU_RANKS_PER_CORE} per core, 8 at least); more only oversubscribe it"
+        )
+
+
 @dataclass
 class RankRun:
     """A finished multi-process run: torchrun's exit code and output, and each local rank's log."""

@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -118,8 +119,9 @@ class StressConfig:
                 raise UserError(f"{name}={v!r} (--{name.replace('_', '-')}) must be an integer >= 1")
         if not 0 < self.resolution < 1:
             raise UserError(f"resolution={self.resolution!r} (--resolution) must be a fraction in (0, 1), e.g. 0.05")
-        if self.margin_gb is not None and not self.margin_gb >= 0:
-            raise UserError(f"margin_gb={self.margin_gb!r} (--margin-gb) must be >= 0 GB")
+        m = self.margin_gb
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < math.inf):
+            raise UserError(f"margin_gb={m!r} (--margin-gb) must be a finite number >= 0 GB, or None (the default)")
         if not isinstance(self.check_context, int) or self.check_context < 0:
             raise UserError(f"check_context={self.check_context!r} (--check-context) must be an integer >= 0")
         self.dtype = dtypes.model_dtype(self.dtype)
@@ -192,6 +194,12 @@ class StressBackend:
         self.info = self.engine.info
         if config.expandable_segments is not None and self.info.device == "cpu":
             raise UserError("expandable_segments (--expandable-segments) applies to GPUs; this device is the CPU")
+        total = memguard.available_memory(self.info.device).total_gb
+        if config.margin_gb is not None and config.margin_gb >= total:  # it would refuse every probe
+            raise UserError(
+                f"margin_gb={config.margin_gb!r} (--margin-gb) must be below the {total:.2f} GB of memory of this "
+                f"device ({self.info.device}): a margin that keeps all of it free refuses every probe"
+            )
         self.spec = get_spec(models.get_config(config.model, config.trust_remote_code), f"default={config.dtype}")
         self.runner = runner or run_point
         self.description = f"kv-stress {config.model} B={config.batch}"

@@ -36,8 +36,9 @@ from kit.errors import UserError
 from kit.grid import RUN_OPTIONS, GridPoint, run_grid, split_run_options
 from kit.measure import memguard
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
-from kit.measure.power import PowerSampler
+from kit.measure.power import PowerSampler, catalog_tdp_w
 from kit.measure.power_readers import SOURCES as POWER_SOURCES
+from kit.measure.ranks import check_local_ranks
 from kit.results import ok_mask, verdict
 from kit.store import latest_rows, run_metadata
 from kit.validity import validity
@@ -54,6 +55,10 @@ def _str_list(text: str) -> list[str]:
     return parts
 
 
+#: the largest seed of weights and token ids (torch generators take 64-bit seeds), and the longest limit of one
+#: tp > 1 point (7 days, s): past them a typo fails every point, or never ends
+MAX_SEED = 2**63 - 1
+MAX_TP_TIMEOUT_S = 7 * 86_400.0
 #: ``--kv`` / ``--concurrency``: range checks are SweepConfig.validate's, so its messages name the bad value
 _int_list = int_list_arg(minimum=None, example="128,512")
 
@@ -104,12 +109,13 @@ class SweepConfig:
     tp: int = config_field(
         1,
         help="tensor-parallel ranks: > 1 shards the model with transformers' tp_plan='auto' over this many "
-        "torchrun ranks (gloo on CPU, nccl/RCCL on GPUs), one rank per GPU",
+        "torchrun ranks (gloo on CPU, nccl/RCCL on GPUs), one rank per GPU (at most the visible GPUs; on the CPU 4 "
+        "per core, 8 at least)",
     )
     tp_timeout_s: float = config_field(
-        1800.0, help="tp > 1: limit per point (load + measure) before every rank is stopped, s"
+        1800.0, help="tp > 1: limit per point (load + measure) before every rank is stopped, s (at most 7 days)"
     )
-    seed: int = config_field(0, help="seed for weights and token ids")
+    seed: int = config_field(0, help="seed for weights and token ids (0 to 2**63 - 1)")
     accelerator: str | None = config_field(
         None, help="catalog accelerator for cost columns (default: the detected device)"
     )
@@ -188,16 +194,20 @@ class SweepConfig:
             raise UserError(f"tp={self.tp!r} (--tp) must be an integer >= 1 (ranks the model is sharded over)")
         if self.tp > 1 and self.compile:
             raise UserError("compile=True with tp > 1 is not supported: use --compile or --tp N, not both")
-        if not self.tp_timeout_s > 0:
-            raise UserError(f"tp_timeout_s={self.tp_timeout_s!r} (--tp-timeout-s) must be > 0 seconds")
+        if not (isinstance(self.tp_timeout_s, (int, float)) and 0 < self.tp_timeout_s <= MAX_TP_TIMEOUT_S):
+            raise UserError(
+                f"tp_timeout_s={self.tp_timeout_s!r} (--tp-timeout-s) must be a number of seconds > 0 and <= "
+                f"{MAX_TP_TIMEOUT_S:,.0f} (7 days)"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise UserError(f"seed={self.seed!r} (--seed) must be an integer from 0 to {MAX_SEED:,} (2**63 - 1)")
         maxpos = models.max_positions(cfg)
         for _, p in self.points():
             p.validate(maxpos)
         info = hardware.detect(self.device)
         for dt in self.dtypes:
             hardware.check_dtype_supported(dtypes.to_torch(dt), info.device)
-        if self.tp > 1 and info.device != "cpu" and torch.cuda.device_count() < self.tp:
-            raise UserError(f"tp={self.tp} needs {self.tp} GPUs; this machine shows {torch.cuda.device_count()}")
+        check_local_ranks(self.tp, "tp", "gloo" if info.device == "cpu" else "nccl")  # GPUs, or cores on the CPU
         return self
 
 
@@ -250,7 +260,7 @@ class EngineBackend:
         self.description = f"sweep {config.model}"
         self._baseline_gb = None
         self._baseline_model = None
-        self.tdp_w = _catalog_tdp_w(config.accelerator or self.info.catalog_name)
+        self.tdp_w = catalog_tdp_w(config.accelerator or self.info.catalog_name)
 
     def points(self) -> list[GridPoint]:
         cfg, info = self.config, self.info
@@ -346,19 +356,6 @@ def point_tokens(p: PointConfig) -> tuple[int, int]:
     new = p.repeats * p.concurrency * (p.warmup_steps + p.decode_steps)
     prompt = p.repeats * p.concurrency * p.context_len if p.kv_fill == "prefill" else 0
     return new, new + prompt
-
-
-def _catalog_tdp_w(accelerator: str | None) -> float | None:
-    """The catalog TDP of ``accelerator``, W (None when unknown: ``pct_tdp`` then stays empty)."""
-    if not accelerator:
-        return None
-    from kit.catalog import load_catalog
-
-    try:
-        v = load_catalog().get(accelerator).get("tdp_w")
-    except KeyError:
-        return None
-    return float(v) if v is not None and not pd.isna(v) else None
 
 
 def run_sweep(

@@ -200,7 +200,9 @@ def add_cli(sub) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     add_config_args(p, SweepConfig)
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port on 127.0.0.1 (0: any free port)")
+    p.add_argument(
+        "--port", type=number_arg(int), default=DEFAULT_PORT, help="TCP port on 127.0.0.1 (0: any free port)"
+    )
     p.add_argument("--out", default=DASHBOARD_OUT, help="directory for the runs and voila.log (created)")
     p.add_argument(
         "--ready-timeout",
@@ -210,9 +212,10 @@ def add_cli(sub) -> None:
     )
     p.add_argument(
         "--cull-idle",
-        type=int,
+        type=number_arg(int, minimum=1, maximum=7 * 86_400, unit="s"),
         default=CULL_IDLE_S,
-        help="seconds a kernel with no browser connected and no output is kept before it is shut down",
+        help="seconds (1 to 604800, 7 days) a kernel with no browser connected and no output is kept before it is "
+        "shut down",
     )
     p.add_argument("--open", action="store_true", help="open a browser on this machine")
     p.add_argument("--print-command", action="store_true", help="write the notebook, print the Voila command, exit")
@@ -225,8 +228,6 @@ def _raise_interrupt(signum, _frame):
 
 def _cli_dashboard(args: argparse.Namespace) -> int:
     cfg = config_from_args(SweepConfig, args)
-    if not (args.cull_idle >= 1 and math.isfinite(args.cull_idle)):
-        raise UserError(f"--cull-idle {args.cull_idle}: give a number of seconds >= 1")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: give a TCP port 0..65535 (0: any free port)")
     if not (args.ready_timeout > 0 and math.isfinite(args.ready_timeout)):

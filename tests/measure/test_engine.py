@@ -68,6 +68,29 @@ def test_context_beyond_max_positions(tiny_model):
         engine.run_point(tiny_model, engine.PointConfig(1, 16384))
 
 
+@pytest.mark.parametrize(
+    "kw,named,fix",
+    [
+        (dict(context_len=20000), "context_len=20000", "use context_len <= 16368"),  # the context is too long
+        (dict(context_len=16, decode_steps=10**10), "decode_steps=10000000000", "use decode_steps <= 16368"),
+        (dict(context_len=16, warmup_steps=20000), "warmup_steps=20000", "use warmup_steps <= 16368"),
+        (dict(context_len=20000, decode_steps=20000), "decode_steps=20000", "use context + steps <= 16384"),
+    ],
+)
+def test_a_cache_past_the_positions_names_what_to_shrink(kw, named, fix):
+    """Steps that alone fill the positions are named (not "use context_len <= -9999983616"); every bound said is
+    one a value can meet."""
+    with pytest.raises(ValueError) as e:
+        engine.PointConfig(1, **kw).validate(16384)
+    assert str(e.value).startswith(named) and str(e.value).endswith(fix) and "<= -" not in str(e.value), e.value
+
+
+def test_repeats_are_bounded():
+    engine.PointConfig(1, 8, repeats=engine.MAX_REPEATS).validate()
+    with pytest.raises(ValueError, match=f"repeats=1000000000 must be an integer from 1 to {engine.MAX_REPEATS}"):
+        engine.PointConfig(1, 8, repeats=10**9).validate()
+
+
 def test_mla_moe_preset_runs():
     from kit.models import build_model
 

@@ -109,6 +109,13 @@ def test_other_errors_recorded_and_retried_on_resume(tmp_path):
         (dict(dtypes=["float8"]), "dtype 'float8'"),
         (dict(device="tpu"), "device='tpu'"),
         (dict(kv_fill="nope"), "kv_fill='nope'"),
+        # bounded before any work: a seed torch cannot take failed every point, a limit of inf never ends, 1000
+        # ranks fill the memory, 10^9 repeats never end
+        (dict(seed=10**23), "seed=100000000000000000000000 .* from 0 to 9,223,372,036,854,775,807"),
+        (dict(seed=1e23), "seed=1e\\+23"),
+        (dict(tp_timeout_s=float("inf")), "tp_timeout_s=inf .* <= 604,800"),
+        (dict(tp=1000), "tp=1000: (at most \\d+ gloo ranks|nccl runs one rank per GPU)"),
+        (dict(repeats=10**9), "repeats=1000000000 must be an integer from 1 to 1000"),
     ],
 )
 def test_bad_input_rejected_before_any_work(tmp_path, kw, match):
