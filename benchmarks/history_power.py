@@ -6,7 +6,9 @@
 2. Simulates histories with that noise (:mod:`kit.track.simulate`): BASE and HEAD each ``--runs 3`` replicates of
    a 4-point grid (3 repeats x 16 steps), and compares them with the defaults (±3 % band, 95 % intervals,
    FDR 5 %). Prints the false-alarm rate over ``--pairs`` unchanged pairs (a pair alarms when any point is
-   flagged) and the detection rate of a 5 % and a 10 % slowdown of every point (per point, and per pair).
+   flagged) and the detection rate of a 5 % and a 10 % slowdown of every point (per point, and per pair), and how
+   many pairs the gate called inconclusive (exit 3: different machine noise; ``benchmarks/history_gate.py`` runs
+   real pairs under a shifting load).
 
 Run: ``.venv/bin/python benchmarks/history_power.py [--pairs 300] [--seed 0]`` (~1 min on 2 cores).
 """
@@ -20,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from kit.track.compare import compare_frames
+from kit.track.noise import INCONCLUSIVE_EXIT
 from kit.track.rows import frames_of
 from kit.track.simulate import Noise, simulated_records
 
@@ -54,10 +57,11 @@ def measure_noise(runs: int = 4, repeats: int = 3, steps: int = 16) -> Noise:
     )
 
 
-def rates(noise: Noise, pairs: int, slowdown: float, rng: np.random.Generator) -> tuple[float, float]:
-    """(fraction of points flagged, fraction of pairs with any point flagged) over ``pairs`` simulated pairs."""
+def rates(noise: Noise, pairs: int, slowdown: float, rng: np.random.Generator) -> tuple[float, float, float]:
+    """(fraction of points flagged, fraction of pairs with any point flagged, fraction of pairs inconclusive) over
+    ``pairs`` simulated pairs."""
     pts = flagged = 0
-    pair_hits = 0
+    pair_hits = inconclusive = 0
     for i in range(pairs):
         recs_b = simulated_records(rng, noise=noise, run_id=f"b{i}")
         factors = {p: 1 + slowdown for p in ((128, 1), (128, 4), (512, 1), (512, 4))} if slowdown else {}
@@ -70,7 +74,8 @@ def rates(noise: Noise, pairs: int, slowdown: float, rng: np.random.Generator) -
         pts += 4
         flagged += n
         pair_hits += n > 0
-    return flagged / pts, pair_hits / pairs
+        inconclusive += cmp.exit_code == INCONCLUSIVE_EXIT
+    return flagged / pts, pair_hits / pairs, inconclusive / pairs
 
 
 def main() -> None:
@@ -85,13 +90,14 @@ def main() -> None:
     cases = [("measured noise", noise), ("step noise only", Noise(noise.step_noise, noise.step_ar))]
     print(f"defaults: ±3% band, 95% intervals, FDR 5%; 3 runs x 3 repeats x 16 steps per side; {args.pairs} pairs")
     for name, nz in cases:
-        fa_pt, fa_pair = rates(nz, args.pairs, 0.0, rng)
-        d5_pt, d5_pair = rates(nz, args.pairs, 0.05, rng)
-        d10_pt, d10_pair = rates(nz, args.pairs, 0.10, rng)
+        fa_pt, fa_pair, fa_inc = rates(nz, args.pairs, 0.0, rng)
+        d5_pt, d5_pair, d5_inc = rates(nz, args.pairs, 0.05, rng)
+        d10_pt, d10_pair, d10_inc = rates(nz, args.pairs, 0.10, rng)
         print(
             f"{name:16s}: false alarms {fa_pair:.1%} of unchanged pairs ({fa_pt:.2%} of points); "
             f"5% slowdown detected {d5_pt:.1%} of points ({d5_pair:.1%} of pairs); "
-            f"10% slowdown detected {d10_pt:.1%} of points ({d10_pair:.1%} of pairs)"
+            f"10% slowdown detected {d10_pt:.1%} of points ({d10_pair:.1%} of pairs); "
+            f"inconclusive {fa_inc:.1%} / {d5_inc:.1%} / {d10_inc:.1%} of pairs"
         )
     print(f"wall {time.perf_counter() - t0:.1f} s")
 

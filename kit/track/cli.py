@@ -1,6 +1,7 @@
 """``kit history add|list|compare|report``: performance per commit (:mod:`kit.track`).
 
-``compare`` exits 1 when a point regressed beyond the noise (a CI gate), 0 otherwise, 2 for a user error.
+``compare`` exits 1 when a point regressed beyond the noise (a CI gate), 3 when it is inconclusive (BASE and HEAD
+ran under different machine noise, :mod:`kit.track.noise`), 0 otherwise, 2 for a user error.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from kit.catalog import load_catalog
 from kit.cli import DefaultsHelpFormatter, number_arg
 from kit.track.compare import DEFAULT_CONFIDENCE, DEFAULT_FDR, DEFAULT_TOLERANCE
 from kit.track.db import DEFAULT_DB
+from kit.track.noise import BUSY_SHIFT, INCONCLUSIVE_EXIT, NOISY_RATIO, SHIFT_RATIO
 
 
 def _db_arg(p) -> None:
@@ -36,7 +38,7 @@ def add_cli(sub) -> None:
     p = sub.add_parser(
         "history",
         description="Performance per commit: a DuckDB history of runs, a noise-aware compare that gates CI "
-        "(exit 1 on a regression) and a static HTML report.",
+        f"(exit 1 on a regression, {INCONCLUSIVE_EXIT} when inconclusive) and a static HTML report.",
         formatter_class=DefaultsHelpFormatter,
     )
     hs = p.add_subparsers(dest="history_cmd", required=True, metavar="{add,list,compare,report}")
@@ -66,7 +68,14 @@ def add_cli(sub) -> None:
 
     c = hs.add_parser(
         "compare",
-        help="compare HEAD with BASE point by point; exit 1 on a regression",
+        help=f"compare HEAD with BASE point by point; exit 1 on a regression, {INCONCLUSIVE_EXIT} when inconclusive",
+        description="Compare HEAD with BASE point by point (intervals over independent runs, a tolerance band, "
+        "false-discovery control). Exit codes: 0 no regression beyond the noise; 1 a point regressed or failed on "
+        f"HEAD; {INCONCLUSIVE_EXIT} inconclusive: BASE and HEAD ran under different machine noise (different "
+        f"torch thread counts, {BUSY_SHIFT:g}+ more cores busy with other work when one side started, a median "
+        f"decode step / fastest step more than {SHIFT_RATIO:g}x apart, or above {NOISY_RATIO:g}x on either side: a "
+        "busy machine), so a change cannot be told from the load; re-run both on a quiet runner, or pin --threads, "
+        "with more runs (--runs 5); 2 a user error.",
         formatter_class=DefaultsHelpFormatter,
     )
     c.add_argument("base", metavar="BASE", help="commit (or prefix), tag or run id")
@@ -138,8 +147,10 @@ def _cli_compare(args) -> int:
         print(cmp.to_json())
         return cmp.exit_code
     print(cmp.to_markdown())
-    if cmp.exit_code:
+    if cmp.exit_code == 1:
         print(f"kit history compare: exit 1: regression at {', '.join(cmp.regressed_points)}")
+    elif cmp.exit_code == INCONCLUSIVE_EXIT:
+        print(f"kit history compare: exit {INCONCLUSIVE_EXIT}: inconclusive: {cmp.inconclusive}")
     return cmp.exit_code
 
 

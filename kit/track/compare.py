@@ -17,6 +17,13 @@ the bad direction **and** its one-sided p-value against "the change is within th
 Benjamini–Hochberg procedure at false-discovery rate ``fdr`` (default 5 %) over every (point, metric) tested
 (Benjamini & Hochberg 1995, *JRSS B* 57:289; :func:`scipy.stats.false_discovery_control`). A point ok on BASE
 but failed (oom, error, flagged) on HEAD is a regression too.
+
+The intervals cover the noise *within* each side; a machine whose load shifts between BASE and HEAD moves every
+point of one side at once (2 of 5 identical-commit pairs read "+146 % TPOT regression" on a shared 2-core box).
+So the compare also reads the machine noise each side ran under (:mod:`kit.track.noise`: the median step over the
+fastest, the torch threads) and, when BASE and HEAD ran under different noise or on a busy machine, answers
+**inconclusive** (exit :data:`kit.track.noise.INCONCLUSIVE_EXIT`, 3) with what to do, instead of a regression or a
+pass: each metric's regression or improvement reads ``inconclusive``. A point that failed on HEAD still fails.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from scipy import stats
 
 from kit.errors import UserError
 from kit.track.db import list_runs, load_rows, load_samples, resolve
+from kit.track.noise import ADVICE, INCONCLUSIVE_EXIT, noise_problem, side_noise
 
 DEFAULT_TOLERANCE = 0.03
 DEFAULT_CONFIDENCE = 0.95
@@ -100,7 +108,10 @@ def _units(rows: pd.DataFrame, smp: pd.DataFrame, metric: str, by_replicate: boo
 
 @dataclass
 class Comparison:
-    """The result of :func:`compare`: ``table`` has one row per (point, metric); ``regressions`` counts points."""
+    """The result of :func:`compare`: ``table`` has one row per (point, metric); ``regressed_points`` names the
+    points that regressed; ``noise`` each side's machine noise (:class:`kit.track.noise.SideNoise` as a dict);
+    ``inconclusive`` why BASE and HEAD cannot be compared for speed (:func:`kit.track.noise.noise_problem`), or
+    None."""
 
     base: str
     head: str
@@ -109,6 +120,8 @@ class Comparison:
     confidence: float = DEFAULT_CONFIDENCE
     fdr: float = DEFAULT_FDR
     notes: list = field(default_factory=list)
+    noise: dict = field(default_factory=dict)
+    inconclusive: str | None = None
 
     @property
     def regressed_points(self) -> list[str]:
@@ -117,8 +130,11 @@ class Comparison:
 
     @property
     def exit_code(self) -> int:
-        """1 when any point regressed (the CI gate), else 0."""
-        return 1 if self.regressed_points else 0
+        """The CI gate: 1 when a point regressed (or failed on HEAD, whatever the noise), 3
+        (:data:`kit.track.noise.INCONCLUSIVE_EXIT`) when BASE and HEAD ran under different machine noise, else 0."""
+        if self.regressed_points:
+            return 1
+        return INCONCLUSIVE_EXIT if self.inconclusive else 0
 
     def to_json(self) -> str:
         """The whole compare as one JSON object (settings, regressed points, every table row; NaN → null)."""
@@ -131,6 +147,9 @@ class Comparison:
             "fdr": self.fdr,
             "regressed_points": self.regressed_points,
             "exit_code": self.exit_code,
+            "inconclusive": self.inconclusive,
+            "advice": ADVICE if self.inconclusive else None,
+            "noise": self.noise,
             "notes": self.notes,
             "rows": rows,
         }
@@ -143,6 +162,8 @@ class Comparison:
         verdict = (
             f"**{n} point(s) regressed** beyond ±{self.tolerance:.0%}" if n else "**no regression** beyond the noise"
         )
+        if self.inconclusive and not n:
+            verdict = f"**inconclusive**: {self.inconclusive}. What to do: {ADVICE}"
         lines = [
             head + verdict + f" ({self.confidence:.0%} intervals, FDR {self.fdr:.0%}).\n",
             "| point | metric | base | head | change | interval | n (unit) | verdict |",
@@ -152,12 +173,13 @@ class Comparison:
             ci = f"[{r.ci_low:+.1%}, {r.ci_high:+.1%}]" if pd.notna(r.ci_low) else "—"
             chg = f"{r.change:+.1%}" if pd.notna(r.change) else "—"
             fmt = lambda v: f"{v:.4g}" if pd.notna(v) else "—"  # noqa: E731
-            mark = "🔴 " if r.verdict in ("regression", "failed on head") else ""
+            mark = {"regression": "🔴 ", "failed on head": "🔴 ", "inconclusive": "⚪ "}.get(r.verdict, "")
             lines.append(
                 f"| {r.point} | {r.metric_label} | {fmt(r['base'])} | {fmt(r['head'])} | {chg} | {ci} | "
                 f"{r.n_base}/{r.n_head} ({r.unit}) | {mark}{r.verdict} |"
             )
-        return "\n".join(lines + [""] + [f"- {n}" for n in self.notes]) + "\n"
+        notes = self.notes + ([f"machine noise: {self.inconclusive}"] if self.inconclusive and n else [])
+        return "\n".join(lines + [""] + [f"- {x}" for x in notes]) + "\n"
 
     def write_markdown(self, path: str | Path) -> Path:
         from kit._io import atomic_write_text
@@ -214,8 +236,13 @@ def compare_frames(
     fdr: float = DEFAULT_FDR,
 ) -> Comparison:
     """:func:`compare` on frames in the history's shape: ``rows`` (the ``rows`` table plus ``side`` = ``base`` |
-    ``head``) and ``smp`` (the ``samples`` table); what the benchmark of the statistics calls directly."""
-    out, notes = [], []
+    ``head``) and ``smp`` (the ``samples`` table); what the benchmark of the statistics calls directly.
+
+    Machine noise is read twice: per side (every ok row of it) and per point (the point's rows on each side, so a
+    load that hit some points' replicates only is seen too); a regression reads ``inconclusive`` when HEAD ran
+    under more noise than BASE (at the point or as a whole), an improvement when BASE did
+    (:func:`kit.track.noise.noise_problem`); the compare is inconclusive when the sides differ at all."""
+    out, notes, point_noise = [], [], {}
     for pkey, grp in rows.groupby("point_key", sort=False):
         label = grp.label.iloc[0]
         b, h = grp[(grp.side == "base") & grp.ok], grp[(grp.side == "head") & grp.ok]
@@ -231,34 +258,67 @@ def compare_frames(
             )
             continue
         by_rep = min(len(b), len(h)) >= 2  # one row per replicate of a point
-        for metric, (_col, sign, mlabel) in METRICS.items():
-            ub, unit = _units(b, smp, metric, by_rep)
-            uh, _ = _units(h, smp, metric, by_rep)
-            if not len(ub) or not len(uh):
-                continue
-            chg, lo, hi, p = interval(ub, uh, confidence, sign, tolerance)
-            out.append(
-                {
-                    "point": label,
-                    "point_key": pkey,
-                    "metric": metric,
-                    "metric_label": mlabel,
-                    "base": float(np.median(ub)),
-                    "head": float(np.median(uh)),
-                    "change": chg,
-                    "ci_low": lo,
-                    "ci_high": hi,
-                    "n_base": len(ub),
-                    "n_head": len(uh),
-                    "unit": unit,
-                    "p": p,
-                    "sign": sign,
-                }
-            )
+        out += _metric_rows(label, pkey, b, h, smp, by_rep, tolerance, confidence)
+        point_noise[pkey] = side_noise(b, smp), side_noise(h, smp)
         if not by_rep:
             notes.append(f"{label}: one replicate per side; the interval covers within-run noise only (--runs 3)")
-    table = pd.DataFrame(out)
-    return Comparison(base, head, _decide(table, tolerance, fdr), tolerance, confidence, fdr, sorted(set(notes)))
+    table = _decide(pd.DataFrame(out), tolerance, fdr)
+    noise, problem = _noise_verdicts(table, rows, smp, point_noise)
+    return Comparison(
+        base, head, table, tolerance, confidence, fdr, sorted(set(notes)), noise=noise, inconclusive=problem
+    )
+
+
+def _noise_verdicts(table: pd.DataFrame, rows: pd.DataFrame, smp: pd.DataFrame, point_noise: dict):
+    """Each side's machine noise (:class:`kit.track.noise.SideNoise` as dicts) and why the compare is inconclusive
+    (or None); relabels, in ``table``, a regression or improvement the noise may explain (at its point, or of
+    the sides as a whole) as ``inconclusive``. ``point_noise``: point key → (BASE, HEAD) SideNoise."""
+    sides = {s: side_noise(rows[(rows.side == s) & rows.ok], smp) for s in ("base", "head")}
+    problem = noise_problem(sides["base"], sides["head"])
+    reasons = {}
+    moved = table[table.verdict.isin(["regression", "improvement"])] if len(table) else table
+    for i, r in moved.iterrows():
+        way = "worse" if r.verdict == "regression" else "better"
+        why = noise_problem(sides["base"], sides["head"], way) or noise_problem(*point_noise[r.point_key], way)
+        if why:
+            reasons[i] = why
+    if reasons:
+        table.loc[list(reasons), "verdict"] = "inconclusive"
+        n = table.loc[list(reasons), "point_key"].nunique()
+        first = reasons[min(reasons)]
+        problem = problem or f"{n} point(s) ran under more machine noise on the side that looks slower ({first})"
+    return {s: n.as_dict() for s, n in sides.items()}, problem
+
+
+def _metric_rows(label, pkey, b, h, smp, by_rep: bool, tolerance: float, confidence: float) -> list[dict]:
+    """The table rows of one point measured ok on both sides: per metric of :data:`METRICS`, the change of HEAD
+    over BASE with its interval and one-sided p-value (:func:`interval`) from independent units (:func:`_units`)."""
+    out = []
+    for metric, (_col, sign, mlabel) in METRICS.items():
+        ub, unit = _units(b, smp, metric, by_rep)
+        uh, _ = _units(h, smp, metric, by_rep)
+        if not len(ub) or not len(uh):
+            continue
+        chg, lo, hi, p = interval(ub, uh, confidence, sign, tolerance)
+        out.append(
+            {
+                "point": label,
+                "point_key": pkey,
+                "metric": metric,
+                "metric_label": mlabel,
+                "base": float(np.median(ub)),
+                "head": float(np.median(uh)),
+                "change": chg,
+                "ci_low": lo,
+                "ci_high": hi,
+                "n_base": len(ub),
+                "n_head": len(uh),
+                "unit": unit,
+                "p": p,
+                "sign": sign,
+            }
+        )
+    return out
 
 
 def _decide(t: pd.DataFrame, tol: float, fdr: float) -> pd.DataFrame:

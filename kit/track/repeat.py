@@ -7,10 +7,13 @@ all points instead of biasing one. Each row carries ``x_point_key`` (the inner p
 matches on) and ``x_run_index`` (0-based replicate); its ``point_id`` is ``<inner id>-r<k>``, so resume works
 per replicate.
 
-Test hook: with ``KIT_INJECT_DECODE_DELAY_MS=<ms>`` in the environment, ``kit sweep`` (and
+Test hooks: with ``KIT_INJECT_DECODE_DELAY_MS=<ms>`` in the environment, ``kit sweep`` (and
 :func:`run_sweep_runs` without an explicit runner) measures through :func:`delayed_runner`: every forward call
-of the model sleeps that many ms first, inside the timed steps, so TPOT grows by about that much. Rows record it
-as ``x_injected_delay_ms``. It exists to show a CI gate catching a slowdown; never set it in a real run.
+of the model sleeps that many ms first, inside the timed steps, so TPOT grows by about that much. With
+``KIT_INJECT_DECODE_SLOWDOWN=<fraction>`` (0.10) every forward call then computes for that fraction of its own
+duration more (a busy wait: slower code, not a pause), so every step, the fastest included, is that much slower.
+Rows record them as ``x_injected_delay_ms`` and ``x_injected_slowdown``. They exist to show a CI gate catching a
+slowdown (``benchmarks/history_gate.py``); never set them in a real run.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from kit.store import latest_rows
 
 #: environment variable of the test hook (ms of sleep before every forward call)
 DELAY_ENV = "KIT_INJECT_DECODE_DELAY_MS"
+#: environment variable of the proportional test hook (extra compute per forward call, a fraction of its duration)
+SLOWDOWN_ENV = "KIT_INJECT_DECODE_SLOWDOWN"
 
 
 class RepeatedBackend:
@@ -73,13 +78,20 @@ class RepeatedBackend:
 
 
 @contextlib.contextmanager
-def _slowed(model, delay_ms: float):
+def _slowed(model, delay_ms: float, slowdown: float = 0.0):
     orig, own = model.forward, model.__dict__.get("forward")
 
     @functools.wraps(orig)
     def slow(*a, **kw):
-        time.sleep(delay_ms / 1000.0)
-        return orig(*a, **kw)
+        if delay_ms:
+            time.sleep(delay_ms / 1000.0)
+        t0 = time.perf_counter()
+        out = orig(*a, **kw)
+        if slowdown:
+            end = time.perf_counter() + slowdown * (time.perf_counter() - t0)
+            while time.perf_counter() < end:  # compute, not sleep: the step is that much slower code
+                pass
+        return out
 
     model.forward = slow
     try:
@@ -91,36 +103,47 @@ def _slowed(model, delay_ms: float):
             model.forward = own
 
 
-def delayed_runner(delay_ms: float, runner: Callable | None = None) -> Callable:
+def delayed_runner(delay_ms: float, runner: Callable | None = None, slowdown: float = 0.0) -> Callable:
     """A sweep runner (``runner(model, point, device, seed) -> record``) that sleeps ``delay_ms`` ms before every
-    forward call of the model (prefill, warm-up and timed steps alike) and records ``x_injected_delay_ms``.
+    forward call of the model (prefill, warm-up and timed steps alike), then computes ``slowdown`` times the call's
+    own duration more (0.10: every step 10 % slower), and records ``x_injected_delay_ms`` and
+    ``x_injected_slowdown``.
 
     Raises:
-        UserError: ``delay_ms`` not a finite number >= 0.
+        UserError: ``delay_ms`` or ``slowdown`` not a finite number >= 0.
     """
-    if not (isinstance(delay_ms, (int, float)) and math.isfinite(delay_ms) and delay_ms >= 0):
-        raise UserError(f"injected delay {delay_ms!r} ms must be a number >= 0 ({DELAY_ENV})")
+    for name, v, env in (("delay", delay_ms, DELAY_ENV), ("slowdown", slowdown, SLOWDOWN_ENV)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise UserError(f"injected {name} {v!r} must be a number >= 0 ({env})")
     from kit.measure.engine import run_point
 
     inner = runner or run_point
 
     def run(model, point, device, seed):
-        with _slowed(model, float(delay_ms)):
-            return {**inner(model, point, device, seed), "x_injected_delay_ms": float(delay_ms)}
+        with _slowed(model, float(delay_ms), float(slowdown)):
+            rec = inner(model, point, device, seed)
+        return {**rec, "x_injected_delay_ms": float(delay_ms), "x_injected_slowdown": float(slowdown)}
 
     return run
 
 
 def runner_from_env(env=None) -> Callable | None:
-    """:func:`delayed_runner` when ``KIT_INJECT_DECODE_DELAY_MS`` is set (the test hook), else None."""
-    text = (env if env is not None else os.environ).get(DELAY_ENV)
-    if not text:
+    """:func:`delayed_runner` when ``KIT_INJECT_DECODE_DELAY_MS`` or ``KIT_INJECT_DECODE_SLOWDOWN`` is set (the
+    test hooks), else None.
+
+    Raises: UserError: a value that is not a number."""
+    env = env if env is not None else os.environ
+    values = {}
+    for name, unit in ((DELAY_ENV, "a number of ms"), (SLOWDOWN_ENV, "a fraction (0.10 = 10 % slower)")):
+        text = env.get(name)
+        if text:
+            try:
+                values[name] = float(text)
+            except ValueError:
+                raise UserError(f"{name}={text!r} must be {unit}") from None
+    if not values:
         return None
-    try:
-        ms = float(text)
-    except ValueError:
-        raise UserError(f"{DELAY_ENV}={text!r} must be a number of ms") from None
-    return delayed_runner(ms)
+    return delayed_runner(values.get(DELAY_ENV, 0.0), slowdown=values.get(SLOWDOWN_ENV, 0.0))
 
 
 def run_sweep_runs(config, out_dir: str | Path, runs: int = 1, *, runner: Callable | None = None, **run_options):

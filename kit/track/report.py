@@ -20,6 +20,7 @@ import pandas as pd
 from kit._io import atomic_write_bytes, atomic_write_text, check_out_dir
 from kit.track.compare import compare
 from kit.track.db import commit_order, list_runs, load_rows
+from kit.track.noise import ADVICE
 from kit.track.repeat import log_interval
 
 #: metrics drawn per commit: history-table column → compare metric whose regression ring it shows
@@ -77,6 +78,8 @@ def _compare_html(cmp) -> str:
         body = body.replace(f"<td>{v}</td>", f'<td class="regression verdict-bad">{v}</td>')
     n = len(cmp.regressed_points)
     head = f"<p><b>{n} point(s) regressed</b> beyond ±{cmp.tolerance:.0%}</p>" if n else "<p>no regression</p>"
+    if cmp.inconclusive and not n:
+        head = f"<p><b>inconclusive</b>: {html.escape(cmp.inconclusive)}. What to do: {html.escape(ADVICE)}</p>"
     return head + body
 
 
