@@ -52,7 +52,9 @@ def test_e4_paced_run_at_infinite_burstiness_spreads_the_requests(scripted):
     sent = sorted(r["sent_s"] for r in recs)
     assert all(r["ok"] for r in recs)
     assert sent[-1] - sent[0] == pytest.approx(0.75, abs=0.1)  # never all within a few ms
-    assert min(b - a for a, b in zip(sent, sent[1:])) > 0.2
+    # sends are due on an absolute clock (0.25 s apart): one sent late on a busy machine shortens the next gap,
+    # so bound the gap well below 0.25 s and far above a burst's few ms
+    assert min(b - a for a, b in zip(sent, sent[1:])) > 0.1
 
 
 def test_the_arrival_loop_refuses_a_non_finite_gap(monkeypatch):
