@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kit.serve.cli",
         "benchmark a running OpenAI-compatible server (TTFT, TPOT, ITL, throughput, goodput)",
     ),
+    "agree": ("kit.serve.agree_cli", "an endpoint's greedy tokens and logprobs vs the in-process reference checkpoint"),
     "dashboard": ("kit.view.dashboard", "serve the sweep control panel as a web page (Voila, 127.0.0.1)"),
     "history": ("kit.track.cli", "performance per commit: add runs, compare two commits (CI gate), HTML report"),
     "doctor": (
