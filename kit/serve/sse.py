@@ -6,7 +6,7 @@ them is :func:`kit.serve.client.stream_request`.
 The work is per network read, not per event (a read from a fast server holds hundreds of events): a read is
 stamped once (every event of a read arrived when its last byte did). Once a stream's layout is known (the bytes
 around the text of a plain token chunk: one id, one model, one choice, the usual shape), a read made only of
-such events is taken with one regular-expression pass (:meth:`StreamCapture.add_read`); any other read is split
+such events is taken with a few byte operations (:meth:`StreamCapture.add_read`); any other read is split
 into events once and each event that repeats the layout with only the text changed is taken without a JSON
 parse, the rest parsed. Both shortcuts are exact, not guesses (see :meth:`StreamCapture.add_events`). An event
 larger than ``max_event_bytes`` ends the request as failed (:class:`EventTooLarge`), so an endless line cannot
@@ -226,33 +226,45 @@ class StreamCapture:
     max_events: int = 0
     _pre: bytes = field(default=b"", repr=False)
     _suf: bytes = field(default=b"", repr=False)
-    _rx: re.Pattern | None = field(default=None, repr=False)
-    _fixed: int = field(default=0, repr=False)
+    _head: bytes = field(default=b"", repr=False)  # b"data: " + _pre
+    _tail: bytes = field(default=b"", repr=False)  # _suf + the blank line
+    _sep: bytes | None = field(default=None, repr=False)  # _tail + _head: between two events of the layout
 
     def add_read(self, parser: SSEParser, raw: bytes, now: float) -> None:
         """Record the SSE bytes of one network read that arrived at ``now`` (s), parsed by ``parser``.
 
         Fast path, once the stream's layout is known (see :meth:`add_events`): a read made only of whole events
-        ``data: <prefix><text><suffix>`` + blank line, with nothing held from earlier reads, is taken with one
-        regular-expression pass; that the matches tile the whole read (their lengths add up to it) is what makes
-        it exact. Any other read goes through ``parser`` and :meth:`add_events`.
+        ``data: <prefix><text><suffix>`` + blank line, with nothing held from earlier reads, is taken with a few
+        byte operations and no per-event Python: the read must start with ``data: <prefix>`` and end with
+        ``<suffix>`` + blank line, and what lies between, split at ``<suffix>`` + blank line + ``data: <prefix>``,
+        must be non-empty texts without a quote, backslash or control character. That is exact: such a text cannot
+        hold the separator (it has a quote), so the pieces are the events' texts, each event the learnt layout with
+        another text. No regular expression is built per request (compiling one cost ~180 µs, three times the
+        whole per-chunk work of a 64-token request). Any other read goes through ``parser`` and
+        :meth:`add_events`.
 
         Raises:
             EventTooLarge: from ``parser`` (see :class:`SSEParser`).
         """
-        rx = self._rx
-        if rx is not None and not (parser._pieces or parser._skip_lf) and len(raw) <= parser.max_event_bytes:
-            texts = rx.findall(raw)
+        sep = self._sep
+        if (
+            sep is not None
+            and not (parser._pieces or parser._skip_lf)
+            and len(raw) <= parser.max_event_bytes
+            and raw.startswith(self._head)
+            and raw.endswith(self._tail)
+        ):
+            mid = raw[len(self._head) : len(raw) - len(self._tail)]
+            if _PLAIN_RX.fullmatch(mid):  # one event, a paced stream's read
+                self.n_events += 1
+                self.chunk_times.append(now)
+                self.chunk_texts.append(mid.decode("utf-8", "replace"))
+                if self.n_events > self.max_events > 0:
+                    self.too_many()
+                return
+            texts = mid.split(sep)
             n = len(texts)
-            if n == 1:  # one event, a paced stream's read: its own branch is 0.4 µs (40 %) less per read
-                if len(texts[0]) + self._fixed == len(raw):
-                    self.n_events += 1
-                    self.chunk_times.append(now)
-                    self.chunk_texts.append(texts[0].decode("utf-8", "replace"))
-                    if self.n_events > self.max_events > 0:
-                        self.too_many()
-                    return
-            elif n and n * self._fixed + sum(map(len, texts)) == len(raw):
+            if n > 1 and b"" not in texts and _PLAIN_RX.fullmatch(b"".join(texts)):
                 self.n_events += n
                 self.chunk_times.extend(repeat(now, n))
                 self.chunk_texts.extend(map(_DECODE, texts))
@@ -345,9 +357,9 @@ class StreamCapture:
             i = p.find(mark)
             if i >= 0 and p.find(mark, i + 1) < 0 and p.count(key) == 1:
                 self._pre, self._suf = p[: i + len(key)], p[i + len(key) + len(tb) :]
-                head, tail = b"data: " + self._pre, self._suf + b"\n\n"
-                self._rx = re.compile(re.escape(head) + _PLAIN_TEXT + re.escape(tail))
-                self._fixed = len(head) + len(tail)
+                if b"\n" not in p and b"\r" not in p:  # one data line: the read fast path can take its events
+                    self._head, self._tail = b"data: " + self._pre, self._suf + b"\n\n"
+                    self._sep = self._tail + self._head
                 return
 
     def _error_event(self, data: str) -> None:

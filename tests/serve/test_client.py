@@ -307,7 +307,7 @@ def test_the_per_read_fast_path_records_exactly_what_the_event_parser_does(chat)
         ref.add_events(pr.close(), 99.0)
         fast.add_events(pf.close(), 99.0)
         assert _capture_state(fast) == _capture_state(ref), cut
-    assert fast._rx is not None  # the layout was learnt, so the fast path ran
+    assert fast._sep is not None  # the layout was learnt, so the fast path ran
     assert "\x01" not in "".join(ref.chunk_texts)  # a raw control character: a malformed event (strict JSON), not text
     assert ref.error.startswith("malformed event (not JSON)") and ref.done and "after" in ref.chunk_texts
 
