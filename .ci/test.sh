@@ -18,4 +18,23 @@ fi
 .venv/bin/ruff format --check -q . || { echo "ruff format --check failed (fix: .venv/bin/ruff format .)"; exit 1; }
 # pytest-xdist: one worker per logical CPU, at most 8 (tests/conftest.py makes each test file one work unit and
 # the notebook tests one); KIT_TEST_WORKERS=N to choose, 0 for a single process. Arguments after it win (-n 0).
-exec .venv/bin/python -m pytest -q -n "${KIT_TEST_WORKERS:-logical}" --maxprocesses 8 "$@"
+if [ "$#" -gt 0 ]; then  # a chosen selection: one session (it starts the vLLM servers itself if it selects them)
+  exec .venv/bin/python -m pytest -q -n "${KIT_TEST_WORKERS:-logical}" --maxprocesses 8 "$@"
+fi
+# The real-engine tier (tests/engine: vLLM on this CPU, set up by .ci/setup-engines.sh): its servers start now, in
+# the background, and come up while the rest of the suite runs; the tier runs after it, alone, so its client is
+# not starved by the suite's workers on a small machine. The servers are stopped however this script ends.
+bash .ci/setup-engines.sh
+state=$(mktemp -d)/engines.json
+.venv/bin/python tests/engine_server.py "$state" >"${state%.json}.log" 2>&1 &
+engines=$!
+trap 'kill -TERM $engines 2>/dev/null; wait $engines 2>/dev/null' EXIT
+for _ in $(seq 120); do [ -f "$state" ] && break; sleep 0.5; done
+[ -f "$state" ] || { echo "the vLLM servers did not start (log ${state%.json}.log):"; tail -20 "${state%.json}.log"; exit 1; }
+KIT_TEST_ENGINES="$(cat "$state")"
+export KIT_TEST_ENGINES
+rc=0
+.venv/bin/python -m pytest -q -n "${KIT_TEST_WORKERS:-logical}" --maxprocesses 8 --ignore=tests/engine || rc=$?
+echo "real-engine tier (vLLM on this CPU):"
+.venv/bin/python -m pytest -q -n 0 -rs tests/engine || rc=$?
+exit $rc

@@ -187,6 +187,27 @@ CHECKS = (
 )
 
 
+#: share of the kit's mean TTFT that the server's mean queue time must reach for :func:`queueing_note` to speak
+QUEUE_SHARE_NOTE = 0.2
+
+
+def queueing_note(row) -> str | None:
+    """Why a row's TTFT is mostly waiting, when it is: requests queued in the server (its ``x_server_queue_ms_mean``
+    is at least :data:`QUEUE_SHARE_NOTE` of the client's mean TTFT, or its waiting-requests gauge was above 0
+    while the point ran). Not a validity failure: the figures are right, but they measure the server's admission
+    limit (vLLM ``--max-num-seqs``, SGLang ``--max-running-requests``, a full KV cache), not prefill. None otherwise,
+    or when the server exported neither."""
+    queue, ttft = _val(row, "x_server_queue_ms_mean"), _val(row, "x_ttft_ms_mean")
+    waiting, running = _val(row, "x_server_waiting_requests_max"), _val(row, "x_server_running_requests_max")
+    share = queue / ttft if queue is not None and ttft else None
+    if not ((share is not None and share >= QUEUE_SHARE_NOTE) or (waiting is not None and waiting > 0)):
+        return None
+    parts = [f"{queue:.1f} ms of the mean TTFT {ttft:.1f} ms is server queue time"] if share is not None else []
+    if waiting is not None:
+        parts.append(f"up to {waiting:g} request(s) waiting" + (f", {running:g} running" if running else ""))
+    return "queueing: " + ", ".join(parts) + " (the server admits fewer sequences than the offered concurrency)"
+
+
 def invalid_note(row) -> str:
     """``"INVALID: <reasons>"`` for a row whose ``x_valid`` is False, else ``""`` (for printed summaries)."""
     return f"INVALID: {_val(row, 'x_invalid_reasons')}" if _val(row, "x_valid") is False else ""

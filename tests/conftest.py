@@ -2,6 +2,7 @@
 (pytest-xdist), and Ctrl-C restored for the processes the tests start."""
 
 import functools
+import json
 import os
 import re
 import signal
@@ -20,9 +21,26 @@ import pytest  # noqa: E402
 
 def pytest_configure(config):
     """A suite started with SIGINT ignored (``cmd &`` from a script, nohup) would hand that to every process it
-    starts, and the Ctrl-C tests would watch a sweep ignore Ctrl-C: restore Python's default handler."""
+    starts, and the Ctrl-C tests would watch a sweep ignore Ctrl-C: restore Python's default handler.
+
+    The controller (the only process without xdist) starts the real-engine tier's servers when the session selects
+    ``tests/engine`` (:mod:`engine_server`), before the workers start, so they inherit where the servers are."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    import engine_server
+
+    if not hasattr(config, "workerinput") and engine_server.ENV not in os.environ and engine_server.wanted(config):
+        os.environ[engine_server.ENV] = json.dumps(engine_server.start_all())
+        config._kit_engines_started = True
+
+
+def pytest_unconfigure(config):
+    """The controller stops the servers it started (their whole process groups)."""
+    if getattr(config, "_kit_engines_started", False):
+        import engine_server
+
+        engine_server.stop_all()
+        os.environ.pop(engine_server.ENV, None)
 
 
 @functools.cache

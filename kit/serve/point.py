@@ -36,7 +36,7 @@ from kit.serve.schedule import Arrivals
 from kit.serve.server_metrics import ServerMetricsWatch, client_output_tokens
 from kit.serve.steady import measured_concurrency, steady_columns
 from kit.serve.workload import fresh_seed, fresh_workload
-from kit.validity import validity
+from kit.validity import queueing_note, validity
 
 #: LoadConfig fields that do not change what a point measures, so they are not part of its id
 NOT_IN_POINT_ID = (
@@ -56,15 +56,16 @@ METRICS_PERIOD_S = 0.25
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
-def served_point_id(cfg: LoadConfig) -> str:
+def served_point_id(cfg: LoadConfig, server_key: str | None = None) -> str:
     """Stable key of a served load point (resume skips ids already finished): a readable prefix (endpoint,
     concurrency, request rate, ISL/OSL) and a hash of every other setting that changes what is measured or how the
-    row is judged: the server (its URL as the kit shows it: scheme, host, port, path; no credentials), the model,
-    ranges, request counts, warm-up, burstiness, seed, sampling, SLOs, extra body. The timeouts, the event-size
-    cap and the API-key variable are not part of it (:data:`NOT_IN_POINT_ID`)."""
+    row is judged: the server (its URL as the kit shows it: scheme, host, port, path; no credentials; or
+    ``server_key`` instead, for a server the kit launched: its configuration, since its port changes per launch),
+    the model, ranges, request counts, warm-up, burstiness, seed, sampling, SLOs, extra body. The timeouts, the
+    event-size cap and the API-key variable are not part of it (:data:`NOT_IN_POINT_ID`)."""
     rate = "inf" if math.isinf(cfg.request_rate) else f"{cfg.request_rate:g}"
     key = {k: v for k, v in asdict(cfg).items() if k not in NOT_IN_POINT_ID}
-    key["url"] = redact_url(cfg.base_url)
+    key["url"] = server_key if server_key is not None else redact_url(cfg.base_url)
     digest = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"openai-{cfg.endpoint}-c{cfg.max_concurrency or 'inf'}-r{rate}-isl{cfg.isl}-osl{cfg.osl}-{digest}"
 
@@ -135,6 +136,7 @@ def measure_point(
     tps = row.get("output_tok_s")
     if row.get("n_gpus") and tps and not math.isnan(tps):
         row["tok_s_per_gpu"] = M.tok_s_per_gpu(tps, int(row["n_gpus"]))
+    row["x_queueing"] = queueing_note(row)
     return row | validity(row, unique_prompts=schedule.unique_prompts)
 
 

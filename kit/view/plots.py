@@ -315,7 +315,8 @@ def plot_served(df, title: str | None = None):
     """Figure with two panels: output tok/s vs concurrency, and the Pareto curve tok/s/GPU vs tok/s/user.
 
     ``df``: rows of the shared schema (served rows use ``output_tok_s``; in-process ``engine`` rows use
-    ``decode_tok_s``), grouped by ``backend`` (and ``model``). tok/s/GPU divides by ``n_gpus`` (1 when
+    ``decode_tok_s``), grouped by ``backend`` (and ``model``, and the server configuration ``x_server_config`` of a
+    ``--server-grid``: one line per configuration on the same axes). tok/s/GPU divides by ``n_gpus`` (1 when
     missing); tok/s/user is ``tok_s_per_stream`` (1000 / median TPOT). Only ok rows (:func:`kit.results.ok_mask`)
     are drawn as speeds; the rows left out (oom, error, flagged) are counted in the figure's title.
 
@@ -335,9 +336,10 @@ def plot_served(df, title: str | None = None):
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     df["_tok_s"] = _throughput_col(df)
     df["_per_gpu"] = M.tok_s_per_gpu(df["_tok_s"], df["n_gpus"].fillna(1).astype("float64"))
-    for (backend, model), g in df.groupby([df["backend"], df["model"].fillna("?")], sort=False):
+    server = df["x_server_config"].fillna("") if "x_server_config" in df else pd.Series("", index=df.index)
+    for (backend, model, config), g in df.groupby([df["backend"], df["model"].fillna("?"), server], sort=False):
         g = g.sort_values("concurrency")
-        label = f"{backend}: {Path(str(model)).name}"
+        label = f"{backend}: {Path(str(model)).name}" + (f" [{config}]" if config and config != "default" else "")
         a1.plot(g["concurrency"].astype(float), g["_tok_s"], marker="o", label=label)
         a2.plot(g["tok_s_per_stream"], g["_per_gpu"], marker="o", label=label)
         for _, r in g.iterrows():

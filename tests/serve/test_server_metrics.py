@@ -122,8 +122,8 @@ def test_parsed_text_old_vllm_names_and_missing_metrics():
     """Names from before a rename still map; metrics a version lacks are simply absent; counters are deltas."""
     a = S.parse_metrics(VLLM_OLD % (1000, 100, 500), 0.0)
     b = S.parse_metrics(VLLM_OLD % (1400, 300, 600), 2.0)
-    c = S.server_columns(a, b, client_output_tokens=99, during=[b])
-    assert c["x_server_metrics"] == "vllm" and c["x_server_scrape_s"] == 2.0 and c["x_server_gauge_samples"] == 1
+    c = S.server_columns(a, b, client_output_tokens=99, during=[b, b])
+    assert c["x_server_metrics"] == "vllm" and c["x_server_scrape_s"] == 2.0 and c["x_server_gauge_samples"] == 2
     assert c["x_server_prefix_cache_queries"] == 400 and c["x_server_prefix_cache_hits"] == 200
     assert c["x_server_prefix_cache_hit_rate"] == 0.5 and c["x_server_kv_cache_usage_max"] == 0.25
     assert c["x_server_generation_tokens"] == 100
@@ -151,7 +151,7 @@ sglang:token_usage{tp_rank="0"} 0.2
 sglang:token_usage{tp_rank="1"} 0.4
 """
     a, b = S.parse_metrics(text % (10, 10), 0), S.parse_metrics(text % (20, 30), 1)
-    c = S.server_columns(a, b, during=[b])
+    c = S.server_columns(a, b, during=[b, b])
     assert c["x_server_generation_tokens"] == 30 and c["x_server_kv_cache_usage_max"] == pytest.approx(0.3)
 
 
@@ -242,3 +242,38 @@ def test_speculative_decoding_recipes():
         recipes.LaunchSpec("sglang", "/m", "B300", speculative_method="medusa").validate()
     with pytest.raises(UserError, match="speculative_num_tokens=0"):
         recipes.LaunchSpec("sglang", "/m", "B300", speculative_method="mtp", speculative_num_tokens=0).validate()
+
+
+HISTOGRAMS = """# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} %d
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 2
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_sum{model_name="m"} %g
+vllm:time_to_first_token_seconds_count{model_name="m"} %d
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_sum{model_name="m"} %g
+vllm:request_queue_time_seconds_count{model_name="m"} %d
+"""
+
+
+def test_histogram_means_one_scrape_is_not_a_maximum_and_queueing_is_noted():
+    """The server's latency histograms become means over the point (sum and count deltas, ms); a gauge seen by one
+    scrape only is "not sampled" (NaN); a row whose TTFT is mostly server queue time carries a note, and stays
+    valid."""
+    from kit.validity import queueing_note
+
+    a = S.parse_metrics(HISTOGRAMS % (0, 10.0, 100, 5.0, 100), 0.0)
+    b = S.parse_metrics(HISTOGRAMS % (6, 10.0 + 8 * 0.300, 108, 5.0 + 8 * 0.250, 108), 1.0)
+    c = S.server_columns(a, b, during=[b])
+    assert c["x_server_ttft_ms_mean"] == pytest.approx(300.0) and c["x_server_ttft_n"] == 8
+    assert c["x_server_queue_ms_mean"] == pytest.approx(250.0) and "x_server_ttft_s_sum" not in c
+    assert math.isnan(c["x_server_waiting_requests_max"]) and c["x_server_gauge_samples"] == 1
+    two = S.server_columns(a, b, during=[a, b])
+    assert two["x_server_waiting_requests_max"] == 6
+    row = {**two, "x_ttft_ms_mean": 305.0, "failed": 0}
+    note = queueing_note(row)
+    assert note.startswith("queueing: 250.0 ms of the mean TTFT 305.0 ms is server queue time, up to 6 request(s)")
+    assert validity(row)["x_valid"] is True
+    idle = S.server_columns(a, S.parse_metrics(HISTOGRAMS % (0, 10.1, 101, 5.0, 101), 1.0), during=[a, a])
+    assert queueing_note({**idle, "x_ttft_ms_mean": 100.0}) is None
