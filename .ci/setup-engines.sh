@@ -38,3 +38,4 @@ fi
   >/dev/null 2>&1 || skip "building the tiny checkpoint at $ckpt failed"
 .venv/bin/python -c 'import json,sys; print(json.dumps({"vllm": {"python": sys.argv[1], "checkpoint": sys.argv[2], "version": sys.argv[3]}}))' \
   "$venv/bin/python" "$ckpt" "$VLLM_VERSION" >"$out"
+echo "set-up: vLLM $VLLM_VERSION ($VLLM_DIST): --server-python $venv/bin/python --model $ckpt" >&2

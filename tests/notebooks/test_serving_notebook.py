@@ -2,7 +2,7 @@
 `transformers serve` on CPU itself, sweeps concurrency, runs an in-process sweep of the same checkpoint and
 plots both. Assertions are on the files it wrote (rows, columns, statuses), never on timing values."""
 
-from pathlib import Path
+import json
 
 import pytest
 from nbexec import execute
@@ -23,5 +23,7 @@ def test_benchmark_a_serving_endpoint_notebook():
     assert set(both["backend"]) == {"openai", "engine"}
     assert both.loc[both["backend"] == "engine", "decode_tok_s"].notna().all()
     assert (out / "served_vs_inprocess.png").read_bytes()[:4] == b"\x89PNG"
-    assert "Application startup complete" in (out / "server.log").read_text()
-    assert not Path(out / "server.log").read_text().count("Traceback")
+    log = out / "served" / "servers" / "default" / "server.log"  # the launched server's log, its command first
+    assert log.read_text().startswith("$ ") and "Application startup complete" in log.read_text()
+    assert not log.read_text().count("Traceback")
+    assert json.loads(log.with_name("launch.json").read_text())["engine_version"].startswith("transformers ")
