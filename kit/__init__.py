@@ -9,6 +9,11 @@ Measure
     serve_bench(url, concurrency, out_dir, **)  benchmark an OpenAI-compatible endpoint: a concurrency sweep, a ramp,
                                                 multi-turn sessions, a trace replay, an SLO search
                                                 (kit.serve.modes.serve_bench)
+    launch_bench(spec, concurrency, out_dir, server_grid=None, **)  start a server (vLLM, SGLang, transformers
+                                                serve) from a LaunchSpec, sweep, stop it; each server configuration
+                                                in turn (kit.serve.launched.launch_bench)
+    agree(prompts, config=None, **fields)       an endpoint's greedy tokens and logprobs vs the in-process reference
+                                                (kit.serve.agree.agree)
     kv_stress(config=None, out_dir, **fields)  the largest context that decodes (kit.measure.stress.run_kv_stress)
     comm(config=None, **fields)                collective probes: latency, algbw, busbw (kit.measure.comm.run_comm)
     calibrate(...)                             this device's bandwidth, TFLOPS, step overhead
@@ -29,7 +34,7 @@ Results
     plots                       the figures: kit.plots.throughput_vs_concurrency(df), ... (module kit.view.plots)
     ControlPanel, CompareView   the notebook widgets (kit.view.panel, kit.view.compare_view)
 Configs
-    SweepConfig, LoadConfig, ServedMode, StressConfig, CommConfig, PredictConfig, DoctorConfig
+    SweepConfig, LoadConfig, ServedMode, LaunchSpec, StressConfig, CommConfig, PredictConfig, DoctorConfig
 Errors
     KitError, UserError         KitError: the base of every error the kit raises for a user's input; UserError: a
                                 bad value, named with what is allowed (files: kit.errors.InputNotFoundError,
@@ -52,6 +57,8 @@ __version__ = "0.1.0"
 FRONT_DOOR = {
     "sweep": "kit.measure.sweep:run_sweep",
     "serve_bench": "kit.serve.modes:serve_bench",
+    "launch_bench": "kit.serve.launched:launch_bench",
+    "agree": "kit.serve.agree:agree",
     "kv_stress": "kit.measure.stress:run_kv_stress",
     "comm": "kit.measure.comm:run_comm",
     "calibrate": "kit.measure.calibrate:calibrate",
@@ -71,6 +78,7 @@ FRONT_DOOR = {
     "SweepConfig": "kit.measure.sweep:SweepConfig",
     "LoadConfig": "kit.serve.load:LoadConfig",
     "ServedMode": "kit.serve.modes:ServedMode",
+    "LaunchSpec": "kit.serve.recipes:LaunchSpec",
     "StressConfig": "kit.measure.stress:StressConfig",
     "CommConfig": "kit.measure.comm:CommConfig",
     "PredictConfig": "kit.plan.config:PredictConfig",
