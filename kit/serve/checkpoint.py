@@ -18,15 +18,15 @@ def build_tiny_checkpoint(
 
     Returns: the directory.
     """
+    path = Path(path)
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists() and any(path.glob("*.safetensors")):
+        return path  # before the imports below: reusing a checkpoint costs no torch import
     import random
 
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    path = Path(path)
-    if (path / "config.json").exists() and (path / "tokenizer.json").exists() and any(path.glob("*.safetensors")):
-        return path
     path.mkdir(parents=True, exist_ok=True)
     words = (
         "time person year way day thing man world life hand part child eye woman place work week case point "
