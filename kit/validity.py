@@ -11,9 +11,16 @@ point; no prefix-cache hit where the workload promised unique prompts (a cache s
 throughput and shrinks TTFT), read from the server's ``/metrics`` and from the per-request usage (cached tokens
 beyond the intended share, :data:`HIT_RATE_TOLERANCE`); server- and client-counted output tokens agree within
 :data:`TOKEN_TOLERANCE`; the client was not the bottleneck, and sent requests due at a time (open loop, ramp,
-trace) on time (p99 within :data:`SEND_LATE_LIMIT_MS`); every request returned the requested output length;
-(in-process) the logits stayed finite; the GPU was not throttling. A check whose inputs are missing is not
-applied (a server without ``/metrics`` cannot show preemptions); ``x_validity_checks`` lists the checks that were.
+trace) on time (p99 within :data:`SEND_LATE_LIMIT_MS`); the machine was not so busy with other processes that
+the client's time stamps came late (machine contention, named apart from client-bound); every request returned
+the requested output length; the prompts were as long as asked (the server's count within
+:data:`PROMPT_TOKEN_TOLERANCE`); (in-process) the logits stayed finite; the GPU was not throttling. A check whose
+inputs are missing is not applied (a server without ``/metrics`` cannot show preemptions); ``x_validity_checks``
+lists the checks that were.
+
+Two notes describe a row without judging it: :func:`queueing_verdict` (``x_queued``: the TTFT is mostly the
+server's queue, from its queue-time histogram and its waiting-requests gauge) and :func:`itl_step_note` (the
+kit's per-token ITL beside the server's per-engine-step ITL when steps carry several tokens).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ HIT_RATE_TOLERANCE = 0.05
 #: p99 of how late the client sent requests due at a time (ms) above which the offered load was not the one asked
 #: for (the client self-check's event-loop lag limit, kit.serve.selfcheck.LOOP_LAG_LIMIT_MS)
 SEND_LATE_LIMIT_MS = 10.0
+#: how far the mean prompt length (the server's count, else the client's) may be from the one asked for: this
+#: fraction of it, and never less than kit.serve.aggregate.PROMPT_TOKEN_SLACK tokens
+PROMPT_TOKEN_TOLERANCE = 0.02
 
 
 def _val(row, key):
@@ -139,13 +149,44 @@ def _client_bound(row, opts):
     return bool(bound), f"client-bound: {_val(row, 'x_client_warning') or 'the client was busy'}"
 
 
+def _contention(row, opts):
+    busy = _val(row, "x_machine_contention")
+    if busy is None:
+        return None
+    return bool(busy), _val(row, "x_contention_warning") or "machine contention: other processes held the CPUs"
+
+
 def _buffered(row, opts):
     n = _val(row, "x_buffered_requests")
     if n is None:
         return None
-    return n > 0, (
-        f"{n} request(s) arrived whole in one network read (a buffering proxy between the kit and the server?): "
-        "their per-token timing (TPOT, ITL) is unknown"
+    cause = (
+        "the client was starved of CPU by other processes (machine contention), or a buffering proxy sits between "
+        "the kit and the server"
+        if _val(row, "x_machine_contention")
+        else "a buffering proxy between the kit and the server?"
+    )
+    return n > 0, f"{n} request(s) arrived whole in one network read ({cause}): their TPOT and ITL are unknown"
+
+
+def _prompt_tokens(row, opts):
+    excess, target = _val(row, "x_prompt_tokens_excess_mean"), _val(row, "x_prompt_tokens_target_mean")
+    if excess is None or not target:
+        return None
+    from kit.serve.aggregate import PROMPT_TOKEN_SLACK
+
+    tol = max(float(PROMPT_TOKEN_SLACK), PROMPT_TOKEN_TOLERANCE * target)
+    basis, sent = _val(row, "x_prompt_tokens_basis"), _val(row, "x_prompt_tokens_sent_mean")
+    who = "the server counted" if basis == "server" else "the client counted"
+    if sent is None:
+        hint = "the client had no tokenizer to build them to length (pass --tokenizer)"
+    elif basis == "server" and abs(sent - target) <= tol:
+        hint = "the client's tokenizer or chat template is not the server's (pass the served model's --tokenizer)"
+    else:
+        hint = "the tokenizer could not build a prompt of that length (a chat template longer than --isl?)"
+    return abs(excess) > tol, (
+        f"prompts off their length: {who} {target + excess:.1f} prompt tokens per request on average, "
+        f"{target:.1f} asked for ({excess:+.1f}, > ±{tol:.1f}): {hint}"
     )
 
 
@@ -180,32 +221,77 @@ CHECKS = (
     ("send_lateness", _send_lateness),
     ("spec_acceptance", _spec_acceptance),
     ("client_bound", _client_bound),
+    ("machine_contention", _contention),
     ("buffered", _buffered),
     ("osl", _osl),
+    ("prompt_tokens", _prompt_tokens),
     ("logits", _logits),
     ("throttling", _throttling),
 )
 
 
-#: share of the kit's mean TTFT that the server's mean queue time must reach for :func:`queueing_note` to speak
-QUEUE_SHARE_NOTE = 0.2
+#: share of the client's mean TTFT that the server's mean queue time must reach for a row to be ``x_queued``
+QUEUE_SHARE_LIMIT = 0.5
+#: mean of the server's waiting-requests gauge over the point at or above which a row is ``x_queued`` (requests
+#: waited for admission through the point, not for one engine step now and then)
+WAITING_MEAN_LIMIT = 1.0
+
+
+def queueing_verdict(row) -> dict:
+    """Whether a row's TTFT is mostly waiting in the server's queue: ``x_queued`` (True / False; None when the
+    server exported neither input), ``x_queue_share`` (the server's mean queue time / the client's mean TTFT) and
+    ``x_queueing`` (the note, None unless queued).
+
+    Queued when the server's mean queue time (``x_server_queue_ms_mean``) is at least :data:`QUEUE_SHARE_LIMIT`
+    of the client's mean TTFT, or its waiting-requests gauge averaged at least :data:`WAITING_MEAN_LIMIT` over the
+    scrapes taken while the point ran (``x_server_waiting_requests_mean``; its maximum when no mean is known). Not a
+    validity failure: the figures are right, but they measure the server's admission limit (vLLM
+    ``--max-num-seqs``, SGLang ``--max-running-requests``, a full KV cache), not prefill."""
+    queue, ttft = _val(row, "x_server_queue_ms_mean"), _val(row, "x_ttft_ms_mean")
+    waiting = _val(row, "x_server_waiting_requests_mean")
+    waiting_max, running = _val(row, "x_server_waiting_requests_max"), _val(row, "x_server_running_requests_max")
+    share = queue / ttft if queue is not None and ttft else None
+    by_share = share is not None and share >= QUEUE_SHARE_LIMIT
+    by_gauge = (waiting if waiting is not None else waiting_max or 0) >= WAITING_MEAN_LIMIT
+    if share is None and waiting is None and waiting_max is None:
+        return {"x_queued": None, "x_queue_share": None, "x_queueing": None}
+    if not (by_share or by_gauge):
+        return {"x_queued": False, "x_queue_share": share, "x_queueing": None}
+    parts = [f"{queue:.1f} ms of the mean TTFT {ttft:.1f} ms is server queue time"] if share is not None else []
+    if waiting_max is not None:
+        mean = f" ({waiting:.1f} on average)" if waiting is not None else ""
+        parts.append(f"up to {waiting_max:g} request(s) waiting{mean}" + (f", {running:g} running" if running else ""))
+    note = "queueing: " + ", ".join(parts) + " (the server admits fewer sequences than the offered concurrency)"
+    return {"x_queued": True, "x_queue_share": share, "x_queueing": note}
 
 
 def queueing_note(row) -> str | None:
-    """Why a row's TTFT is mostly waiting, when it is: requests queued in the server (its ``x_server_queue_ms_mean``
-    is at least :data:`QUEUE_SHARE_NOTE` of the client's mean TTFT, or its waiting-requests gauge was above 0
-    while the point ran). Not a validity failure: the figures are right, but they measure the server's admission
-    limit (vLLM ``--max-num-seqs``, SGLang ``--max-running-requests``, a full KV cache), not prefill. None otherwise,
-    or when the server exported neither."""
-    queue, ttft = _val(row, "x_server_queue_ms_mean"), _val(row, "x_ttft_ms_mean")
-    waiting, running = _val(row, "x_server_waiting_requests_max"), _val(row, "x_server_running_requests_max")
-    share = queue / ttft if queue is not None and ttft else None
-    if not ((share is not None and share >= QUEUE_SHARE_NOTE) or (waiting is not None and waiting > 0)):
+    """The ``x_queueing`` note of :func:`queueing_verdict`: why a row's TTFT is mostly waiting, or None."""
+    return queueing_verdict(row)["x_queueing"]
+
+
+#: tokens per engine step (client tokens / server ITL observations) above which :func:`itl_step_note` speaks
+TOKENS_PER_STEP_NOTE = 1.2
+
+
+def itl_step_note(row) -> str | None:
+    """The kit's ITL per token beside the server's per engine step, when a step carries several tokens
+    (speculative decoding, multi-token prediction): vLLM and SGLang observe one ITL per step, so their mean is
+    the kit's times the tokens per step. None when the server reports no steps or one token each."""
+    step, mine = _val(row, "x_server_itl_ms_mean"), _val(row, "x_itl_ms_mean")
+    n_steps, tokens = _val(row, "x_server_itl_n"), _val(row, "x_server_client_output_tokens")
+    spec = _val(row, "x_spec_tokens_per_step_client")
+    if step is None or mine is None or not n_steps or not tokens:
         return None
-    parts = [f"{queue:.1f} ms of the mean TTFT {ttft:.1f} ms is server queue time"] if share is not None else []
-    if waiting is not None:
-        parts.append(f"up to {waiting:g} request(s) waiting" + (f", {running:g} running" if running else ""))
-    return "queueing: " + ", ".join(parts) + " (the server admits fewer sequences than the offered concurrency)"
+    per_step = spec if spec is not None else tokens / n_steps
+    if per_step < TOKENS_PER_STEP_NOTE:
+        return None
+    gap = _val(row, "x_chunk_gap_ms_p50")
+    gap_text = f", the client's chunk gap p50 {gap:.2f} ms" if gap is not None else ""
+    return (
+        f"ITL {mine:.2f} ms per token (the kit's, mean) vs {step:.2f} ms per engine step (the server's mean"
+        f"{gap_text}): {per_step:.2f} tokens per step (speculative decoding or multi-token steps)"
+    )
 
 
 def invalid_note(row) -> str:

@@ -155,6 +155,16 @@ HTML_502 = (
 )
 
 
+def prompt_count(body: dict) -> int:
+    """The prompt tokens a request's usage reports: token ids as given, else the words of the text (chat: of the
+    messages' contents)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        return len(prompt)
+    text = prompt if prompt is not None else " ".join(str(m.get("content", "")) for m in body.get("messages") or [])
+    return len(str(text).split())
+
+
 def make_app(gap_ms: float = GAP_MS) -> web.Application:
     """The scripted server's routes; ``app[REQUESTS]`` logs every generation request received (``model``,
     ``max_tokens``, ``path``), so a test can tell which requests a client sent."""
@@ -184,6 +194,11 @@ def make_app(gap_ms: float = GAP_MS) -> web.Application:
         if name == "endless":
             return await endless(req)
         events = script(name, chat, int(body.get("max_tokens", 16)), float(req.query.get("gap_ms", gap_ms)))
+        for _, payload in events:  # usage counts the prompt received, as a server does
+            if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
+                u = payload["usage"]
+                u["prompt_tokens"] = prompt_count(body)
+                u["total_tokens"] = u["prompt_tokens"] + u.get("completion_tokens", 0)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         resp.enable_chunked_encoding()
         await resp.prepare(req)

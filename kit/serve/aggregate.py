@@ -1,6 +1,7 @@
 """One results row from a served point's request records: latency percentiles with n, throughputs, goodput,
-failures with their distinct errors, the client self-check and per-token accounting (formulas in
-:mod:`kit.metrics`; definitions in docs/metrics.md, "Served")."""
+failures with their distinct errors, the client self-check, per-token accounting, the prompt lengths asked for,
+sent and counted by the server, and the concurrency the client achieved (formulas in :mod:`kit.metrics`;
+definitions in docs/metrics.md, "Served")."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from kit import metrics as M
 from kit.serve.redact import redact_url, scrub
+from kit.serve.steady import inflight_steps, timed
 from kit.serve.texts import short_error
 
 if TYPE_CHECKING:  # the type only: kit.serve.load imports this module's callers
@@ -68,6 +70,7 @@ def aggregate(records: Sequence[dict], cfg: LoadConfig, info: dict) -> dict:
         "x_prefix_hit_rate_achieved": achieved_hit_rate(records),
     }
     row |= latency_columns(ok, meas) | token_columns(ok, dur) | slo_columns(ok, cfg, dur) | lateness_columns(meas)
+    row |= prompt_columns(ok) | concurrency_columns(records)
     for k in SELFCHECK_COLUMNS:
         row[k] = info.get(k)
     return row
@@ -79,10 +82,70 @@ SELFCHECK_COLUMNS = (
     "x_loop_lag_ms_p50",
     "x_loop_lag_ms_p99",
     "x_loop_lag_ms_max",
+    "x_loop_lag_own_ms_p99",
+    "x_client_run_queue_frac",
+    "x_machine_load_per_core",
     "x_client_bound",
     "x_client_warning",
+    "x_machine_contention",
+    "x_contention_warning",
     "x_client_check",
 )
+
+#: a request's prompt is off its target when the count differs by more than this many tokens (the must-show bound
+#: of issue 29: server-counted prompt tokens equal ``--isl`` ± 1)
+PROMPT_TOKEN_SLACK = 1
+
+
+def prompt_columns(ok: Sequence[dict]) -> dict:
+    """The prompt lengths of the completed requests built to a length (``prompt_tokens_target`` set): the mean
+    asked for (``x_prompt_tokens_target_mean``), the client's count of what it sent (``_sent_mean``, None when it
+    could not count: no tokenizer), the server's (``_server_mean``, from ``usage.prompt_tokens``; None without
+    usage), and how far the server's count (else the client's) is from the target: ``x_prompt_tokens_excess_mean``
+    (mean of count − target, tokens, signed), ``x_prompt_tokens_off`` (requests more than
+    :data:`PROMPT_TOKEN_SLACK` away) and ``x_prompt_tokens_basis`` (``server`` | ``client``). All None when no
+    request had a target (a conversation, a trace, an explicit workload)."""
+    rs = [r for r in ok if r.get("prompt_tokens_target") is not None]
+    cols = ("target_mean", "sent_mean", "server_mean", "excess_mean", "off", "basis")
+    out: dict = {f"x_prompt_tokens_{k}": None for k in cols}
+    if not rs:
+        return out
+
+    def mean(key: str) -> float | None:
+        v = [r[key] for r in rs if r.get(key) is not None]
+        return float(np.mean(v)) if v else None
+
+    basis = "server" if any(r.get("prompt_tokens_server") is not None for r in rs) else "client"
+    key = "prompt_tokens_server" if basis == "server" else "prompt_tokens_sent"
+    pairs = [(r["prompt_tokens_target"], r[key]) for r in rs if r.get(key) is not None]
+    out |= {f"x_prompt_tokens_{k}_mean": mean(f"prompt_tokens_{k}") for k in ("target", "sent", "server")}
+    if pairs:
+        out["x_prompt_tokens_excess_mean"] = float(np.mean([n - t for t, n in pairs]))
+        out["x_prompt_tokens_off"] = sum(1 for t, n in pairs if abs(n - t) > PROMPT_TOKEN_SLACK)
+        out["x_prompt_tokens_basis"] = basis
+    return out
+
+
+def concurrency_columns(records: Sequence[dict]) -> dict:
+    """The concurrency the client achieved while it offered load: the in-flight count from its own send and end
+    times (warm-up requests counted while they run), time-weighted from the first measured send to the last send
+    (``x_concurrency_achieved_mean``; the drain after the last send is left out: no request is offered then), its
+    maximum (``x_concurrency_achieved_max``) and that span (``x_concurrency_span_s``). The mean is None when every
+    measured request was sent at once (no span); the maximum is then the count after the sends."""
+    rs = timed(records)
+    sends = [r["sent_s"] for r in rs if not r.get("warmup")]
+    out = {"x_concurrency_achieved_mean": None, "x_concurrency_achieved_max": None, "x_concurrency_span_s": None}
+    if not sends:
+        return out
+    t0, t1 = min(sends), max(r["sent_s"] for r in rs)
+    t, n = inflight_steps(records)
+    at = (t >= t0) & (t <= t1)
+    out["x_concurrency_achieved_max"] = int(n[at].max()) if at.any() else None
+    if t1 > t0:
+        edges = np.clip(np.append(t, t1), t0, t1)  # count n[i] holds from t[i] to t[i + 1]
+        out["x_concurrency_achieved_mean"] = float(np.sum(n * np.diff(edges)) / (t1 - t0))
+        out["x_concurrency_span_s"] = t1 - t0
+    return out
 
 
 def error_summary(meas: Sequence[dict], stopped: str | None) -> str | None:
@@ -135,12 +198,14 @@ def lateness_columns(meas: Sequence[dict]) -> dict:
 
 def itl_warning(ok: Sequence[dict]) -> dict:
     """``x_itl_unknown`` (completed requests whose per-token ITL is unknown) and ``x_itl_warning`` (what to pass;
-    also logged), None when every ITL is known."""
+    also logged), None when every ITL is known or the unknown ones are only buffered streams (whose timing no
+    option recovers: the validity check says so)."""
     n = sum(1 for r in ok if r.get("itl_unknown"))
+    counts = n - sum(1 for r in ok if r.get("itl_unknown") and r.get("buffered"))
     warning = None
-    if n:
+    if counts:
         warning = (
-            f"per-token ITL unknown for {n} of {len(ok)} requests: their chunks carried several tokens "
+            f"per-token ITL unknown for {counts} of {len(ok)} requests: their chunks carried several tokens "
             "and neither per-chunk usage nor a tokenizer says how many (pass --tokenizer, or --continuous-usage "
             "on vLLM); chunk gaps are in x_chunk_gap_ms_*"
         )

@@ -27,7 +27,8 @@ from kit.validity import invalid_note
 
 
 def summary_line(row: dict) -> str:
-    """A one-line text summary of a served row (concurrency, throughput, TTFT, TPOT, ITL, failures, self-check)."""
+    """A one-line text summary of a served row (concurrency asked for and achieved, throughput, TTFT, TPOT, ITL,
+    failures, estimated token counts, self-check, machine contention, queueing, ITL per engine step)."""
     row = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in dict(row).items()}
 
     def f(x, fmt=".1f"):
@@ -40,8 +41,16 @@ def summary_line(row: dict) -> str:
         f"ITL p50 {f(row.get('itl_ms_p50'))} ms (n={row.get('itl_n')}), "
         f"completed {row.get('completed')}, failed {row.get('failed')}"
     )
+    if row.get("x_concurrency_achieved_mean") is not None:
+        achieved, peak = row["x_concurrency_achieved_mean"], row.get("x_concurrency_achieved_max")
+        s += f", achieved concurrency {achieved:.2f} (max {peak})"
     if row.get("goodput_rps") is not None:
         s += f", goodput {f(row.get('goodput_rps'), '.2f')} req/s"
+    if row.get("x_output_tokens_estimated"):
+        s += (
+            f"; output tokens estimated for {row['x_output_tokens_estimated']} of {row.get('completed')} requests "
+            "(no usage from the server: the tokenizer's count, else one per chunk)"
+        )
     if row.get("x_requests_without_text"):
         s += f"; {row['x_requests_without_text']} completed requests streamed no text (no TTFT)"
     if row.get("x_osl_mismatch"):
@@ -52,8 +61,12 @@ def summary_line(row: dict) -> str:
         s += f"; WARNING {row['x_client_warning']}"
     elif str(row.get("x_client_check") or "").startswith("not applied"):
         s += f"; client self-check {row['x_client_check']}"
+    if row.get("x_contention_warning") and row["x_contention_warning"] not in str(row.get("x_invalid_reasons")):
+        s += f"; WARNING {row['x_contention_warning']}"
     if row.get("x_queueing"):
         s += f"; NOTE {row['x_queueing']}"
+    if row.get("x_itl_step_note"):
+        s += f"; NOTE {row['x_itl_step_note']}"
     if row.get("x_stopped_early") and row.get("x_stopped_early") not in str(row.get("error")):
         s += f"; {row['x_stopped_early']}"
     if row.get("error"):

@@ -6,8 +6,11 @@ scrapes the server's ``/metrics`` before, during and after (:class:`kit.serve.se
 samples power when the server runs on this host (:class:`kit.measure.power.PowerSampler`), and then builds the
 row: :func:`kit.serve.aggregate.aggregate` (latency percentiles with n, throughputs, goodput, failures, self-check),
 the schedule's own columns, the steady-state window (:func:`kit.serve.steady.steady_columns`), the measured
-concurrency, the server and power columns, and the validity verdict (:func:`kit.validity.validity`). So a number
-is trustworthy or not by the same rules whichever mode produced it.
+concurrency, the server and power columns, the queueing verdict and the ITL-per-step note
+(:func:`kit.validity.queueing_verdict`, :func:`kit.validity.itl_step_note`), and the validity verdict
+(:func:`kit.validity.validity`; a schedule that promises unique prompts is checked for cache reuse however it was
+started: the intended cached share is 0 unless the caller says otherwise). So a number is trustworthy or not by
+the same rules whichever mode produced it.
 
 Each point writes its per-request detail file ``requests-<point_id>.jsonl`` (one JSON line per request, warm-up
 ones flagged, full error texts, secrets masked) when its requests have finished; :func:`read_detail` reads it back.
@@ -36,7 +39,7 @@ from kit.serve.schedule import Arrivals
 from kit.serve.server_metrics import ServerMetricsWatch, client_output_tokens
 from kit.serve.steady import measured_concurrency, steady_columns
 from kit.serve.workload import fresh_seed, fresh_workload
-from kit.validity import queueing_note, validity
+from kit.validity import itl_step_note, queueing_verdict, validity
 
 #: LoadConfig fields that do not change what a point measures, so they are not part of its id
 NOT_IN_POINT_ID = (
@@ -136,7 +139,10 @@ def measure_point(
     tps = row.get("output_tok_s")
     if row.get("n_gpus") and tps and not math.isnan(tps):
         row["tok_s_per_gpu"] = M.tok_s_per_gpu(tps, int(row["n_gpus"]))
-    row["x_queueing"] = queueing_note(row)
+    row |= queueing_verdict(row)
+    row["x_itl_step_note"] = itl_step_note(row)
+    if schedule.unique_prompts and row.get("x_prefix_hit_rate_intended") is None:
+        row["x_prefix_hit_rate_intended"] = 0.0  # unique prompts: any cached share beyond the tolerance is reuse
     return row | validity(row, unique_prompts=schedule.unique_prompts)
 
 

@@ -99,6 +99,10 @@ def request_record(
         "output_tokens_estimated": est,
         "tokens_per_chunk_source": "buffered" if buffered else source,
         "input_tokens": pt if pt is not None else req.input_tokens,
+        # the prompt length asked for, the client's count of what it sent, the server's count (usage)
+        "prompt_tokens_target": req.target_tokens,
+        "prompt_tokens_sent": req.input_tokens,
+        "prompt_tokens_server": pt,
         "max_tokens": req.max_tokens,
         # prompt tokens the server served from its prefix cache (OpenAI usage.prompt_tokens_details; vLLM with
         # --enable-prompt-tokens-details); None when it does not say

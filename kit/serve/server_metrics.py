@@ -13,8 +13,8 @@ without ``/metrics`` (``transformers serve``; SGLang without ``--enable-metrics`
 
 Columns: counters as deltas over the point (``x_server_prompt_tokens``, ``x_server_generation_tokens``,
 ``x_server_preemptions``, ``x_server_prefix_cache_queries`` / ``_hits``, ``x_server_spec_drafts`` /
-``_draft_tokens`` / ``_accepted_tokens``), gauges as maxima over the scrapes taken while the point ran
-(``x_server_<name>_max``; NaN, never 0, with fewer than :data:`MIN_GAUGE_SAMPLES` such scrapes:
+``_draft_tokens`` / ``_accepted_tokens``), gauges as maxima and means over the scrapes taken while the point ran
+(``x_server_<name>_max``, ``_mean``; NaN, never 0, with fewer than :data:`MIN_GAUGE_SAMPLES` such scrapes:
 ``x_server_gauge_samples`` says how many) and their value
 after it (``_last``), the latency histograms as means over the point (:data:`HISTOGRAMS`: ``x_server_ttft_ms_mean``,
 ``x_server_itl_ms_mean``, ``x_server_tpot_ms_mean``, ``x_server_queue_ms_mean``, ``x_server_e2e_ms_mean``, each
@@ -204,6 +204,7 @@ def server_columns(
             if seen or last is not None:
                 # one scrape is not a maximum over the point (it may fall before the load arrived): NaN below two
                 cols[f"x_server_{name}_max"] = max(seen) if len(seen) >= MIN_GAUGE_SAMPLES else math.nan
+                cols[f"x_server_{name}_mean"] = sum(seen) / len(seen) if len(seen) >= MIN_GAUGE_SAMPLES else math.nan
                 cols[f"x_server_{name}_last"] = last if last is not None else seen[-1]
     cols["x_server_gauge_samples"] = len(during)
     cols["x_server_prefix_cache_hit_rate"] = _ratio(

@@ -11,6 +11,14 @@ serve every point after the first, so the sweep measures the cache, not the mode
 too low). A point's prompts are drawn from a seed derived from the sweep's seed and the point's key
 (:func:`point_seed`), so they differ between points and are the same when a point is measured again.
 
+Prompt lengths are exact when a tokenizer is known: a text prompt is decoded from random token ids, re-encoded, then
+cut or extended until the server's count of it is ``isl`` (:func:`fit_prompt`; the tokens the server adds are
+counted: a completions prompt's special tokens, a chat prompt's template around the one user message), since
+decoding random ids and encoding the text again gives other tokens (5–7 % more on a byte-level BPE). Token-id
+prompts are exact by construction; word prompts (no tokenizer) have a count only the server knows. Each request
+keeps its target (``RequestInput.target_tokens``) beside the client's count, so a row can compare both with the
+server's (:func:`kit.serve.aggregate.prompt_columns`).
+
 A prefix-shared workload splits the requests into groups of ``group_size``; the first ``round(prefix_fraction ×
 isl)`` tokens of every prompt in a group are the same (like a system prompt), the rest are the request's own. A
 perfect prefix cache then serves :func:`intended_hit_rate` of the prompt tokens;
@@ -45,12 +53,20 @@ WORKLOAD_PRESETS: dict[str, tuple[int, int]] = {
 
 @dataclass
 class RequestInput:
-    """One request of a workload: a prompt (text, or token ids for ``/v1/completions``) and its lengths (tokens;
-    ``input_tokens`` is None when unknown)."""
+    """One request of a workload: a prompt (text, or token ids for ``/v1/completions``) and its lengths (tokens).
+
+    Attributes:
+        input_tokens: the prompt tokens as the server will count them, by the client's tokenizer (special tokens
+            and a chat template included); None when the client cannot count them.
+        max_tokens: output tokens asked for.
+        target_tokens: the prompt length the workload asked for (its ISL, drawn within the ISL range); None when
+            the request was not built to a length (a conversation's history, a trace's text prompt).
+    """
 
     prompt: str | list[int]
     input_tokens: int | None
     max_tokens: int
+    target_tokens: int | None = None
 
 
 #: token ids drawn for prompts without a tokenizer
@@ -79,13 +95,64 @@ def _vocab(tokenizer) -> np.ndarray | None:
     return np.array([i for i in range(int(tokenizer.vocab_size)) if i not in special])
 
 
-def _as_request(ids: list[int], osl: int, tokenizer, vocab, as_token_ids: bool) -> RequestInput:
-    if as_token_ids:
-        return RequestInput(ids, len(ids), osl)
-    if vocab is None:  # no tokenizer: one word per token, count unknown to the client
-        return RequestInput(" ".join(f"w{i}" for i in ids), None, osl)
+#: re-encodings :func:`fit_prompt` tries before it keeps the closest prompt it found (vLLM's random dataset: 10)
+MAX_FIT_TRIES = 10
+
+
+def prompt_counter(tokenizer, chat: bool):
+    """``text -> (ids, n)``: the text's token ids without special tokens and its prompt tokens as the server counts
+    them, for an HF tokenizer: a completions prompt with the tokenizer's special tokens (vLLM's
+    ``add_special_tokens=True`` default), a chat prompt as the one user message rendered by the tokenizer's chat
+    template and encoded without special tokens (what vLLM and SGLang do; a tokenizer without a template counts
+    the message alone, and the server's count shows the difference)."""
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    if chat and getattr(tokenizer, "chat_template", None):
+
+        def templated(text: str) -> tuple[list[int], int]:
+            msgs = [{"role": "user", "content": text}]
+            rendered = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            return encode(text), len(encode(rendered))
+
+        return templated
+    added = 0 if chat else int(getattr(tokenizer, "num_special_tokens_to_add", lambda: 0)())
+
+    def plain(text: str) -> tuple[list[int], int]:
+        ids = encode(text)
+        return ids, len(ids) + added
+
+    return plain
+
+
+def fit_prompt(ids: list[int], target: int, tokenizer, count, draw) -> tuple[str, int]:
+    """``(text, n)``: a text prompt that starts as ``ids`` decoded and whose server-side count (``count``:
+    :func:`prompt_counter`) is ``target`` (``n``), or the closest found in :data:`MAX_FIT_TRIES` re-encodings. Each
+    try cuts the text's ids past the target (the tokens the server adds beyond them are kept in the budget) or
+    appends ``draw(k)`` new ids, and decodes again: decoding random ids and encoding the text merges or splits
+    tokens, so one pass is not enough. The first ids are kept (a shared prefix stays shared)."""
     text = tokenizer.decode(ids)
-    return RequestInput(text, len(tokenizer(text, add_special_tokens=False)["input_ids"]), osl)
+    enc, n = count(text)
+    best = (abs(n - target), text, n)
+    for _ in range(MAX_FIT_TRIES):
+        if n == target:
+            break
+        want = max(1, target - (n - len(enc)))  # the content's share of the target
+        enc = enc[:want] if len(enc) > want else enc + draw(want - len(enc))
+        text = tokenizer.decode(enc)
+        enc, n = count(text)
+        best = min(best, (abs(n - target), text, n), key=lambda b: b[0])
+    return best[1], best[2]
+
+
+def _as_request(ids: list[int], osl: int, tokenizer, vocab, as_token_ids: bool, fit=None) -> RequestInput:
+    if as_token_ids:  # sent as ids: the server counts exactly these
+        return RequestInput(ids, len(ids), osl, len(ids))
+    if vocab is None:  # no tokenizer: one word per token, count unknown to the client
+        return RequestInput(" ".join(f"w{i}" for i in ids), None, osl, len(ids))
+    text, n = fit(ids)
+    return RequestInput(text, n, osl, len(ids))
 
 
 @dataclass(frozen=True)
@@ -98,6 +165,8 @@ class PromptSpec:
             prefix keeps its nominal length; the request's own part makes up the rest).
         prefix_fraction: share of each prompt common to its group (0: every prompt its own), in [0, 1].
         group_size: requests per sharing group (>= 1).
+        chat: the prompts go to ``/v1/chat/completions`` as one user message, so the chat template's tokens count
+            toward ``isl`` (with a tokenizer that has a template).
     """
 
     isl: int
@@ -106,6 +175,7 @@ class PromptSpec:
     osl_range: float = 0.0
     prefix_fraction: float = 0.0
     group_size: int = 8
+    chat: bool = False
 
     def check(self) -> PromptSpec:
         """Returns self. Raises: UserError naming a length or group size < 1, a fraction outside [0, 1], or a
@@ -124,9 +194,10 @@ def build_workload(
 ) -> list[RequestInput]:
     """``n`` prompts of ``spec.isl`` tokens asking for ``spec.osl``; within each group of ``spec.group_size``
     consecutive requests the first ``round(prefix_fraction × isl)`` tokens are shared, the rest drawn per request.
-    With an HF tokenizer, random non-special ids (decoded to text unless ``as_token_ids``); without one, ids in
-    :data:`ID_RANGE` (sent as ids with ``as_token_ids``, else as words ``w<id>``, token count unknown). Prompts
-    are distinct (redrawn on a clash) whenever the unshared part has at least one token.
+    With an HF tokenizer, random non-special ids (decoded to text of exactly the target length as the server
+    counts it, :func:`fit_prompt`, unless ``as_token_ids``); without one, ids in :data:`ID_RANGE` (sent as ids with
+    ``as_token_ids``, else as words ``w<id>``, token count unknown). Each request's ``target_tokens`` is its drawn
+    ISL. Prompts are distinct (redrawn on a clash) whenever the unshared part has at least one token.
 
     Raises:
         UserError: n < 1, or a bad ``spec`` (:meth:`PromptSpec.check`).
@@ -147,16 +218,19 @@ def build_workload(
         return [int(x) for x in rng.integers(*ID_RANGE, size=k)]
 
     n_prefix = int(round(float(spec.prefix_fraction) * spec.isl))
+    count = prompt_counter(tokenizer, spec.chat) if vocab is not None and not as_token_ids else None
     out, seen, prefix = [], set(), []
     for i in range(int(n)):
         if i % spec.group_size == 0:
             prefix = draw(n_prefix)
-        own = max(0, length(spec.isl, spec.isl_range) - n_prefix)
+        target = length(spec.isl, spec.isl_range)
+        own = max(0, target - n_prefix)
         ids = prefix + draw(own)
         while own and tuple(ids) in seen:
             ids = prefix + draw(own)
         seen.add(tuple(ids))
-        out.append(_as_request(ids, length(spec.osl, spec.osl_range), tokenizer, vocab, as_token_ids))
+        fit = (lambda x, t=len(ids): fit_prompt(x, t, tokenizer, count, draw)) if count else None
+        out.append(_as_request(ids, length(spec.osl, spec.osl_range), tokenizer, vocab, as_token_ids, fit))
     return out
 
 
@@ -177,14 +251,16 @@ def fresh_workload(
     ``point_id``; ``cfg.seed`` None: a new seed per call), so no two points of a sweep send the same prompt;
     ``prefix_fraction`` > 0 shares prefixes within groups (:func:`build_workload`). Token-id prompts on
     ``/v1/completions`` without a tokenizer. Lengths ``cfg.isl`` / ``cfg.osl``, drawn within ``cfg.isl_range`` /
-    ``cfg.osl_range`` when set.
+    ``cfg.osl_range`` when set; exact lengths as the server counts them on ``cfg.endpoint`` (a chat template's
+    tokens included) when a tokenizer is given (:func:`fit_prompt`).
 
     Raises:
         UserError: see :func:`build_workload`.
     """
     n = min((cfg.num_requests or 256) + cfg.warmup_requests, MAX_PROMPTS)
     ids = tokenizer is None and cfg.endpoint == "completions"
-    spec = PromptSpec(cfg.isl, cfg.osl, cfg.isl_range, cfg.osl_range, prefix_fraction, group_size)
+    chat = cfg.endpoint == "chat"
+    spec = PromptSpec(cfg.isl, cfg.osl, cfg.isl_range, cfg.osl_range, prefix_fraction, group_size, chat)
     seed = cfg.seed if cfg.seed is not None else fresh_seed()  # unpinned: prompts no earlier call drew
     return build_workload(n, spec, tokenizer, point_seed(seed, point_key), ids)
 
