@@ -239,30 +239,41 @@ WAITING_MEAN_LIMIT = 1.0
 
 def queueing_verdict(row) -> dict:
     """Whether a row's TTFT is mostly waiting in the server's queue: ``x_queued`` (True / False; None when the
-    server exported neither input), ``x_queue_share`` (the server's mean queue time / the client's mean TTFT) and
-    ``x_queueing`` (the note, None unless queued).
+    server exported none of the inputs), ``x_queue_share`` (the server's mean queue time / the client's mean TTFT),
+    ``x_queue_share_server`` (/ the server's own mean TTFT) and ``x_queueing`` (the note, None unless queued).
 
     Queued when the server's mean queue time (``x_server_queue_ms_mean``) is at least :data:`QUEUE_SHARE_LIMIT`
-    of the client's mean TTFT, or its waiting-requests gauge averaged at least :data:`WAITING_MEAN_LIMIT` over the
-    scrapes taken while the point ran (``x_server_waiting_requests_mean``; its maximum when no mean is known). Not a
-    validity failure: the figures are right, but they measure the server's admission limit (vLLM
-    ``--max-num-seqs``, SGLang ``--max-running-requests``, a full KV cache), not prefill."""
-    queue, ttft = _val(row, "x_server_queue_ms_mean"), _val(row, "x_ttft_ms_mean")
+    of the client's mean TTFT or of the server's own (``x_server_ttft_ms_mean``: both server-side, so a client
+    starved of CPU, whose TTFT then grows, does not hide the queue), or the server's waiting-requests gauge
+    averaged at least :data:`WAITING_MEAN_LIMIT` over the scrapes taken while the point ran
+    (``x_server_waiting_requests_mean``; its maximum when no mean is known). Not a validity failure: the figures
+    are right, but they measure the server's admission limit (vLLM ``--max-num-seqs``, SGLang
+    ``--max-running-requests``, a full KV cache), not prefill."""
+    queue, ttft, server_ttft = (
+        _val(row, k) for k in ("x_server_queue_ms_mean", "x_ttft_ms_mean", "x_server_ttft_ms_mean")
+    )
     waiting = _val(row, "x_server_waiting_requests_mean")
     waiting_max, running = _val(row, "x_server_waiting_requests_max"), _val(row, "x_server_running_requests_max")
     share = queue / ttft if queue is not None and ttft else None
-    by_share = share is not None and share >= QUEUE_SHARE_LIMIT
+    own = queue / server_ttft if queue is not None and server_ttft else None
+    out = {"x_queued": None, "x_queue_share": share, "x_queue_share_server": own, "x_queueing": None}
+    if share is None and own is None and waiting is None and waiting_max is None:
+        return out
+    by_share = any(x is not None and x >= QUEUE_SHARE_LIMIT for x in (share, own))
     by_gauge = (waiting if waiting is not None else waiting_max or 0) >= WAITING_MEAN_LIMIT
-    if share is None and waiting is None and waiting_max is None:
-        return {"x_queued": None, "x_queue_share": None, "x_queueing": None}
-    if not (by_share or by_gauge):
-        return {"x_queued": False, "x_queue_share": share, "x_queueing": None}
+    out["x_queued"] = by_share or by_gauge
+    if not out["x_queued"]:
+        return out
     parts = [f"{queue:.1f} ms of the mean TTFT {ttft:.1f} ms is server queue time"] if share is not None else []
     if waiting_max is not None:
         mean = f" ({waiting:.1f} on average)" if waiting is not None else ""
         parts.append(f"up to {waiting_max:g} request(s) waiting{mean}" + (f", {running:g} running" if running else ""))
-    note = "queueing: " + ", ".join(parts) + " (the server admits fewer sequences than the offered concurrency)"
-    return {"x_queued": True, "x_queue_share": share, "x_queueing": note}
+    if own is not None:
+        parts.append(f"{100 * own:.0f} % of the server's own mean TTFT ({server_ttft:.1f} ms)")
+    out["x_queueing"] = (
+        "queueing: " + ", ".join(parts) + " (the server admits fewer sequences than the offered concurrency)"
+    )
+    return out
 
 
 def queueing_note(row) -> str | None:

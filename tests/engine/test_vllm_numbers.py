@@ -58,11 +58,10 @@ def test_two_sequences_at_a_time_is_flagged_for_queueing_and_itl_per_step_is_sho
     row = measure_point(cfg, out_dir=tmp_path, tokenizer=tok)
     assert row["completed"] == 24 and row["x_server_gauge_samples"] >= 2, row.get("error")
     assert row["x_server_running_requests_max"] <= 2 and row["x_server_waiting_requests_max"] >= 1
-    # the verdict, from the server's own figures: requests waited for admission through the point (its waiting
-    # gauge), and much of the TTFT is its queue time (the client's TTFT also holds the API server's delays, which
-    # grow when the machine is busy, so the share is reported, the gauge decides here)
-    assert row["x_queued"] is True and row["x_server_waiting_requests_mean"] >= 1, row["x_queueing"]
-    assert row["x_queue_share"] > 0.2 and row["x_server_queue_ms_mean"] > 0.2 * row["x_server_ttft_ms_mean"]
+    # the verdict, from the server's own figures: most of its TTFT is its queue time (the client's TTFT also holds
+    # the API server's and the client's delays, which grow when the machine is busy: that share is reported beside)
+    assert row["x_queued"] is True and row["x_queue_share_server"] >= 0.5, row["x_queueing"]
+    assert 0 < row["x_queue_share"] <= 1.05 * row["x_queue_share_server"]
     assert row["x_queueing"].startswith("queueing: ") and "request(s) waiting" in row["x_queueing"]
     assert "queueing" not in str(row["x_invalid_reasons"])  # a note about what is measured, not an invalid row
     # n-gram drafts: several tokens per engine step, so vLLM's ITL (per step) is a multiple of the kit's (per token)

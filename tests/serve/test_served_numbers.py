@@ -293,7 +293,7 @@ def test_a_server_admitting_two_of_six_is_flagged_for_queueing_and_one_admitting
 
 
 def test_the_queueing_verdict_reads_either_signal():
-    assert queueing_verdict({}) == {"x_queued": None, "x_queue_share": None, "x_queueing": None}
+    assert queueing_verdict({}) == dict.fromkeys(("x_queued", "x_queue_share", "x_queue_share_server", "x_queueing"))
     gauge = {"x_server_waiting_requests_mean": 2.5, "x_server_waiting_requests_max": 4}
     assert queueing_verdict(gauge)["x_queued"] is True  # no queue histogram: the gauge decides
     blip = {"x_server_waiting_requests_mean": 0.1, "x_server_waiting_requests_max": 1}
@@ -304,6 +304,13 @@ def test_the_queueing_verdict_reads_either_signal():
         v["x_queued"] is True and v["x_queue_share"] == 0.6 and "60.0 ms of the mean TTFT 100.0 ms" in v["x_queueing"]
     )
     assert queueing_verdict({**share, "x_server_queue_ms_mean": 20.0})["x_queued"] is False
+    # a starved client's TTFT grows (300 ms), the server's own does not (70 ms): its queue time still decides
+    starved = queueing_verdict({**share, "x_ttft_ms_mean": 300.0, "x_server_ttft_ms_mean": 70.0})
+    assert starved["x_queued"] is True and starved["x_queue_share"] == 0.2
+    assert starved["x_queueing"].endswith(
+        "86 % of the server's own mean TTFT (70.0 ms) (the server admits fewer "
+        + "sequences than the offered concurrency)"
+    )
 
 
 # ---------------------------------------------------------------- achieved concurrency
