@@ -120,6 +120,14 @@ class LoopProbe:
         self._fd: int | None = None
 
     async def _run(self):
+        try:
+            await self._sample()
+        finally:  # stopped, or the loop closed under it: the schedstat file is closed either way
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    async def _sample(self):
         interval, on_time = self.interval, 0.0
         wait0 = run_queue_wait_ms(self._fd)
         while True:
@@ -152,6 +160,7 @@ class LoopProbe:
         """Stop the probe; the figures, and the verdict unless ``n_streamed`` (successful measured requests that
         streamed text) or the probe's sample count is too small to judge (then ``x_client_check`` says why:
         no successful request at all, or ``n_ok`` successful ones that all came back empty)."""
+        wait = run_queue_wait_ms(self._fd)
         self._task.cancel()
         try:
             await self._task
@@ -159,11 +168,7 @@ class LoopProbe:
             pass
         wall = time.perf_counter() - self._wall0
         cpu = (time.process_time() - self._cpu0) / wall if wall > 0 else float("nan")
-        wait = run_queue_wait_ms(self._fd)
         self.wait_ms = wait - self._wait0 if wait is not None and self._wait0 is not None else None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
         lag = M.percentiles(self.lags_ms, (50, 99))
         own = M.percentiles(self.own_lags_ms, (99,))
         figures = {
