@@ -23,7 +23,8 @@ SETUP_FILE = ROOT / ".venv" / "engines.json"
 ENV = "KIT_TEST_ENGINES"
 
 #: the servers the tier starts: ``main`` with automatic prefix caching (the referee, prefix, search, ramp and gauge
-#: tests; KV blocks of 32 tokens); ``small`` with 2 sequences at a time and n-gram speculative decoding (queueing, acceptance)
+#: tests; KV blocks of 32 tokens); ``small`` with 2 sequences at a time and n-gram speculative decoding (queueing,
+#: acceptance)
 SERVERS = {
     # vLLM's CPU backend caches whole blocks of 128 tokens by default: 32 lets a 128-token prompt share blocks
     "main": {"max_num_seqs": 16, "prefix_caching": True, "extra_args": ["--block-size", "32"]},

@@ -80,8 +80,8 @@ def parse_server_grid(text: str | None) -> list[dict]:
     (``{"max_num_seqs": [2, 8]}``) or a list of configurations (``[{"max_num_seqs": 2}, ...]``). None or "": one
     configuration with no settings.
 
-    Values are typed by the :class:`kit.serve.recipes.LaunchSpec` field (``true``/``false``, integers, numbers, text); the engines'
-    own names (:data:`GRID_NAMES`) are accepted.
+    Values are typed by the :class:`kit.serve.recipes.LaunchSpec` field (``true``/``false``, integers, numbers,
+    text); the engines' own names (:data:`GRID_NAMES`) are accepted.
 
     Raises:
         UserError: an unknown setting (naming what is allowed), a value of the wrong type, an empty value list, a
