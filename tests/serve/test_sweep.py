@@ -342,7 +342,9 @@ def _serve_bench(*args, timeout=60):
     )
 
 
-def test_cli_serve_bench(scripted, tmp_path):
+def test_cli_serve_bench(scripted, tmp_path, capsys, caplog):
+    """The real command once (a process: exit code, plot); the re-run and the refusal in this process (where the
+    resume notice is a log record of the ``kit`` logger)."""
     out = tmp_path / "cli"
     args = [
         "--url",
@@ -372,16 +374,19 @@ def test_cli_serve_bench(scripted, tmp_path):
     assert p.stdout.count("c=") == 2 and "2 measured now, 0 recorded earlier" in p.stdout
     # the same command again: nothing is measured, the rows are reported as recorded earlier
     n_before = len(scripted.requests)
-    again = _serve_bench(*args)
-    assert again.returncode == 0 and len(scripted.requests) == n_before, again.stderr
-    assert "resuming: 2 of 2 points already recorded" in again.stderr + again.stdout
-    assert "0 measured now, 2 recorded earlier" in again.stdout
-    bad = _serve_bench("--url", "localhost:1")
-    assert bad.returncode == 2 and "--url 'localhost:1'" in bad.stderr
+    with caplog.at_level(logging.INFO, logger="kit"):
+        rc, stdout, stderr = _cli(["serve-bench", *args], capsys)
+    assert rc == 0 and len(scripted.requests) == n_before, stderr
+    assert "resuming: 2 of 2 points already recorded" in caplog.text
+    assert "0 measured now, 2 recorded earlier" in stdout
+    rc, _, stderr = _cli(["serve-bench", "--url", "localhost:1"], capsys)
+    assert rc == 2 and "--url 'localhost:1'" in stderr
 
 
-def test_cli_json_and_exit_code(scripted, tmp_path):
+def test_cli_json_and_exit_code(scripted, tmp_path, capsys):
+    """In this process: stdout holds the JSON document alone (the real command's streams: test_cli_serve_bench)."""
     args = [
+        "serve-bench",
         "--url",
         scripted.url,
         "--model",
@@ -400,30 +405,34 @@ def test_cli_json_and_exit_code(scripted, tmp_path):
         "",
         "--json",
     ]
-    p = _serve_bench(*args, "--out", str(tmp_path / "a"))
-    assert p.returncode == 0, p.stderr
-    doc = json.loads(p.stdout)  # stdout is one JSON object and nothing else
+    rc, stdout, stderr = _cli([*args, "--out", str(tmp_path / "a")], capsys)
+    assert rc == 0, stderr
+    doc = json.loads(stdout)  # stdout is one JSON object and nothing else
     assert doc["results"] == str(tmp_path / "a" / "results.parquet") and doc["exit_code"] == 0
     assert len(doc["rows"]) == 1 and doc["rows"][0]["completed"] == 2 and doc["rows"][0]["backend"] == "openai"
     # no request completed: exit 1, also with --json
-    p = _serve_bench(
-        "--url",
-        dead_url(),
-        "--model",
-        "m",
-        "--concurrency",
-        "1",
-        "--num-requests",
-        "2",
-        "--warmup",
-        "0",
-        "--tokenizer",
-        "",
-        "--json",
-        "--out",
-        str(tmp_path / "b"),
+    rc, stdout, stderr = _cli(
+        [
+            "serve-bench",
+            "--url",
+            dead_url(),
+            "--model",
+            "m",
+            "--concurrency",
+            "1",
+            "--num-requests",
+            "2",
+            "--warmup",
+            "0",
+            "--tokenizer",
+            "",
+            "--json",
+            "--out",
+            str(tmp_path / "b"),
+        ],
+        capsys,
     )
-    assert p.returncode == 1 and json.loads(p.stdout)["rows"][0]["failed"] == 2, p.stderr
+    assert rc == 1 and json.loads(stdout)["rows"][0]["failed"] == 2, stderr
 
 
 def test_cli_concurrency_is_checked_by_argparse(capsys):
