@@ -95,7 +95,8 @@ def _vocab(tokenizer) -> np.ndarray | None:
     return np.array([i for i in range(int(tokenizer.vocab_size)) if i not in special])
 
 
-#: re-encodings :func:`fit_prompt` tries before it keeps the closest prompt it found (vLLM's random dataset: 10)
+#: re-encodings :func:`fit_prompt` tries before it keeps the closest prompt it found (as vLLM 0.32's random
+#: dataset does: ``vllm/benchmarks/datasets/datasets.py``, ``gen_prompt_decode_to_target_len(max_retry=10)``)
 MAX_FIT_TRIES = 10
 
 
