@@ -14,6 +14,8 @@ Counts and server-side figures are asserted exactly; the one client-timing figur
 requests long enough that the shared machine's scheduling noise stays inside the tolerance.
 """
 
+import contextlib
+import os
 import random
 
 import pytest
@@ -85,6 +87,22 @@ def test_a_same_seed_rerun_through_kit_serve_bench_is_flagged_for_cache_reuse(vl
     assert "prefix-cache hit tokens although every prompt was unique" in again["x_invalid_reasons"]
 
 
+@contextlib.contextmanager
+def ahead_of_neighbours(nice: int = -10):
+    """Run the client thread at a higher priority where the OS allows it (root on Linux), restored after: the
+    machine's other processes then delay it less (its figures are the server's, not the neighbours')."""
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except (AttributeError, OSError):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
+
+
 def refill_delays_ms(records: list[dict], cap: int) -> list[float]:
     """How long each freed slot of a closed loop stayed empty: the k-th end to the (cap + k)-th send (ms)."""
     sends, ends = sorted(r["sent_s"] for r in records), sorted(r["end_s"] for r in records)
@@ -93,15 +111,17 @@ def refill_delays_ms(records: list[dict], cap: int) -> list[float]:
 
 def test_a_closed_loop_of_eight_achieves_eight(vllm_main, tokenizer, tmp_path):
     """The time-weighted in-flight count equals the one integrated from the send and end times directly, on every
-    run; on a run whose client refilled freed slots promptly (mean delay <= 20 ms, from its records) it reads
-    8.0 ± 0.2. vLLM on CPU spins on the cores the client shares, so a run can stall the client for hundreds of ms
-    (then it achieved less, and the row says machine contention): up to three runs, skipped when none refilled
-    promptly."""
+    run; on a run whose client refilled freed slots promptly (their mean delay within 2 % of a request's mean
+    duration, from its records: at most 8 × 2 % = 0.16 requests lost on average) it reads 8.0 ± 0.2. On a shared
+    2-core machine (vLLM's engine busy on both) other processes can stall the client for hundreds of ms (then it
+    achieved less, and the row says machine contention), so the client runs ahead of its neighbours where the OS
+    allows, up to three runs, skipped when none refilled promptly."""
     stalled = []
     for attempt in range(3):
-        cfg = load(vllm_main, num_requests=32, max_concurrency=8, osl=256)  # ~1 s a request, 4 waves
-        row = measure_point(cfg, out_dir=tmp_path / str(attempt), tokenizer=tokenizer)
-        assert row["completed"] == 32, row.get("error")
+        cfg = load(vllm_main, num_requests=24, max_concurrency=8, osl=512)  # 3 waves of long requests
+        with ahead_of_neighbours():
+            row = measure_point(cfg, out_dir=tmp_path / str(attempt), tokenizer=tokenizer)
+        assert row["completed"] == 24, row.get("error")
         recs = read_detail(row)
         t0, t1 = min(r["sent_s"] for r in recs), max(r["sent_s"] for r in recs)
         area = sum(t1 - r["sent_s"] for r in recs) - sum(t1 - r["end_s"] for r in recs if r["end_s"] < t1)
@@ -109,9 +129,10 @@ def test_a_closed_loop_of_eight_achieves_eight(vllm_main, tokenizer, tmp_path):
         assert achieved == pytest.approx(area / (t1 - t0), abs=1e-6) and row["x_concurrency_achieved_max"] == 8
         assert row["x_server_running_requests_max"] <= 8  # the server's gauge beside it: never above the client's
         delays = refill_delays_ms(recs, 8)
-        if sum(delays) / len(delays) <= 20.0:
-            assert achieved == pytest.approx(8.0, abs=0.2), (achieved, delays)
+        late, duration = sum(delays) / len(delays), 1000.0 * sum(r["end_s"] - r["sent_s"] for r in recs) / len(recs)
+        if late <= 0.02 * duration:
+            assert achieved == pytest.approx(8.0, abs=0.2), (achieved, late, duration)
             return
         assert row["x_machine_contention"] or row["x_client_bound"]  # a client that stalled says why
-        stalled.append(f"{achieved:.2f} (slots refilled {sum(delays) / len(delays):.0f} ms late on average)")
+        stalled.append(f"{achieved:.2f} (slots refilled {late:.0f} ms late on average, requests {duration:.0f} ms)")
     pytest.skip("the client stalled in every run (machine contention): achieved concurrency " + ", ".join(stalled))
