@@ -3,7 +3,7 @@
 The same prompts go greedily (temperature 0, ``max_tokens`` new tokens, EOS ignored where the server allows it) to
 the endpoint's ``/v1/completions`` and through the in-process reference (transformers, the same checkpoint
 directory, a chosen dtype). Per prompt: the first position where the two token sequences differ, the token
-agreement, and the largest |log-prob difference| of the tokens the server chose. This is the check for the
+agreement, and the largest absolute log-prob difference of the tokens the server chose. This is the check for the
 "incorrect datatype assumptions" class of bug (a kernel reading bf16 as fp16, a wrong scale, a KV cache in the wrong
 dtype): such a server still answers, only with other tokens. Definitions: docs/metrics.md, "Agreement with a
 reference".
@@ -106,7 +106,7 @@ class PromptAgreement:
         first_divergence: first position (0 = the first new token) where the sequences differ, or where the shorter
             one ends; None when they are equal.
         agreement: fraction of positions equal, over the shorter length (1.0 when both are empty).
-        max_logprob_diff: max over the server's positions of |server log-prob - reference log-prob| of the server's
+        max_logprob_diff: max over the server's positions of abs(server log-prob - reference log-prob) of the server's
             token in the server's context; None when the server returned no log-probs.
         divergence_gap: at ``first_divergence``, the reference's log-prob of its own token minus that of the
             server's token (nats): near 0 a near-tie that rounding can flip, large a token the reference rules out.
@@ -180,7 +180,7 @@ def token_agreement(a: list[int], b: list[int]) -> float:
 
 
 def max_abs_diff(server: list[float | None], reference: list[float | None]) -> float | None:
-    """max |server[i] - reference[i]| over positions where both are numbers; None when there is no such one."""
+    """max abs(server[i] - reference[i]) over positions where both are numbers; None when there is no such one."""
     pairs = [(s, r) for s, r in zip(server, reference, strict=False) if s is not None and r is not None]
     return max(abs(s - r) for s, r in pairs) if pairs else None
 

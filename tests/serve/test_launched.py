@@ -59,9 +59,15 @@ def test_a_server_grid_launches_each_configuration_and_resumes_without_launching
         "max_num_seqs=2,max_model_len=256]",
         "max_num_seqs=4,max_model_len=256]",
     ]
+    # a re-run launches only the configurations with a point left to measure: a flagged point (e.g. client-bound on
+    # a busy machine) is measured again, by design, so count the configurations whose points were all clean
+    from kit.results import ok_mask
+
+    clean = sum(bool(ok_mask(g).all()) for _, g in df.groupby("x_server_config"))
     again = kit(*args)
-    assert again.returncode == 0 and again.stderr.count("every point measured earlier; not launched") == 2
-    assert "4 recorded earlier" in again.stdout
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stderr.count("every point measured earlier; not launched") == clean
+    assert again.stderr.count(": starting transformers") == 2 - clean
 
 
 def test_a_configuration_that_fails_to_start_is_recorded_and_the_grid_goes_on(ckpt, tmp_path):
