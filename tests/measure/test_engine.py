@@ -142,25 +142,42 @@ def test_chunked_prefill_never_builds_a_context_by_context_tensor(tiny_model, mo
 
 
 PEAK_SCRIPT = """
-import sys, psutil, torch
+import os, sys, traceback, psutil, torch
 from kit.models import build_model
 from kit.measure import engine
 torch.set_num_threads(1)
 m = build_model("tiny-llama")
-C = int(sys.argv[1])
-cache, fwd = engine.new_cache(m, C + 8), engine.Forward(m)
-pos = torch.arange(C + 8).unsqueeze(0)
-ids = torch.randint(0, 1000, (1, C))
-with torch.inference_mode():
-    fwd(ids[:, :1], pos[:, :1], cache)  # allocates the whole static buffer before the baseline
-    engine.set_cache_length(cache, 0)
-    touched = [t.fill_(0) for layer in cache.layers for t in (layer.keys, layer.values)]  # its pages resident too
-    assert touched
-    open("/proc/self/clear_refs", "w").write("5")  # resets this process's RSS high-water mark (Linux)
-    base = psutil.Process().memory_info().rss
-    engine.prefill(fwd, ids, pos, cache, 256)
-hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM")).split()[1]
-print(int(hwm) * 1024 - base)
+
+
+def peak(C):
+    cache, fwd = engine.new_cache(m, C + 8), engine.Forward(m)
+    pos = torch.arange(C + 8).unsqueeze(0)
+    ids = torch.randint(0, 1000, (1, C))
+    with torch.inference_mode():
+        fwd(ids[:, :1], pos[:, :1], cache)  # allocates the whole static buffer before the baseline
+        engine.set_cache_length(cache, 0)
+        touched = [t.fill_(0) for layer in cache.layers for t in (layer.keys, layer.values)]  # its pages resident too
+        assert touched
+        open("/proc/self/clear_refs", "w").write("5")  # resets this process's RSS high-water mark (Linux)
+        base = psutil.Process().memory_info().rss
+        engine.prefill(fwd, ids, pos, cache, 256)
+    hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM")).split()[1]
+    return int(hwm) * 1024 - base
+
+
+for C in sys.argv[1:]:  # each context in a child forked from this state (one import, one model; no thread started)
+    r, w = os.pipe()
+    if os.fork() == 0:
+        code = 1
+        try:
+            os.write(w, str(peak(int(C))).encode())
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        os._exit(code)
+    os.close(w)
+    got = os.read(r, 64).decode()
+    print(C, got or "-", os.waitstatus_to_exitcode(os.wait()[1]))
 """
 
 
@@ -169,13 +186,15 @@ def test_long_chunked_prefill_peak_memory_is_linear_in_the_context():
     """Peak RSS above the allocated (and resident) cache, for a chunked prefill at 2k and 8k tokens: grows
     ~linearly (4x the context: well under the 16x of a quadratic prefill; 8x is the midpoint on a log scale, as an
     RSS high-water mark of a few MB moves with the allocator) and stays far below one 8k x 8k float32 score matrix
-    (268 MB)."""
+    (268 MB). Each context is measured in its own process, forked after the imports and the model build."""
     import subprocess
     import sys
 
-    peak = {}
-    for C in (2048, 8192):
-        out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(C)], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        peak[C] = int(out.stdout.split()[-1])
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, "2048", "8192"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["2048", "8192"] and all(r[2] == "0" for r in rows), out.stdout + out.stderr
+    peak = {int(c): int(p) for c, p, _ in rows}
     assert peak[8192] < 8 * max(peak[2048], 4e6) and peak[8192] < 120e6, peak
