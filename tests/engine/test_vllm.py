@@ -22,6 +22,20 @@ from kit.serve.point import measure_point, read_detail
 pytestmark = pytest.mark.slow
 
 
+def uncontended(measure, attempts: int = 3) -> dict:
+    """The first of up to ``attempts`` rows ``measure(i)`` returns that neither the client nor the server's frontend
+    was starved by other processes (``x_machine_contention`` False, no request arriving whole in one read: vLLM's
+    API server, starved, sends a response in one burst): on a shared 2-core machine a timing comparison then says
+    nothing about the kit. Skips, with the rows' reasons, when every attempt was starved."""
+    reasons = []
+    for i in range(attempts):
+        row = measure(i)
+        if not row.get("x_machine_contention") and not row.get("x_buffered_requests"):
+            return row
+        reasons.append(row.get("x_invalid_reasons"))
+    pytest.skip(f"starved in all {attempts} runs (machine contention): {reasons}")
+
+
 def load(server: dict, **kw) -> LoadConfig:
     base = dict(url=server["url"], model=server["checkpoint"], isl=64, osl=32, warmup_requests=0, ignore_eos=True)
     return LoadConfig(**(base | kw))
@@ -33,7 +47,8 @@ def tokenizer(vllm_main):
 
 
 def test_latencies_and_tokens_agree_with_the_servers_own_metrics(vllm_main, tokenizer, tmp_path):
-    row = measure_point(load(vllm_main, num_requests=16, max_concurrency=4), out_dir=tmp_path, tokenizer=tokenizer)
+    cfg = load(vllm_main, num_requests=16, max_concurrency=4)
+    row = uncontended(lambda i: measure_point(cfg, out_dir=tmp_path / str(i), tokenizer=tokenizer))
     assert row["x_server_metrics"] == "vllm" and row["completed"] == 16 and row["failed"] == 0, row.get("error")
     # output tokens: the server's counter over the point equals what the client counted, token for token
     assert row["x_server_generation_tokens"] == row["x_server_client_output_tokens"] == 16 * 32
@@ -64,18 +79,22 @@ def test_prefix_sharing_hits_the_cache_as_intended_and_fresh_prompts_do_not(vllm
     fresh, shared = (df[df["x_prefix_fraction"].fillna(0) == f].iloc[0] for f in (0.0, 0.75))
     # fresh prompts: vLLM's automatic prefix cache (on) finds nothing to reuse (a whole 16-token block at most,
     # should two prompts share their first block by chance)
-    assert fresh["x_server_prefix_cache_hit_rate"] < 0.05 and bool(fresh["x_valid"]), fresh["x_invalid_reasons"]
+    assert fresh["x_server_prefix_cache_hit_rate"] < 0.05
+    # the cache checks pass (a starved client may flag a row for other reasons): the fresh row's was applied (vLLM
+    # returns no per-request cached tokens unless started with --enable-prompt-tokens-details: /metrics only)
+    assert "prefix_cache" in fresh["x_validity_checks"].split(",")
+    for row in (fresh, shared):
+        assert "prefix" not in str(row["x_invalid_reasons"] or ""), row["x_invalid_reasons"]
     # shared prefixes: the server's hit rate (hits / queried tokens) follows the intended one; vLLM caches whole
     # 16-token blocks, so up to one block per prompt (16 / 128 of a prompt) is not counted
     intended, achieved = shared["x_prefix_hit_rate_intended"], shared["x_server_prefix_cache_hit_rate"]
     assert intended > 0.3 and intended - 0.15 <= achieved <= intended + 0.05, (intended, achieved)
-    assert bool(shared["x_valid"]), shared["x_invalid_reasons"]
 
 
 def test_two_sequences_at_a_time_queue_the_rest_and_the_row_says_so(vllm_small, tmp_path):
     tok = load_tokenizer(vllm_small["checkpoint"])
     cfg = load(vllm_small, num_requests=24, max_concurrency=8, osl=256)  # long enough for several scrapes (~2 s)
-    row = measure_point(cfg, out_dir=tmp_path, tokenizer=tok)
+    row = uncontended(lambda i: measure_point(cfg, out_dir=tmp_path / str(i), tokenizer=tok))
     assert row["completed"] == 24 and row["x_server_gauge_samples"] >= 2
     # the client had 8 in flight; the server ran 2 and kept the others waiting
     assert row["x_inflight_mean"] > 4 and row["x_server_running_requests_max"] <= 2
@@ -113,34 +132,37 @@ def test_a_point_shorter_than_two_scrapes_reports_its_gauges_as_not_sampled(vllm
 
 
 def test_a_concurrency_search_and_a_ramp_agree_with_the_measured_curve(vllm_main, tokenizer, tmp_path):
-    curve = serve_bench(
-        vllm_main["url"], [1, 2, 4, 8], tmp_path / "curve", model=vllm_main["checkpoint"], isl=64, osl=16,
-        num_requests=16, warmup_requests=0, tokenizer=tokenizer, progress=False,
-    )  # fmt: skip
+    common = dict(model=vllm_main["checkpoint"], isl=64, warmup_requests=0, tokenizer=tokenizer, progress=False)
+    # a concurrency ramp 1 -> 8: the load the requests met rises, and the server saw more than one running
+    ramp = uncontended(lambda i: serve_bench(
+        vllm_main["url"], [8], tmp_path / f"ramp{i}", osl=256, num_requests=24, ramp="concurrency", ramp_start=1,
+        ramp_end=8, **common,
+    ).iloc[0].to_dict())  # fmt: skip
+    records = [r for r in read_detail(ramp) if not r.get("warmup")]
+    offered = [r["offered_concurrency"] for r in sorted(records, key=lambda r: r["sent_s"])]
+    assert offered[0] == 1 and offered[-1] == 8 and ramp["completed"] == 24
+    assert ramp["x_server_metrics"] == "vllm" and ramp["x_server_gauge_samples"] >= 2
+    assert ramp["x_server_running_requests_max"] >= 2
+    curve = serve_bench(vllm_main["url"], [1, 2, 4, 8], tmp_path / "curve", osl=16, num_requests=16, **common)
     e2el = dict(zip(curve["concurrency"], curve["e2el_ms_p50"]))
-    assert e2el[8] > e2el[1]  # more users, longer requests
     # an E2E-latency SLO between the curve's ends: the search's answer must meet it and the loads it probed above
     # the answer must not
     slo = (e2el[1] + e2el[8]) / 2
     found = serve_bench(
-        vllm_main["url"], [1], tmp_path / "search", model=vllm_main["checkpoint"], isl=64, osl=16, num_requests=16,
-        warmup_requests=0, tokenizer=tokenizer, progress=False, search="concurrency", max_load=8, slo_e2el_ms=slo,
-        slo_fraction=0.5,
+        vllm_main["url"], [1], tmp_path / "search", osl=16, num_requests=16, search="concurrency", max_load=8,
+        slo_e2el_ms=slo, slo_fraction=0.5, **common,
     )  # fmt: skip
     search = found.attrs["search"]
     probes = search.probes.set_index("load")
     assert search.answer is not None, search.line
     assert probes.loc[search.answer, "met"] and not probes[probes.index > search.answer]["met"].any()
+    rows = (*curve.to_dict("records"), *search.rows.to_dict("records"))
+    # == True: a row without the column reads NaN, which is truthy
+    starved = [r.get("x_contention_warning") for r in rows if r.get("x_machine_contention") == True]  # noqa: E712
+    if starved:  # the curve and the search ran minutes apart: compare them only when neither was starved
+        pytest.skip(f"the client was starved during the curve or the search (machine contention): {starved}")
+    assert e2el[8] > e2el[1]  # more users, longer requests
     # the curve's last load within the SLO brackets the answer (the search bisects between its doublings; two runs
     # of the same load on a shared machine differ, so within one doubling either side)
     within = max([c for c in (1, 2, 4, 8) if e2el[c] <= slo], default=1)
     assert within / 2 <= search.answer <= within * 2, (search.answer, e2el, slo)
-    # a concurrency ramp 1 -> 8: the load the requests met rises, and the server saw more than one running
-    ramp = serve_bench(
-        vllm_main["url"], [8], tmp_path / "ramp", model=vllm_main["checkpoint"], isl=64, osl=16, num_requests=24,
-        warmup_requests=0, tokenizer=tokenizer, progress=False, ramp="concurrency", ramp_start=1, ramp_end=8,
-    ).iloc[0]  # fmt: skip
-    records = [r for r in read_detail(ramp.to_dict()) if not r.get("warmup")]
-    offered = [r["offered_concurrency"] for r in sorted(records, key=lambda r: r["sent_s"])]
-    assert offered[0] == 1 and offered[-1] == 8 and ramp["completed"] == 24
-    assert ramp["x_server_metrics"] == "vllm" and ramp["x_server_running_requests_max"] >= 2
