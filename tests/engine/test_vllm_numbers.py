@@ -58,18 +58,21 @@ def test_two_sequences_at_a_time_is_flagged_for_queueing_and_itl_per_step_is_sho
     tok = load_tokenizer(vllm_small["checkpoint"])
     cfg = load(vllm_small, num_requests=24, max_concurrency=8, osl=256)  # ~2 s: several scrapes of the gauges
     row = measure_point(cfg, out_dir=tmp_path, tokenizer=tok)
-    assert row["completed"] == 24 and row["x_server_gauge_samples"] >= 2, row.get("error")
-    assert row["x_server_running_requests_max"] <= 2 and row["x_server_waiting_requests_max"] >= 1
-    # the verdict, from the server's own figures: most of its TTFT is its queue time (the client's TTFT also holds
-    # the API server's and the client's delays, which grow when the machine is busy: that share is reported beside)
+    assert row["completed"] == 24 and row["x_server_queue_n"] >= 24, row.get("error")
+    # the verdict, from the server's own histograms (counters: exact however busy the machine): most of its TTFT is
+    # its queue time (the client's TTFT also holds the API server's and the client's delays, which grow when the
+    # machine is busy: that share is reported beside); its gauges, when sampled, never showed more than 2 running
     assert row["x_queued"] is True and row["x_queue_share_server"] >= 0.5, row["x_queueing"]
     assert 0 < row["x_queue_share"] <= 1.05 * row["x_queue_share_server"]
-    assert row["x_queueing"].startswith("queueing: ") and "request(s) waiting" in row["x_queueing"]
+    assert row["x_queueing"].startswith("queueing: ") and "is server queue time" in row["x_queueing"]
+    assert not row["x_server_running_requests_max"] > 2  # NaN when the scrapes were too few to sample
     assert "queueing" not in str(row["x_invalid_reasons"])  # a note about what is measured, not an invalid row
     # n-gram drafts: several tokens per engine step, so vLLM's ITL (per step) is a multiple of the kit's (per token)
     steps = row["x_server_client_output_tokens"] / row["x_server_itl_n"]
-    assert steps > 1.2 and row["x_server_itl_ms_mean"] > row["x_itl_ms_mean"]
-    assert row["x_itl_step_note"] and "ms per token (the kit's, mean) vs" in row["x_itl_step_note"]
+    assert steps > 1.2 and row["x_spec_tokens_per_step_client"] > 1.2
+    if row["x_itl_ms_mean"] is not None:  # None only when every stream arrived whole (a starved client)
+        assert row["x_server_itl_ms_mean"] > row["x_itl_ms_mean"]
+        assert "ms per token (the kit's, mean) vs" in row["x_itl_step_note"]
 
 
 def test_a_same_seed_rerun_through_kit_serve_bench_is_flagged_for_cache_reuse(vllm_main, tmp_path):
