@@ -54,7 +54,8 @@ def test_completions_and_chat_stream(server, tmp_path):
         assert row["model"] == model  # from /v1/models
         assert row["completed"] == 3 and row["failed"] == 0, row["error"]
         assert row["x_output_tokens_estimated"] == 0  # usage came in the last chunk
-        assert row["x_tokens_per_chunk_source"] == "tokenizer"
+        # "tokenizer" counted the tokens per chunk ("buffered" joins it when a starved run got a response in one read)
+        assert "tokenizer" in row["x_tokens_per_chunk_source"].split(",")
         assert row["ttft_ms"] > 0 and row["tpot_ms_p50"] > 0 and row["itl_n"] > 0
         assert row["x_input_tokens_total"] >= 3 * 32 * (0.9 if endpoint == "completions" else 1.0)
 
