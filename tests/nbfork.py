@@ -54,7 +54,7 @@ def kernel() -> str:
             ready = proc.stdout.readline()
             if ready.strip() != "ready":
                 raise RuntimeError(f"the notebook kernel server did not start (exit {proc.wait()})")
-            atexit.register(proc.kill)
+            atexit.register(lambda: (proc.kill(), proc.wait()))
             spec = root / "kernels" / NAME
             spec.mkdir(parents=True)
             argv = [sys.executable, __file__, "kernel", str(sock), "{connection_file}"]
