@@ -1,5 +1,6 @@
 """Shared test set-up: offline Hugging Face settings, a small shared tiny model, the work units of a parallel run
-(pytest-xdist), and Ctrl-C restored for the processes the tests start."""
+(pytest-xdist), Ctrl-C restored for the processes the tests start, one torch thread per test process and each test
+file's garbage collection kept to its own objects."""
 
 import functools
 import gc
