@@ -34,7 +34,10 @@ for _ in $(seq 120); do [ -f "$state" ] && break; sleep 0.5; done
 KIT_TEST_ENGINES="$(cat "$state")"
 export KIT_TEST_ENGINES
 rc=0
-.venv/bin/python -m pytest -q -n "${KIT_TEST_WORKERS:-logical}" --maxprocesses 8 --ignore=tests/engine || rc=$?
+.venv/bin/python -m pytest -q -n "${KIT_TEST_WORKERS:-logical}" --maxprocesses 8 --ignore=tests/engine -m "not alone" \
+  || rc=$?
+echo "tests that judge this machine's scheduling, alone:"
+.venv/bin/python -m pytest -q -n 0 -m alone --ignore=tests/engine || rc=$?
 echo "real-engine tier (vLLM on this CPU):"
 .venv/bin/python -m pytest -q -n 0 -rs tests/engine || rc=$?
 exit $rc

@@ -362,6 +362,7 @@ print("ROW " + json.dumps({k: v for k, v in row.items() if k.startswith("x_")}, 
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its own neighbour is the contention it judges: the suite's workers beside it would add theirs
 def test_a_busy_neighbour_is_machine_contention_not_a_client_bound_client():
     if not hasattr(os, "sched_setaffinity") or open_schedstat() is None:
         pytest.skip("needs Linux CPU affinity and per-thread scheduler statistics (/proc/thread-self/schedstat)")
