@@ -383,8 +383,9 @@ def test_cli_serve_bench(scripted, tmp_path, capsys, caplog):
     assert rc == 2 and "--url 'localhost:1'" in stderr
 
 
-def test_cli_json_and_exit_code(scripted, tmp_path, capsys):
-    """In this process: stdout holds the JSON document alone (the real command's streams: test_cli_serve_bench)."""
+def test_cli_json_and_exit_code(scripted, tmp_path, capfd):
+    """In this process, with its file descriptors captured (what C code or a child would write counts too): stdout
+    holds the JSON document alone (the real command's process: test_cli_serve_bench)."""
     args = [
         "serve-bench",
         "--url",
@@ -405,7 +406,7 @@ def test_cli_json_and_exit_code(scripted, tmp_path, capsys):
         "",
         "--json",
     ]
-    rc, stdout, stderr = _cli([*args, "--out", str(tmp_path / "a")], capsys)
+    rc, stdout, stderr = _cli([*args, "--out", str(tmp_path / "a")], capfd)
     assert rc == 0, stderr
     doc = json.loads(stdout)  # stdout is one JSON object and nothing else
     assert doc["results"] == str(tmp_path / "a" / "results.parquet") and doc["exit_code"] == 0
@@ -430,7 +431,7 @@ def test_cli_json_and_exit_code(scripted, tmp_path, capsys):
             "--out",
             str(tmp_path / "b"),
         ],
-        capsys,
+        capfd,
     )
     assert rc == 1 and json.loads(stdout)["rows"][0]["failed"] == 2, stderr
 
