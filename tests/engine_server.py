@@ -49,9 +49,13 @@ def setup_outcome() -> dict:
 
 
 def wanted(config) -> bool:
-    """Whether this session selects tests under ``tests/engine`` (the whole suite, ``tests``, or that folder)."""
-    args = [a for a in config.args if not a.startswith("-")] or [str(config.rootpath / "tests")]
+    """Whether this session runs tests under ``tests/engine`` (the whole suite, ``tests``, or that folder; not with
+    ``--collect-only`` or ``--ignore`` of that folder)."""
     engine = (ROOT / "tests" / "engine").resolve()
+    ignored = [Path(config.invocation_params.dir, p).resolve() for p in (config.getoption("ignore") or [])]
+    if config.getoption("collectonly") or any(engine.is_relative_to(p) for p in ignored):
+        return False
+    args = [a for a in config.args if not a.startswith("-")] or [str(config.rootpath / "tests")]
     for a in args:
         p = Path(a.split("::", 1)[0])
         p = (Path(config.invocation_params.dir) / p).resolve() if not p.is_absolute() else p.resolve()
@@ -90,6 +94,15 @@ def stop_all() -> None:
     """Stop every server this process started (process groups: no engine worker outlives the session)."""
     while _running:
         _running.pop().stop()
+
+
+def engine_load(server: dict, **kw):
+    """A :class:`kit.serve.load.LoadConfig` against ``server`` (a tier server's dict): its URL and checkpoint as the
+    model, ISL 64 / OSL 32, no warm-up, ``ignore_eos``; ``kw`` overrides."""
+    from kit.serve.load import LoadConfig
+
+    base = dict(url=server["url"], model=server["checkpoint"], isl=64, osl=32, warmup_requests=0, ignore_eos=True)
+    return LoadConfig(**(base | kw))
 
 
 def from_env() -> dict:

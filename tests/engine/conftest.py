@@ -40,3 +40,11 @@ def vllm_main():
 def vllm_small():
     """vLLM with 2 sequences at a time and n-gram speculative decoding (3 draft tokens), fp32."""
     return engine("small")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(vllm_main):
+    """The tier checkpoint's tokenizer (both servers serve the same checkpoint)."""
+    from kit.serve.client import load_tokenizer
+
+    return load_tokenizer(vllm_main["checkpoint"])

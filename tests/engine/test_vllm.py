@@ -13,9 +13,8 @@ Output tokens are counts: equal.
 import math
 
 import pytest
+from engine_server import engine_load
 
-from kit.serve.client import load_tokenizer
-from kit.serve.load import LoadConfig
 from kit.serve.modes import serve_bench
 from kit.serve.point import measure_point, read_detail
 
@@ -36,18 +35,8 @@ def uncontended(measure, attempts: int = 3) -> dict:
     pytest.skip(f"starved in all {attempts} runs (machine contention): {reasons}")
 
 
-def load(server: dict, **kw) -> LoadConfig:
-    base = dict(url=server["url"], model=server["checkpoint"], isl=64, osl=32, warmup_requests=0, ignore_eos=True)
-    return LoadConfig(**(base | kw))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(vllm_main):
-    return load_tokenizer(vllm_main["checkpoint"])
-
-
 def test_latencies_and_tokens_agree_with_the_servers_own_metrics(vllm_main, tokenizer, tmp_path):
-    cfg = load(vllm_main, num_requests=16, max_concurrency=4)
+    cfg = engine_load(vllm_main, num_requests=16, max_concurrency=4)
     row = uncontended(lambda i: measure_point(cfg, out_dir=tmp_path / str(i), tokenizer=tokenizer))
     assert row["x_server_metrics"] == "vllm" and row["completed"] == 16 and row["failed"] == 0, row.get("error")
     # output tokens: the server's counter over the point equals what the client counted, token for token
@@ -91,10 +80,9 @@ def test_prefix_sharing_hits_the_cache_as_intended_and_fresh_prompts_do_not(vllm
     assert intended > 0.3 and intended - 0.15 <= achieved <= intended + 0.05, (intended, achieved)
 
 
-def test_two_sequences_at_a_time_queue_the_rest_and_the_row_says_so(vllm_small, tmp_path):
-    tok = load_tokenizer(vllm_small["checkpoint"])
-    cfg = load(vllm_small, num_requests=24, max_concurrency=8, osl=256)  # long enough for several scrapes (~2 s)
-    row = uncontended(lambda i: measure_point(cfg, out_dir=tmp_path / str(i), tokenizer=tok))
+def test_two_sequences_at_a_time_queue_the_rest_and_the_row_says_so(tokenizer, vllm_small, tmp_path):
+    cfg = engine_load(vllm_small, num_requests=24, max_concurrency=8, osl=256)  # long enough for several scrapes (~2 s)
+    row = uncontended(lambda i: measure_point(cfg, out_dir=tmp_path / str(i), tokenizer=tokenizer))
     assert row["completed"] == 24 and row["x_server_gauge_samples"] >= 2
     # the client had 8 in flight; the server ran 2 and kept the others waiting
     assert row["x_inflight_mean"] > 4 and row["x_server_running_requests_max"] <= 2
@@ -108,9 +96,10 @@ def test_two_sequences_at_a_time_queue_the_rest_and_the_row_says_so(vllm_small, 
     assert "waiting" in row["x_queueing"]
 
 
-def test_speculative_acceptance_comes_from_the_server_or_is_not_reported(vllm_small, vllm_main, tmp_path):
-    tok = load_tokenizer(vllm_small["checkpoint"])
-    spec = measure_point(load(vllm_small, num_requests=4, max_concurrency=2), out_dir=tmp_path / "s", tokenizer=tok)
+def test_speculative_acceptance_comes_from_the_server_or_is_not_reported(tokenizer, vllm_small, vllm_main, tmp_path):
+    spec = measure_point(
+        engine_load(vllm_small, num_requests=4, max_concurrency=2), out_dir=tmp_path / "s", tokenizer=tokenizer
+    )
     # n-gram drafts on vLLM's CPU build: its counters are in the row, and the derived figures follow from them
     assert spec["x_server_spec_drafts"] > 0 and spec["x_server_spec_draft_tokens"] >= spec["x_server_spec_drafts"]
     rate = spec["x_server_spec_accepted_tokens"] / spec["x_server_spec_draft_tokens"]
@@ -118,13 +107,15 @@ def test_speculative_acceptance_comes_from_the_server_or_is_not_reported(vllm_sm
     length = 1 + spec["x_server_spec_accepted_tokens"] / spec["x_server_spec_drafts"]
     assert spec["x_server_spec_mean_acceptance_length"] == pytest.approx(length) and 1.0 <= length <= 4.0
     # without speculative decoding the server exports no drafts: the kit reports no rate (never a made-up one)
-    plain = measure_point(load(vllm_main, num_requests=4, max_concurrency=2), out_dir=tmp_path / "p", tokenizer=tok)
+    plain = measure_point(
+        engine_load(vllm_main, num_requests=4, max_concurrency=2), out_dir=tmp_path / "p", tokenizer=tokenizer
+    )
     assert not plain.get("x_server_spec_drafts") and plain["x_server_spec_acceptance_rate"] is None
 
 
 def test_a_point_shorter_than_two_scrapes_reports_its_gauges_as_not_sampled(vllm_main, tokenizer, tmp_path):
     row = measure_point(
-        load(vllm_main, num_requests=1, max_concurrency=1, osl=2), out_dir=tmp_path, tokenizer=tokenizer
+        engine_load(vllm_main, num_requests=1, max_concurrency=1, osl=2), out_dir=tmp_path, tokenizer=tokenizer
     )
     assert row["completed"] == 1 and row["x_server_gauge_samples"] < 2
     assert math.isnan(row["x_server_running_requests_max"])  # not sampled, never 0

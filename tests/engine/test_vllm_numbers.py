@@ -19,30 +19,19 @@ import os
 import random
 
 import pytest
+from engine_server import engine_load
 
 from kit.cli import main as kit_main
-from kit.serve.client import load_tokenizer
-from kit.serve.load import LoadConfig
 from kit.serve.point import measure_point, read_detail
 from kit.store import load_results
 
 pytestmark = pytest.mark.slow
 
 
-def load(server: dict, **kw) -> LoadConfig:
-    base = dict(url=server["url"], model=server["checkpoint"], isl=64, osl=32, warmup_requests=0, ignore_eos=True)
-    return LoadConfig(**(base | kw))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(vllm_main):
-    return load_tokenizer(vllm_main["checkpoint"])
-
-
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_the_server_counts_exactly_isl_prompt_tokens(vllm_main, tokenizer, endpoint, tmp_path):
     for isl in (128, 512):
-        cfg = load(vllm_main, endpoint=endpoint, isl=isl, osl=4, num_requests=8, max_concurrency=4)
+        cfg = engine_load(vllm_main, endpoint=endpoint, isl=isl, osl=4, num_requests=8, max_concurrency=4)
         row = measure_point(cfg, out_dir=tmp_path / str(isl), tokenizer=tokenizer)
         assert row["completed"] == 8, row.get("error")
         # per request: the server's usage.prompt_tokens within ±1 of --isl; over the point: its counter
@@ -54,10 +43,9 @@ def test_the_server_counts_exactly_isl_prompt_tokens(vllm_main, tokenizer, endpo
         assert "prompts off their length" not in str(row["x_invalid_reasons"])
 
 
-def test_two_sequences_at_a_time_is_flagged_for_queueing_and_itl_per_step_is_shown(vllm_small, tmp_path):
-    tok = load_tokenizer(vllm_small["checkpoint"])
-    cfg = load(vllm_small, num_requests=24, max_concurrency=8, osl=256)  # ~2 s: several scrapes of the gauges
-    row = measure_point(cfg, out_dir=tmp_path, tokenizer=tok)
+def test_two_sequences_at_a_time_is_flagged_for_queueing_and_itl_per_step_is_shown(tokenizer, vllm_small, tmp_path):
+    cfg = engine_load(vllm_small, num_requests=24, max_concurrency=8, osl=256)  # ~2 s: several scrapes of the gauges
+    row = measure_point(cfg, out_dir=tmp_path, tokenizer=tokenizer)
     assert row["completed"] == 24 and row["x_server_queue_n"] >= 24, row.get("error")
     # the verdict, from the server's own histograms (counters: exact however busy the machine): most of its TTFT is
     # its queue time (the client's TTFT also holds the API server's and the client's delays, which grow when the
@@ -121,7 +109,7 @@ def test_a_closed_loop_of_eight_achieves_eight(vllm_main, tokenizer, tmp_path):
     allows, up to three runs, skipped when none refilled promptly."""
     stalled = []
     for attempt in range(3):
-        cfg = load(vllm_main, num_requests=24, max_concurrency=8, osl=512)  # 3 waves of long requests
+        cfg = engine_load(vllm_main, num_requests=24, max_concurrency=8, osl=512)  # 3 waves of long requests
         with ahead_of_neighbours():
             row = measure_point(cfg, out_dir=tmp_path / str(attempt), tokenizer=tokenizer)
         assert row["completed"] == 24, row.get("error")

@@ -386,53 +386,16 @@ def test_cli_serve_bench(scripted, tmp_path, capsys, caplog):
 def test_cli_json_and_exit_code(scripted, tmp_path, capfd):
     """In this process, with its file descriptors captured (what C code or a child would write counts too): stdout
     holds the JSON document alone (the real command's process: test_cli_serve_bench)."""
-    args = [
-        "serve-bench",
-        "--url",
-        scripted.url,
-        "--model",
-        "normal",
-        "--concurrency",
-        "1",
-        "--isl",
-        "4",
-        "--osl",
-        "4",
-        "--num-requests",
-        "2",
-        "--warmup",
-        "0",
-        "--tokenizer",
-        "",
-        "--json",
-    ]
+    common = ["--concurrency", "1", "--num-requests", "2", "--warmup", "0", "--tokenizer", "", "--json"]
+    args = ["serve-bench", "--url", scripted.url, "--model", "normal", "--isl", "4", "--osl", "4", *common]
     rc, stdout, stderr = _cli([*args, "--out", str(tmp_path / "a")], capfd)
     assert rc == 0, stderr
     doc = json.loads(stdout)  # stdout is one JSON object and nothing else
     assert doc["results"] == str(tmp_path / "a" / "results.parquet") and doc["exit_code"] == 0
     assert len(doc["rows"]) == 1 and doc["rows"][0]["completed"] == 2 and doc["rows"][0]["backend"] == "openai"
     # no request completed: exit 1, also with --json
-    rc, stdout, stderr = _cli(
-        [
-            "serve-bench",
-            "--url",
-            dead_url(),
-            "--model",
-            "m",
-            "--concurrency",
-            "1",
-            "--num-requests",
-            "2",
-            "--warmup",
-            "0",
-            "--tokenizer",
-            "",
-            "--json",
-            "--out",
-            str(tmp_path / "b"),
-        ],
-        capfd,
-    )
+    dead = ["serve-bench", "--url", dead_url(), "--model", "m", *common, "--out", str(tmp_path / "b")]
+    rc, stdout, stderr = _cli(dead, capfd)
     assert rc == 1 and json.loads(stdout)["rows"][0]["failed"] == 2, stderr
 
 
