@@ -337,10 +337,24 @@ def run_coro(coro):
 
 def _run_on_new_loop(coro):
     """``coro`` on a new event loop: uvloop's when it is installed (a C event loop: fewer CPU µs per network read,
-    so time stamps stay prompt at high stream counts), else asyncio's own."""
+    so time stamps stay prompt at high stream counts), else asyncio's own.
+
+    A Ctrl-C (or SIGTERM) raised while one of the run's side tasks (the loop probe, a scrape) holds the loop stops
+    the run through the caller; that task's copy of the interrupt is not reported again as an unretrieved error."""
     try:
         import uvloop
+
+        factory = uvloop.new_event_loop
     except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.get_loop().set_exception_handler(_quiet_interrupts)
         return runner.run(coro)
+
+
+def _quiet_interrupts(loop, context: dict) -> None:
+    """The loop's exception handler: a task ended by KeyboardInterrupt or SystemExit is the stop the caller already
+    handles; anything else goes to asyncio's default handler (logged with its traceback)."""
+    if isinstance(context.get("exception"), (KeyboardInterrupt, SystemExit)):
+        return
+    loop.default_exception_handler(context)

@@ -376,3 +376,37 @@ def test_the_duration_ends_the_sends_due_after_it(tmp_path):
         t = time.perf_counter()
         row = measure_point(cfg, out_dir=tmp_path)
         assert time.perf_counter() - t < 5 and row["completed"] == 0 and len(sim.log) == 0
+
+
+def test_an_interrupt_inside_a_side_task_stops_the_run_and_is_not_reported_again(capfd, caplog):
+    """A Ctrl-C that lands while the loop probe (a side task) holds the loop: the caller gets the KeyboardInterrupt;
+    no "Task exception was never retrieved" traceback follows it on stderr or in the log."""
+    import gc
+
+    from kit.serve.loop import run_coro
+
+    async def side():
+        await asyncio.sleep(0)
+        raise KeyboardInterrupt
+
+    async def main():
+        task = asyncio.ensure_future(side())
+        await asyncio.sleep(5)
+        return task
+
+    with pytest.raises(KeyboardInterrupt):
+        run_coro(main())
+    gc.collect()
+    err = capfd.readouterr().err + caplog.text
+    assert "never retrieved" not in err and "Traceback" not in err, err
+
+    async def broken():  # any other error of a side task is still reported
+        raise ValueError("a side task's bug")
+
+    async def main2():
+        asyncio.ensure_future(broken())
+        await asyncio.sleep(0.01)
+
+    run_coro(main2())
+    gc.collect()
+    assert "a side task's bug" in capfd.readouterr().err + caplog.text

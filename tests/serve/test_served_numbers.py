@@ -23,7 +23,7 @@ from kit.serve.aggregate import concurrency_columns, prompt_columns
 from kit.serve.cli import summary_line
 from kit.serve.load import LoadConfig
 from kit.serve.point import measure_point
-from kit.serve.selfcheck import LOOP_LAG_LIMIT_MS, open_schedstat, selfcheck_verdict
+from kit.serve.selfcheck import LOOP_LAG_LIMIT_MS, OWN_LAG_SHARE, open_schedstat, selfcheck_verdict
 from kit.serve.simserver import SimModel, SimServer
 from kit.serve.workload import PromptSpec, build_workload, fresh_workload, prompt_counter
 from kit.store import load_results
@@ -375,7 +375,10 @@ def test_a_busy_neighbour_is_machine_contention_not_a_client_bound_client():
     row = json.loads(out.stdout.split("ROW ", 1)[1])
     # the client used a sliver of one core; its loop woke late because it waited for the CPU the neighbour held
     assert row["x_client_cpu_frac"] < 0.2 and row["x_loop_lag_ms_p99"] > LOOP_LAG_LIMIT_MS, row
-    assert row["x_client_run_queue_frac"] > 0.2 and row["x_loop_lag_own_ms_p99"] <= LOOP_LAG_LIMIT_MS
+    # most of the lag was waiting for the CPU; what is left is the client's own part, a small share of it (on a
+    # machine with more neighbours than this one, the catching-up after a long wait can exceed 10 ms on its own)
+    assert row["x_client_run_queue_frac"] > 0.2, row
+    assert row["x_loop_lag_own_ms_p99"] < OWN_LAG_SHARE * row["x_loop_lag_ms_p99"], row
     assert row["x_client_bound"] is False and row["x_client_warning"] is None
     assert row["x_machine_contention"] is True and row["x_client_check"] == "machine contention"
     assert (
