@@ -27,6 +27,9 @@ Plan
 Check
     check_op(op, impl, ...)     an op against the reference per dtype and mode (kit.check.harness.check_op)
     doctor(config=None, ...)    versions, devices, kernels, dtypes (kit.check.doctor.run_doctor)
+    qualify(config=None, **fields)  qualify this node: doctor, ops, seed workload, served, KV stress, collectives,
+                                power, calibration, planner under one budget, with verdicts and a report
+                                (kit.qualify.node.qualify)
 Results
     load(path)                  a run directory's rows as a DataFrame (kit.store.load_results)
     compare(sets, prices, ...)  result sets side by side with $/Mtok (kit.view.compare_view.compare_frame)
@@ -34,7 +37,8 @@ Results
     plots                       the figures: kit.plots.throughput_vs_concurrency(df), ... (module kit.view.plots)
     ControlPanel, CompareView   the notebook widgets (kit.view.panel, kit.view.compare_view)
 Configs
-    SweepConfig, LoadConfig, ServedMode, LaunchSpec, StressConfig, CommConfig, PredictConfig, DoctorConfig
+    SweepConfig, LoadConfig, ServedMode, LaunchSpec, StressConfig, CommConfig, PredictConfig, DoctorConfig,
+    QualifyConfig
 Errors
     KitError, UserError         KitError: the base of every error the kit raises for a user's input; UserError: a
                                 bad value, named with what is allowed (files: kit.errors.InputNotFoundError,
@@ -43,7 +47,8 @@ Errors
 Subpackages by concern (``docs/architecture.md``): :mod:`kit.measure` (in-process engine and sweep, calibration,
 torchrun ranks, collectives, KV stress, power), :mod:`kit.serve` (OpenAI-compatible endpoints under load, launch
 recipes), :mod:`kit.plan` (specs, memory fit, roofline, cost), :mod:`kit.check` (reference ops, harness, fp8,
-doctor), :mod:`kit.view` (figures, panel, dashboard), :mod:`kit.track` (history per commit). Top level: the grid
+doctor), :mod:`kit.view` (figures, panel, dashboard), :mod:`kit.track` (history per commit), :mod:`kit.qualify`
+(a node's qualification: all of the above under one budget, with verdicts). Top level: the grid
 runner, cli, errors, metrics, results (schema), store (files), dtypes, hardware, catalog, models.
 """
 
@@ -69,6 +74,7 @@ FRONT_DOOR = {
     "add_cost": "kit.plan.cost:add_cost_columns",
     "check_op": "kit.check.harness:check_op",
     "doctor": "kit.check.doctor:run_doctor",
+    "qualify": "kit.qualify.node:qualify",
     "load": "kit.store:load_results",
     "compare": "kit.view.compare_view:compare_frame",
     "compare_runs": "kit.track.compare:compare",
@@ -83,6 +89,7 @@ FRONT_DOOR = {
     "CommConfig": "kit.measure.comm:CommConfig",
     "PredictConfig": "kit.plan.config:PredictConfig",
     "DoctorConfig": "kit.check.doctor:DoctorConfig",
+    "QualifyConfig": "kit.qualify.config:QualifyConfig",
     "KitError": "kit.errors:KitError",
     "UserError": "kit.errors:UserError",
 }

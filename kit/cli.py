@@ -40,6 +40,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kit.check.doctor",
         "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel libraries and their sampling ops",
     ),
+    "qualify": (
+        "kit.qualify.cli",
+        "qualify a node (or N through submitit): every check and measurement under one budget, verdicts, a report",
+    ),
 }
 
 

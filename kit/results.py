@@ -22,9 +22,9 @@ SCHEMA_VERSION = 1
 #: ``killed``: the process died while measuring the point (see :mod:`kit.store`); ``refused``: predicted not to fit
 #: in the free memory, so never allocated (``kit kv-stress``'s memory guard, :mod:`kit.measure.memguard`)
 STATUSES = ("ok", "oom", "error", "killed", "skipped", "refused")
-#: what produced a row: the in-process engine, a served endpoint (OpenAI-compatible API), the planner or a
-#: collective probe (``kit comm``)
-BACKENDS = ("engine", "openai", "planner", "comm")
+#: what produced a row: the in-process engine, a served endpoint (OpenAI-compatible API), the planner, a
+#: collective probe (``kit comm``) or an item of a node's qualification (``kit qualify``: one row per item)
+BACKENDS = ("engine", "openai", "planner", "comm", "qualify")
 
 
 @dataclass(frozen=True)

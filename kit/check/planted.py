@@ -1,7 +1,9 @@
-"""A deliberately wrong sampling op, for demonstrations and for testing the check harness itself.
+"""Deliberately wrong sampling ops, for demonstrations and for testing the checks themselves.
 
-Not used by the kit: the how-to notebook and the tests pass it to :func:`kit.check.harness.check_op` to show what
-a failing check looks like.
+Not used by the kit: the how-to notebooks and the tests pass them to :func:`kit.check.harness.check_op` (or to
+``kit qualify --op-impl OP=kit.check.planted:NAME``) to show what a failing check looks like: wrong probabilities
+(:func:`top_p_renorm_prob_drops_crossing_token`) and a compiled path that differs from eager
+(:func:`top_k_renorm_prob_wrong_when_compiled`).
 """
 
 from __future__ import annotations
@@ -24,3 +26,18 @@ def top_p_renorm_prob_drops_crossing_token(probs: torch.Tensor, top_p) -> torch.
     kept = torch.where(keep, x, torch.zeros_like(x))
     total = kept.sum(-1, keepdim=True)
     return torch.where(total > 0, kept / total.clamp_min(1e-30), kept).to(probs.dtype)
+
+
+def top_k_renorm_prob_wrong_when_compiled(probs: torch.Tensor, top_k) -> torch.Tensor:
+    """A top-k that is right in eager mode and WRONG under ``torch.compile``: while compiling it keeps one token
+    more than asked, so the compiled path differs from eager (what a graph-only code path with a bug looks like).
+
+    Same signature as :func:`kit.check.sampling.top_k_renorm_prob`: ``probs`` ``(batch, vocab)``, ``top_k`` an int
+    or a ``(batch,)`` tensor; returns ``(batch, vocab)`` in ``probs``'s dtype.
+    """
+    from kit.check.sampling import top_k_renorm_prob
+
+    if torch.compiler.is_compiling():
+        k = top_k + 1 if isinstance(top_k, int) else torch.where(top_k > 0, top_k + 1, top_k)
+        return top_k_renorm_prob(probs, k)
+    return top_k_renorm_prob(probs, top_k)
