@@ -37,6 +37,12 @@ SMALL: dict[str, dict] = {
     # kernel/dtype sanity set: one dtype, both modes (each compiled graph costs seconds on CPU)
     "how-to/check-a-sampling-op.ipynb": {"dtypes": ["float32"], "modes": ["eager", "compile"], "draws": 600},
     "how-to/is-this-machine-ready.ipynb": {"device": "cpu", "compile_check": False},
+    # a node's qualification: a 1-minute budget, eager-only op checks, the items that need no server or ranks
+    "how-to/qualify-a-new-node.ipynb": {
+        "budget": "1m",
+        "items": ["doctor", "ops", "seed", "power"],
+        "compile_ops": 0,
+    },
     "explanation/fp8-formats.ipynb": {},
     # planner and cost
     "how-to/will-this-model-fit.ipynb": {},

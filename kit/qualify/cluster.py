@@ -45,7 +45,8 @@ def node_task(config: QualifyConfig) -> dict:
 
     env = submitit.JobEnvironment()
     rank = env.global_rank
-    cfg = dataclasses.replace(config, out=str(Path(config.out) / f"node-{rank}"), node_rank=rank, db=None)
+    node_rank = rank if config.nnodes > 1 else 0  # the rendezvous rank, with cross-node collectives only
+    cfg = dataclasses.replace(config, out=str(Path(config.out) / f"node-{rank}"), node_rank=node_rank, db=None)
     s = qualify(cfg, echo=lambda line: print(f"[node-{rank}] {line}", flush=True))
     return {**s, "node": f"node-{rank}", "host": env.hostname}
 
@@ -90,7 +91,7 @@ def qualify_cluster(config: QualifyConfig, cc: ClusterConfig, echo=print) -> dic
         from kit.qualify.history import record
 
         for s in nodes:
-            record(config.db, Path(s["out"]) / "items", s["machine"]["device"])
+            record(config.db, Path(s["out"]) / "items", s["machine"]["device"], [i["run_id"] for i in s["items"]])
     c = compare_nodes(nodes, config.thresholds)
     c["report"] = str(write_cluster_report(c, out))
     atomic_write_text(out / "cluster.json", json.dumps(c, indent=2, default=str))

@@ -67,12 +67,15 @@ def compare_previous(db: str | Path, current_keys: list[str], device_name: str) 
             "items": items, "text": text}  # fmt: skip
 
 
-def record(db: str | Path, items_dir: str | Path, device_name: str) -> dict:
-    """Add the qualification's item rows in ``items_dir`` to ``db`` and compare them with the previous
-    qualification: ``{"added": add_run's answer, "comparison": compare_previous's (or None)}``.
+def record(db: str | Path, items_dir: str | Path, device_name: str, run_ids) -> dict:
+    """Add the qualification's item rows in ``items_dir`` to ``db`` (rows already there are kept once) and compare
+    this qualification — the grid runs ``run_ids`` its items were recorded by (a resumed one spans several) — with
+    the previous one: ``{"added": add_run's answer, "comparison": compare_previous's (or None)}``.
 
     Raises:
         UserError / OutputPathError: the database cannot be created, is locked or damaged.
     """
     added = add_run(db, items_dir, provenance())
-    return {"added": added, "comparison": compare_previous(db, added["runs"], device_name)}
+    runs = list_runs(db)
+    current = list(runs[runs["run_id"].isin([r for r in run_ids if r])]["run_key"])
+    return {"added": added, "comparison": compare_previous(db, current, device_name)}

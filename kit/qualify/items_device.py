@@ -163,7 +163,8 @@ def run_planner_item(ctx: ItemContext) -> ItemResult:
     if rows.empty:
         return skipped("no ok seed-workload point to compare with (item seed did not run or failed)")
     cal = calibration_path(ctx)
-    pred = predict_like(rows, PredictConfig(accelerator="local", calibration=str(cal) if cal else None))
+    with _seed_threads(ctx):  # the threads the calibration was measured with
+        pred = predict_like(rows, PredictConfig(accelerator="local", calibration=str(cal) if cal else None))
     keys = ["model", "dtype", "concurrency", "context_len"]
     j = rows[keys + ["decode_tok_s"]].merge(pred[keys + ["decode_tok_s", "x_bound"]], on=keys, suffixes=("_m", "_p"))
     j["ratio"] = j["decode_tok_s_m"] / j["decode_tok_s_p"]

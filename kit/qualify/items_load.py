@@ -113,7 +113,8 @@ def run_served_item(ctx: ItemContext) -> ItemResult:
         rows = serve_bench(cfg.url, concs, ctx.dir, **opts)
     rows = rows.sort_values("concurrency") if len(rows) else rows
     fig = points_figures(rows, len(concs), lambda r: f"c={int(r['concurrency'])}", "output_tok_s")
-    plots = {"served throughput": _save(plot_served(rows), ctx, "served.png")} if fig["points"] else {}
+    drawn = any(p["verdict"] == "ok" for p in fig["points"])  # (a figure of failed points only has no lines)
+    plots = {"served throughput": _save(plot_served(rows), ctx, "served.png")} if drawn else {}
     v = points_verdict(fig, cfg.thresholds.served_max_bad_points, "served")
     return ItemResult(v, fig, str(ctx.dir), plots, _last_ok(fig, "served output tok/s at the largest concurrency"))
 
@@ -136,24 +137,46 @@ def kv_target(ctx: ItemContext) -> tuple[int, str]:
     return p.kv_cap, f"the search's cap {p.kv_cap:,} (planner capacity {cap:,} tokens is beyond it)"
 
 
-def run_kv_item(ctx: ItemContext) -> ItemResult:
-    """The KV stress from ``plan.kv_start`` up to the target (:func:`kv_target`); ``--kv-budget-gb`` limits the
-    memory the stress may use (the guard keeps the rest free). Fails when the largest context that decodes falls
-    short of the target, or the cached decode differs from an uncached forward."""
+def budget_context(model: str, dtype: str, budget_gb: float) -> int:
+    """The largest context (tokens, batch 1) whose predicted memory — weights, KV cache and decode workspace
+    (:func:`kit.measure.memguard.predict_memory`, the stress's own guard) — fits in ``budget_gb``; 0 when not even
+    the weights do."""
+    from kit import models
     from kit.measure import memguard
+    from kit.plan.spec import get_spec
+
+    spec = get_spec(models.get_config(model), f"default={dtype}")
+    fits = lambda c: memguard.predict_memory(spec, dtype, 1, c).total_gb <= budget_gb  # noqa: E731
+    lo, hi = 0, 1
+    while fits(hi) and hi < 2**31:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def run_kv_item(ctx: ItemContext) -> ItemResult:
+    """The KV stress from ``plan.kv_start`` up to the target (:func:`kv_target`). ``--kv-budget-gb`` is the memory
+    the stress may use: its search stops at the largest context predicted to fit in it (:func:`budget_context`),
+    as on a node whose memory something else holds. Fails when the largest context that decodes falls short of the
+    target, or the cached decode differs from an uncached forward."""
     from kit.measure.stress import StressConfig, run_kv_stress
     from kit.measure.stress_cli import write_figures
 
     p, cfg = ctx.plan, ctx.config
     target, source = kv_target(ctx)
-    margin = None
+    limit = target
     if cfg.kv_budget_gb is not None:
-        free = memguard.available_memory(p.device)
-        margin = max(0.0, min(free.free_gb - cfg.kv_budget_gb, free.total_gb * 0.999))
-        source += f"; memory limited to {cfg.kv_budget_gb:g} GB (--kv-budget-gb)"
-    sc = StressConfig(model=p.model, batch=1, dtype=p.dtype, device=cfg.device, start=min(p.kv_start, target),
-                      max_context=target, decode_steps=2, warmup_steps=1, repeats=1, margin_gb=margin,
-                      check_context=min(1024, target))  # fmt: skip
+        limit = min(target, budget_context(p.model, p.dtype, cfg.kv_budget_gb))
+        source += f"; memory limited to {cfg.kv_budget_gb:g} GB (--kv-budget-gb): at most {limit:,} tokens"
+    if limit < 1:
+        fig = {"largest_ok": None, "target": int(target), "target_source": source, "smallest_failed": None,
+               "probes": 0, "done": True, "check": None}  # fmt: skip
+        return ItemResult(kv_verdict(fig, cfg.thresholds), fig, str(ctx.dir))
+    sc = StressConfig(model=p.model, batch=1, dtype=p.dtype, device=cfg.device, start=min(p.kv_start, limit),
+                      max_context=limit, decode_steps=2, warmup_steps=1, repeats=1,
+                      check_context=min(1024, limit))  # fmt: skip
     df = run_kv_stress(sc, ctx.dir, should_stop=ctx.should_stop, resume=cfg.resume)
     a = df.attrs
     failed = df[df["context_len"] == a["smallest_failed"]]["status"] if a.get("smallest_failed") and len(df) else None

@@ -32,7 +32,7 @@ def qualify(config: QualifyConfig | None = None, echo=print, **fields) -> dict:
     if config.db:
         from kit.qualify.history import record
 
-        comparison = record(config.db, items_dir, p.device_name)["comparison"]
+        comparison = record(config.db, items_dir, p.device_name, [i["run_id"] for i in items])["comparison"]
         if comparison:
             say(f"kit qualify: {comparison['text']}")
     s = summary(p, items, items_dir.parent, config.budget_s, comparison)

@@ -60,7 +60,7 @@ def cell_html(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, (dict, list)):
-        text = json.dumps(v, default=str)
+        text = json.dumps(v, default=str, ensure_ascii=False)
         return html.escape(text if len(text) < 400 else text[:400] + " …")
     return html.escape(str(v))
 

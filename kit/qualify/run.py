@@ -1,12 +1,12 @@
 """Run a qualification: its items as one grid of the kit's grid runner (:func:`kit.grid.run_grid`, backend
 ``qualify``): each item is a point, recorded in ``OUT/items/points.jsonl`` the moment it finishes (fsync'd), so an
-interrupt loses no finished item and a re-run resumes — finished items are replayed, the others run (a skipped one
-is looked at again). Each item runs under its share of what is left of the budget (:data:`kit.qualify.config.ITEMS`
-weights): its grids stop starting points when the share is spent.
+interrupt loses no finished item and a re-run resumes — items that passed or warned are kept, the others run (a
+failed item is flagged, like an invalid point, and a skipped one may run now, so both are looked at again; their
+own run directories resume what they finished). Each item runs under its share of what is left of the budget
+(:data:`kit.qualify.config.ITEMS` weights): its grids stop starting points when the share is spent.
 
-Afterwards the history database (``--db``) gets one row per item (:func:`kit.track.db.add_run`) and the verdicts
-are compared with the previous qualification stored there (:func:`compare_previous`); the report is written by
-:mod:`kit.qualify.report`.
+The history database and the comparison with the previous qualification are :mod:`kit.qualify.history`; the
+report is :mod:`kit.qualify.report`; :func:`kit.qualify.node.qualify` runs all three.
 """
 
 from __future__ import annotations
@@ -125,14 +125,15 @@ class QualifyBackend:
 def item_rows(frame: pd.DataFrame, config: QualifyConfig, p: Plan) -> list[dict]:
     """One dict per item of ``config`` (in order) from the qualification's stored rows: ``item``, ``title``,
     ``verdict``, ``reason``, ``threshold``, ``share_s``, ``elapsed_s``, ``figures``, ``plots``, ``raw_dir``,
-    ``headline``; an item that raised is a ``fail`` naming the error, one with no row a ``skip``."""
+    ``headline``, ``run_id`` (the grid run that recorded it); an item that raised is a ``fail`` naming the error,
+    one with no row a ``skip``."""
     latest = {}
     for rec in json.loads(frame.to_json(orient="records")) if len(frame) else []:
         latest[rec.get("point_id")] = rec
     out = []
     for name in config.items:
         r = latest.get(item_point_id(name, config, p))
-        base = {"item": name, "title": ITEM_TITLES[name], "figures": {}, "plots": {}, "raw_dir": None,
+        base = {"item": name, "title": ITEM_TITLES[name], "figures": {}, "plots": {}, "raw_dir": None, "run_id": None,
                 "headline": None, "share_s": None, "elapsed_s": None, "threshold": ""}  # fmt: skip
         if r is None:
             out.append({**base, "verdict": "skip", "reason": "not run (the qualification stopped before it)"})
@@ -141,6 +142,7 @@ def item_rows(frame: pd.DataFrame, config: QualifyConfig, p: Plan) -> list[dict]
                         "threshold": "the item runs to the end"})  # fmt: skip
         else:
             out.append({**base, "verdict": r["x_verdict"], "reason": r["x_reason"], "threshold": r["x_threshold"],
+                        "run_id": r.get("run_id"),
                         "share_s": r.get("x_share_s"), "elapsed_s": r.get("x_elapsed_s"),
                         "figures": json.loads(r.get("x_figures") or "{}"),
                         "plots": json.loads(r.get("x_plots") or "{}"),

@@ -63,7 +63,8 @@ def ops_verdict(fig: dict, th: Thresholds) -> Verdict:
     if fig["not_compiled"]:
         why = f"compiled path not checked for {', '.join(fig['not_compiled'])}: the budget share was spent"
         return Verdict("warn", why, tol)
-    return Verdict("pass", f"all {fig['cells']} cells match the reference, eager and compiled", tol)
+    modes = "eager only (compiled checks off: --compile-ops 0)" if fig.get("eager_only") else "eager and compiled"
+    return Verdict("pass", f"all {fig['cells']} cells match the reference, {modes}", tol)
 
 
 def _cell(c: dict) -> str:

@@ -1,0 +1,207 @@
+"""kit qualify without measuring (issue 24): the budget and threshold parsing, every verdict function on fake
+figures, the cluster's outlier, user errors (exit 2) and resume after an interrupt through the real grid runner
+with stand-in items."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kit.cli import main
+from kit.errors import UserError
+from kit.qualify import run as qrun
+from kit.qualify.cluster import compare_nodes
+from kit.qualify.config import ITEMS, QualifyConfig, Thresholds, parse_budget
+from kit.qualify.context import ItemResult, headline
+from kit.qualify.verdicts import (
+    Verdict,
+    calibrate_verdict,
+    comm_verdict,
+    exit_code,
+    kv_verdict,
+    ops_verdict,
+    overall,
+    planner_verdict,
+    points_verdict,
+    power_verdict,
+    with_overrun,
+)
+
+TH = Thresholds()
+
+
+def test_budget_is_parsed_strictly():
+    assert parse_budget("90s") == 90 and parse_budget("5m") == 300 and parse_budget("1h30m") == 5400
+    assert parse_budget("1.5h") == 5400 and parse_budget(" 2M ") == 120
+    for bad in ("5", "5 minutes", "5x", "m", "", "0s", "30s5m", "5m5m", "8d", "-5m", "1e3s", "200h"):
+        with pytest.raises(UserError, match="budget"):
+            parse_budget(bad)
+
+
+def test_thresholds_have_sources_and_strict_overrides():
+    assert "torch.testing" in Thresholds.source("ops_max_mismatches")
+    t = TH.with_overrides(["kv_shortfall=0.25"])
+    assert t.kv_shortfall == 0.25 and TH.kv_shortfall == 0.10
+    with pytest.raises(UserError, match="unknown threshold; known: ops_max_mismatches"):
+        TH.with_overrides(["nope=1"])
+    for bad in ("kv_shortfall=abc", "kv_shortfall=-1", "kv_shortfall=nan", "kv_shortfall"):
+        with pytest.raises(UserError, match="finite number"):
+            TH.with_overrides([bad])
+
+
+def cell(op="top_p_renorm_prob", mode="eager", n=3):
+    return {"op": op, "dtype": "float32", "mode": mode, "input": "edge", "mismatches": n, "detail": "row 0"}
+
+
+def test_ops_verdict_names_the_op_and_tells_compiled_from_eager():
+    base = {"cells": 56, "eager_failed": [], "compile_failed": [], "not_compiled": []}
+    assert ops_verdict(base, TH).verdict == "pass"
+    v = ops_verdict({**base, "eager_failed": [cell()]}, TH)
+    assert v.verdict == "fail" and "differs from the reference: top_p_renorm_prob float32 eager" in v.reason
+    assert "mismatches <= 0" in v.threshold
+    v = ops_verdict({**base, "compile_failed": [cell("top_k_renorm_prob", "compile")]}, TH)
+    assert (
+        v.verdict == "fail"
+        and v.reason.startswith("compiled differs from eager")
+        and "compiled == eager" in v.threshold
+    )
+    v = ops_verdict({**base, "not_compiled": ["min_p_renorm_prob"]}, TH)
+    assert v.verdict == "warn" and "min_p_renorm_prob" in v.reason
+    assert (
+        ops_verdict({**base, "eager_failed": [cell(n=3)]}, TH.with_overrides({"ops_max_mismatches": 5})).verdict
+        == "pass"
+    )
+
+
+def test_points_verdict():
+    fig = {"planned": 3, "ran": 3, "bad": [], "headline": "c=1: 10 tok/s"}
+    assert points_verdict(fig, 0, "seed").verdict == "pass"
+    v = points_verdict({**fig, "bad": [{"label": "c=64", "verdict": "oom", "reason": "OutOfMemoryError"}]}, 0, "seed")
+    assert v.verdict == "fail" and "c=64: oom (OutOfMemoryError)" in v.reason
+    assert points_verdict({**fig, "ran": 2}, 0, "seed").verdict == "warn"
+    assert points_verdict({**fig, "ran": 0}, 0, "seed").verdict == "skip"
+
+
+def test_kv_verdict():
+    fig = {"largest_ok": 7800, "target": 8192, "target_source": "cap", "smallest_failed": None, "done": True}
+    assert kv_verdict(fig, TH).verdict == "pass"
+    v = kv_verdict({**fig, "largest_ok": 2048, "smallest_failed": 4096, "failed_status": "refused"}, TH)
+    assert v.verdict == "fail" and "2,048 tokens < 7,373" in v.reason and "4,096 tokens did not (refused)" in v.reason
+    assert kv_verdict({**fig, "largest_ok": None}, TH).reason.startswith("no context decoded")
+    assert kv_verdict({**fig, "largest_ok": 2048, "done": False}, TH).verdict == "warn"
+    bad_check = {"ok": False, "context_len": 1024, "max_abs_err": 0.5}
+    assert kv_verdict({**fig, "check": bad_check}, TH).verdict == "fail"
+
+
+def test_device_verdicts():
+    comm = {"busbw_gb_s": 100.0, "catalog_busbw_gb_s": 470.0, "ranks": 8, "backend": "nccl"}
+    assert comm_verdict(comm, TH).verdict == "fail"
+    assert comm_verdict({**comm, "busbw_gb_s": 400.0}, TH).verdict == "pass"
+    assert "not judged" in comm_verdict({**comm, "catalog_busbw_gb_s": None}, TH).reason
+    pw = {
+        "status": "ok: nvml",
+        "j_per_output_token": 0.5,
+        "avg_power_w": 600.0,
+        "pct_tdp_max": 80.0,
+        "throttled": False,
+    }
+    assert power_verdict(pw, TH).verdict == "pass"
+    assert power_verdict({**pw, "throttled": True}, TH).verdict == "warn"
+    assert power_verdict({**pw, "pct_tdp_max": 120.0}, TH).verdict == "warn"
+    v = power_verdict({**pw, "status": "not available: no RAPL zone"}, TH)
+    assert v.verdict == "skip" and "no RAPL zone" in v.reason
+    cal = {"copy_gb_s": 1000.0, "catalog_gb_s": 4800.0, "tflops": 700.0, "catalog_tflops": 989.0, "dtype": "bfloat16"}
+    assert "copy 1000 GB/s < 0.5 x 4800" in calibrate_verdict(cal, TH).reason
+    assert calibrate_verdict({**cal, "copy_gb_s": 4000.0}, TH).verdict == "pass"
+    assert calibrate_verdict({**cal, "copy_gb_s": 4000.0, "tflops": 100.0}, TH).verdict == "fail"
+    assert "not judged" in calibrate_verdict({**cal, "catalog_gb_s": None}, TH).reason
+    pl = {"worst_ratio": 0.9, "worst_label": "c=64", "points": 3}
+    assert [planner_verdict({**pl, "worst_ratio": r}, TH).verdict for r in (0.9, 0.6, 0.3)] == ["pass", "warn", "fail"]
+
+
+def test_overall_exit_code_and_overrun():
+    assert overall(["pass", "skip", "warn"]) == "warn" and exit_code(["pass", "skip", "warn"]) == 0
+    assert overall(["pass", "fail"]) == "fail" and exit_code(["pass", "fail"]) == 1
+    v = with_overrun(Verdict("pass", "ok", "rule"), 100, 30, TH)
+    assert v.verdict == "warn" and "took 100 s of a 30 s share" in v.reason
+    assert with_overrun(Verdict("pass", "ok"), 40, 30, TH).verdict == "pass"
+
+
+def node(name, items):
+    return {"node": name, "host": "h", "overall": "pass", "exit_code": int(any(v == "fail" for v, _ in items.values())),
+            "out": "o", "report": "r",
+            "items": [{"item": k, "verdict": v, "reason": "", "headline": headline("tok/s", x, "tok/s")}
+                      for k, (v, x) in items.items()]}  # fmt: skip
+
+
+def test_cluster_names_the_outlier_per_item():
+    nodes = [node("node-0", {"seed": ("pass", 100.0), "ops": ("pass", 56)}),
+             node("node-1", {"seed": ("pass", 102.0), "ops": ("pass", 56)}),
+             node("node-2", {"seed": ("pass", 70.0), "ops": ("fail", 50)})]  # fmt: skip
+    c = compare_nodes(nodes)
+    by = {i["item"]: i for i in c["items"]}
+    assert by["seed"]["outlier"] == "node-2" and "30% from the median 100" in by["seed"]["why"]
+    assert by["ops"]["outlier"] == "node-2" and "fails where 2 other node(s) do not" in by["ops"]["why"]
+    assert c["exit_code"] == 1
+    c = compare_nodes(nodes[:2])
+    assert [i["outlier"] for i in c["items"]] == [None, None] and c["exit_code"] == 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--budget", "5"], "budget '5' is not a duration"),
+        (["--budget", "0m"], "more than 0 s"),
+        (["--items", "doctor,gpu"], "give a comma list of doctor"),
+        (["--threshold", "kv_shortfal=0.2"], "unknown threshold"),
+        (["--url", "http://127.0.0.1:9", "--launch", "vllm"], "not both"),
+        (["--op-impl", "top_p_renorm_prob=no_such_module:f"], "does not import"),
+        (["--op-impl", "top_q=kit.check.planted:f"], "unknown op 'top_q'"),
+        (["--concurrency", "0"], "too small"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(argv, message, tmp_path, capsys):
+    try:
+        rc = main(["qualify", "--out", str(tmp_path / "q"), *argv])
+    except SystemExit as e:  # argparse's own exit for a bad option value
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "q" / "items").exists()  # nothing ran
+
+
+def fake_runners(calls, interrupt_at=None):
+    def make(name):
+        def run(ctx):
+            calls.append(name)
+            if name == interrupt_at:
+                raise KeyboardInterrupt
+            if name == "comm":
+                return ItemResult(Verdict("skip", "1 device"))
+            v = "fail" if name == "kv" else "pass"
+            return ItemResult(Verdict(v, f"{name} {v}", "rule"), {"n": 1}, None, {}, headline("x", 1.0, "u"))
+
+        return run
+
+    return {n: make(n) for n in ITEMS}
+
+
+def test_an_interrupt_keeps_finished_items_and_a_rerun_resumes_them(tmp_path, monkeypatch):
+    calls = []
+    cfg = QualifyConfig(out=str(tmp_path / "q"), budget_s=60)
+    monkeypatch.setattr(qrun, "RUNNERS", fake_runners(calls, interrupt_at="kv"))
+    with pytest.raises(KeyboardInterrupt):
+        qrun.run_items(cfg, echo=lambda *_: None)
+    assert calls == ["doctor", "ops", "seed", "served", "kv"]
+    logged = [json.loads(x) for x in (tmp_path / "q" / "items" / "points.jsonl").read_text().splitlines()]
+    assert [r["x_item"] for r in logged] == ["doctor", "ops", "seed", "served"]  # each recorded as it finished
+    calls.clear()
+    monkeypatch.setattr(qrun, "RUNNERS", fake_runners(calls))
+    _, items, _ = qrun.run_items(cfg, echo=lambda *_: None)
+    assert calls == ["kv", "comm", "power", "calibrate", "planner"]  # the finished four are not run again
+    assert [i["verdict"] for i in items] == ["pass"] * 4 + ["fail", "skip"] + ["pass"] * 3
+    calls.clear()
+    qrun.run_items(cfg, echo=lambda *_: None)
+    assert calls == ["kv", "comm"]  # a failed item and a skipped one are looked at again; the rest is finished
