@@ -29,7 +29,7 @@ Check
     doctor(config=None, ...)    versions, devices, kernels, dtypes (kit.check.doctor.run_doctor)
     qualify(config=None, **fields)  qualify this node: doctor, ops, seed workload, served, KV stress, collectives,
                                 power, calibration, planner under one budget, with verdicts and a report
-                                (kit.qualify.node.qualify)
+                                (kit.qualification.node.qualify)
 Results
     load(path)                  a run directory's rows as a DataFrame (kit.store.load_results)
     compare(sets, prices, ...)  result sets side by side with $/Mtok (kit.view.compare_view.compare_frame)
@@ -47,7 +47,7 @@ Errors
 Subpackages by concern (``docs/architecture.md``): :mod:`kit.measure` (in-process engine and sweep, calibration,
 torchrun ranks, collectives, KV stress, power), :mod:`kit.serve` (OpenAI-compatible endpoints under load, launch
 recipes), :mod:`kit.plan` (specs, memory fit, roofline, cost), :mod:`kit.check` (reference ops, harness, fp8,
-doctor), :mod:`kit.view` (figures, panel, dashboard), :mod:`kit.track` (history per commit), :mod:`kit.qualify`
+doctor), :mod:`kit.view` (figures, panel, dashboard), :mod:`kit.track` (history per commit), :mod:`kit.qualification`
 (a node's qualification: all of the above under one budget, with verdicts). Top level: the grid
 runner, cli, errors, metrics, results (schema), store (files), dtypes, hardware, catalog, models.
 """
@@ -74,7 +74,7 @@ FRONT_DOOR = {
     "add_cost": "kit.plan.cost:add_cost_columns",
     "check_op": "kit.check.harness:check_op",
     "doctor": "kit.check.doctor:run_doctor",
-    "qualify": "kit.qualify.node:qualify",
+    "qualify": "kit.qualification.node:qualify",
     "load": "kit.store:load_results",
     "compare": "kit.view.compare_view:compare_frame",
     "compare_runs": "kit.track.compare:compare",
@@ -89,7 +89,7 @@ FRONT_DOOR = {
     "CommConfig": "kit.measure.comm:CommConfig",
     "PredictConfig": "kit.plan.config:PredictConfig",
     "DoctorConfig": "kit.check.doctor:DoctorConfig",
-    "QualifyConfig": "kit.qualify.config:QualifyConfig",
+    "QualifyConfig": "kit.qualification.config:QualifyConfig",
     "KitError": "kit.errors:KitError",
     "UserError": "kit.errors:UserError",
 }

@@ -41,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel libraries and their sampling ops",
     ),
     "qualify": (
-        "kit.qualify.cli",
+        "kit.qualification.cli",
         "qualify a node (or N through submitit): every check and measurement under one budget, verdicts, a report",
     ),
 }

@@ -14,7 +14,7 @@ import pytest
 from sse_server import start_in_thread
 
 from kit.cli import main
-from kit.qualify.config import ITEMS, QualifyConfig, Thresholds
+from kit.qualification.config import ITEMS, QualifyConfig, Thresholds
 
 pytestmark = pytest.mark.slow
 CHROMIUM = os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium")
@@ -35,7 +35,7 @@ def server():
 def qualified(server, tmp_path_factory):
     """One qualification of this CPU: 60 s budget, eager-only op checks, the served item against the scripted
     server, one row per item in a history database."""
-    from kit.qualify.node import qualify
+    from kit.qualification.node import qualify
 
     base = tmp_path_factory.mktemp("qualify")
     cfg = QualifyConfig(out=str(base / "q"), budget_s=60, url=server.url, served_model="normal", compile_ops=0,
@@ -155,7 +155,7 @@ def test_a_kv_budget_too_small_fails(tmp_path):
 
 
 def test_two_nodes_through_submitit_local_and_their_comparison_page(tmp_path):
-    from kit.qualify.cluster import ClusterConfig, qualify_cluster
+    from kit.qualification.cluster import ClusterConfig, qualify_cluster
 
     cfg = QualifyConfig(out=str(tmp_path / "c"), budget_s=60, items=("ops", "seed"), compile_ops=0, isl=16, osl=4,
                         concurrencies=(1, 2))  # fmt: skip

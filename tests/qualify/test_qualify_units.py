@@ -10,11 +10,11 @@ import pytest
 
 from kit.cli import main
 from kit.errors import UserError
-from kit.qualify import run as qrun
-from kit.qualify.cluster import compare_nodes
-from kit.qualify.config import ITEMS, QualifyConfig, Thresholds, parse_budget
-from kit.qualify.context import ItemResult, headline
-from kit.qualify.verdicts import (
+from kit.qualification import run as qrun
+from kit.qualification.cluster import compare_nodes
+from kit.qualification.config import ITEMS, QualifyConfig, Thresholds, parse_budget
+from kit.qualification.context import ItemResult, headline
+from kit.qualification.verdicts import (
     Verdict,
     calibrate_verdict,
     comm_verdict,

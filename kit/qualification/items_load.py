@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kit.qualify.context import ItemContext, ItemResult, headline, skipped
-from kit.qualify.verdicts import kv_verdict, points_verdict, power_verdict
+from kit.qualification.context import ItemContext, ItemResult, headline, skipped
+from kit.qualification.verdicts import kv_verdict, points_verdict, power_verdict
 from kit.results import row_problems, verdict
 
 

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 
 from kit.cli import DefaultsHelpFormatter, int_list_arg, number_arg
-from kit.qualify.config import ITEMS, LAUNCHERS, QualifyConfig, Thresholds, parse_budget
+from kit.qualification.config import ITEMS, LAUNCHERS, QualifyConfig, Thresholds, parse_budget
 
 EXECUTORS = ("local", "slurm")
 
@@ -92,10 +92,10 @@ def _cli(args) -> int:
         return 0
     config = config_from(args)
     if args.nodes is not None:
-        from kit.qualify.cluster import ClusterConfig, qualify_cluster
+        from kit.qualification.cluster import ClusterConfig, qualify_cluster
 
         cc = ClusterConfig(args.nodes, args.executor, args.partition, args.gpus_per_node)
         return qualify_cluster(config, cc)["exit_code"]
-    from kit.qualify.node import qualify
+    from kit.qualification.node import qualify
 
     return qualify(config)["exit_code"]

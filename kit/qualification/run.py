@@ -3,10 +3,10 @@
 interrupt loses no finished item and a re-run resumes — items that passed or warned are kept, the others run (a
 failed item is flagged, like an invalid point, and a skipped one may run now, so both are looked at again; their
 own run directories resume what they finished). Each item runs under its share of what is left of the budget
-(:data:`kit.qualify.config.ITEMS` weights): its grids stop starting points when the share is spent.
+(:data:`kit.qualification.config.ITEMS` weights): its grids stop starting points when the share is spent.
 
-The history database and the comparison with the previous qualification are :mod:`kit.qualify.history`; the
-report is :mod:`kit.qualify.report`; :func:`kit.qualify.node.qualify` runs all three.
+The history database and the comparison with the previous qualification are :mod:`kit.qualification.history`; the
+report is :mod:`kit.qualification.report`; :func:`kit.qualification.node.qualify` runs all three.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import pandas as pd
 
 from kit._io import check_out_dir
 from kit.grid import GridPoint, run_grid
-from kit.qualify import items_check, items_device, items_load
-from kit.qualify.config import ITEM_TITLES, ITEMS, Plan, QualifyConfig, plan
-from kit.qualify.context import ItemContext, skipped
-from kit.qualify.verdicts import with_overrun
+from kit.qualification import items_check, items_device, items_load
+from kit.qualification.config import ITEM_TITLES, ITEMS, Plan, QualifyConfig, plan
+from kit.qualification.context import ItemContext, skipped
+from kit.qualification.verdicts import with_overrun
 
 log = logging.getLogger("kit")
 

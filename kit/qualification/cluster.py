@@ -1,6 +1,6 @@
 """Qualify N nodes at once through submitit (the Slurm submission library): one job of N tasks, one per node
 (Slurm: ``nodes=N``, one task each; submitit's local executor: N tasks on this machine, for tests and a dry run).
-Each task qualifies its node into ``OUT/node-<rank>`` (:func:`kit.qualify.node.qualify`; with
+Each task qualifies its node into ``OUT/node-<rank>`` (:func:`kit.qualification.node.qualify`; with
 ``--rdzv-endpoint`` the collectives span the nodes, each task's rank as torchrun's node rank). Then
 :func:`compare_nodes` puts the nodes side by side — per item each node's verdict and headline figure, the outlier
 named — in ``OUT/cluster.html`` and ``OUT/cluster.json``; with ``--db`` every node's items go to the history.
@@ -18,8 +18,8 @@ import pandas as pd
 
 from kit._io import atomic_write_text, check_out_dir
 from kit.errors import UserError
-from kit.qualify.config import QualifyConfig, Thresholds
-from kit.qualify.report import CSS, cell_html
+from kit.qualification.config import QualifyConfig, Thresholds
+from kit.qualification.report import CSS, cell_html
 
 #: minutes a node's job may run beyond its budget (model downloads, compiler caches, start-up)
 SLACK_MIN = 15
@@ -41,7 +41,7 @@ def node_task(config: QualifyConfig) -> dict:
     of cross-node collectives); returns the node's ``qualify.json`` content plus ``node`` and ``host``."""
     import submitit
 
-    from kit.qualify.node import qualify
+    from kit.qualification.node import qualify
 
     env = submitit.JobEnvironment()
     rank = env.global_rank
@@ -88,7 +88,7 @@ def qualify_cluster(config: QualifyConfig, cc: ClusterConfig, echo=print) -> dic
     results = job.results()
     nodes = sorted(results, key=lambda s: s["node"])
     if config.db:
-        from kit.qualify.history import record
+        from kit.qualification.history import record
 
         for s in nodes:
             record(config.db, Path(s["out"]) / "items", s["machine"]["device"], [i["run_id"] for i in s["items"]])

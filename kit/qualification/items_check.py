@@ -12,8 +12,8 @@ import pandas as pd
 
 from kit._io import atomic_write_text
 from kit.errors import UserError
-from kit.qualify.context import ItemContext, ItemResult, headline
-from kit.qualify.verdicts import doctor_verdict, ops_verdict
+from kit.qualification.context import ItemContext, ItemResult, headline
+from kit.qualification.verdicts import doctor_verdict, ops_verdict
 
 #: the doctor's torch.compile check: at most this long (s; DoctorConfig's default), at least this short
 DOCTOR_COMPILE_TIMEOUT_S, DOCTOR_MIN_COMPILE_S = 25.0, 5.0

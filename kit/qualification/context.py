@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kit.qualify.config import Plan, QualifyConfig
-from kit.qualify.verdicts import Verdict
+from kit.qualification.config import Plan, QualifyConfig
+from kit.qualification.verdicts import Verdict
 
 
 @dataclass

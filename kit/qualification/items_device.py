@@ -7,9 +7,9 @@ from __future__ import annotations
 import contextlib
 import math
 
-from kit.qualify.context import ItemContext, ItemResult, headline, skipped
-from kit.qualify.items_load import seed_rows
-from kit.qualify.verdicts import calibrate_verdict, comm_verdict, planner_verdict
+from kit.qualification.context import ItemContext, ItemResult, headline, skipped
+from kit.qualification.items_load import seed_rows
+from kit.qualification.verdicts import calibrate_verdict, comm_verdict, planner_verdict
 
 #: on a CPU the collectives run as 2 gloo ranks only when the item's share is at least this long (s): each
 #: torchrun rank imports torch (several CPU-seconds each on a small machine)

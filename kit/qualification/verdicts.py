@@ -1,13 +1,13 @@
-"""Verdicts of the qualification's items: pure functions from an item's figures (plain dicts, what
-:mod:`kit.qualify.items` measured) and the :class:`kit.qualify.config.Thresholds` to a :class:`Verdict` naming the
-measured value and the threshold that decided it. Testable without measuring anything.
+"""Verdicts of the qualification's items: pure functions from an item's figures (plain dicts, what the
+``kit.qualification.items_*`` modules measured) and the :class:`kit.qualification.config.Thresholds` to a
+:class:`Verdict` naming the measured value and the threshold that decided it. Testable without measuring anything.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kit.qualify.config import Thresholds
+from kit.qualification.config import Thresholds
 
 VERDICTS = ("pass", "warn", "fail", "skip")
 

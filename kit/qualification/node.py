@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kit.qualify.config import QualifyConfig
-from kit.qualify.report import summary, write_report
-from kit.qualify.run import run_items
+from kit.qualification.config import QualifyConfig
+from kit.qualification.report import summary, write_report
+from kit.qualification.run import run_items
 
 
 def qualify(config: QualifyConfig | None = None, echo=print, **fields) -> dict:
@@ -30,7 +30,7 @@ def qualify(config: QualifyConfig | None = None, echo=print, **fields) -> dict:
     p, items, items_dir = run_items(config, say)
     comparison = None
     if config.db:
-        from kit.qualify.history import record
+        from kit.qualification.history import record
 
         comparison = record(config.db, items_dir, p.device_name, [i["run_id"] for i in items])["comparison"]
         if comparison:

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from kit._io import atomic_write_text
-from kit.qualify.config import Plan
-from kit.qualify.verdicts import exit_code, overall
+from kit.qualification.config import Plan
+from kit.qualification.verdicts import exit_code, overall
 
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;max-width:1250px;color:#222}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px}img.kit-plot{max-width:560px;border:1px solid #ddd;margin:4px}
