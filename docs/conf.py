@@ -139,11 +139,18 @@ def _unique_short_name(app, env, node, contnode):
         return None
     from sphinx.util.nodes import make_refnode
 
-    target = node["reftarget"]
-    hits = [(name, obj) for name, obj in env.get_domain("py").objects.items() if name.endswith("." + target)]
+    objects = env.get_domain("py").objects
+    index = getattr(env, "_kit_short_names", None)
+    if index is None or index[0] != len(objects):  # built once per set of documented objects, not per reference
+        by_short: dict[str, list[str]] = {}
+        for full in objects:
+            by_short.setdefault(full.rsplit(".", 1)[-1], []).append(full)
+        index = env._kit_short_names = (len(objects), by_short)
+    hits = index[1].get(node["reftarget"], [])
     if len(hits) != 1:
         return None
-    name, obj = hits[0]
+    name = hits[0]
+    obj = objects[name]
     return make_refnode(app.builder, node["refdoc"], obj.docname, obj.node_id, contnode, name)
 
 

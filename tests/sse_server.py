@@ -165,9 +165,11 @@ def prompt_count(body: dict) -> int:
     return len(str(text).split())
 
 
-def make_app(gap_ms: float = GAP_MS) -> web.Application:
+def make_app(gap_ms: float = GAP_MS, announce_done: bool = False) -> web.Application:
     """The scripted server's routes; ``app[REQUESTS]`` logs every generation request received (``model``,
-    ``max_tokens``, ``path``), so a test can tell which requests a client sent."""
+    ``max_tokens``, ``path``), so a test can tell which requests a client sent. ``announce_done``: print ``DONE``
+    to stdout after each stream it finished (a test can then act after a completed request, however slow the
+    machine)."""
     counter = itertools.count()
     received: list[dict] = []
 
@@ -216,6 +218,8 @@ def make_app(gap_ms: float = GAP_MS) -> web.Application:
             data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
             await resp.write(f"data: {data}\n\n".encode())
         await resp.write_eof()
+        if announce_done:
+            print("DONE", flush=True)
         return resp
 
     async def endless(req: web.Request):
@@ -387,6 +391,7 @@ def main(argv=None) -> int:
         action="store_true",
         help="serve only the 'fast' scenario from a minimal asyncio HTTP server (benchmark)",
     )
+    ap.add_argument("--announce-done", action="store_true", help="print DONE after each finished stream")
     a = ap.parse_args(argv)
     if a.raw_fast:
 
@@ -398,7 +403,7 @@ def main(argv=None) -> int:
         return _serve_until_interrupted(run_raw())
 
     async def run():
-        runner = web.AppRunner(make_app(a.gap_ms), access_log=None)
+        runner = web.AppRunner(make_app(a.gap_ms, a.announce_done), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", a.port)
         await site.start()

@@ -138,10 +138,16 @@ def test_devices(capsys):
     assert "platform" in out and "MI355X" in out and "B300" in out and "e4m3fnuz" in out
 
 
-def test_bench_runs_small(capsys):
-    assert cli.main(["bench", "--batch", "2", "--context", "32", "--steps", "3", "--rounds", "1"]) == 0
+def test_bench_runs_small(capsys, tmp_path):
+    """(a), (b) and (c) on a local 1-layer checkpoint: one small graph for the compiled side (inductor compiles
+    cost seconds per layer on CPU)."""
+    from kit.serve.checkpoint import build_tiny_checkpoint
+
+    ckpt = build_tiny_checkpoint(tmp_path / "one-layer", layers=1)
+    args = ["bench", "--model", str(ckpt), "--batch", "2", "--context", "32", "--steps", "3", "--rounds", "1"]
+    assert cli.main(args) == 0
     out = capsys.readouterr().out
-    assert "harness overhead" in out and "model.generate()" in out
+    assert "harness overhead" in out and "model.generate()" in out and "eager vs compiled" in out, out
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])

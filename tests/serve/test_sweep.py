@@ -98,7 +98,7 @@ def test_dead_server_finishes_with_failures(tmp_path):
 
 def test_server_killed_mid_run(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "sse_server.py"), "--port", "0", "--gap-ms", "5"],
+        [sys.executable, str(HERE / "sse_server.py"), "--port", "0", "--gap-ms", "5", "--announce-done"],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -117,7 +117,15 @@ def test_server_killed_mid_run(tmp_path):
             timeout_s=10,
             stall_timeout_s=2,
         )
-        killer = threading.Timer(0.7, lambda: os.killpg(proc.pid, 9))
+
+        def kill_after_the_first_finished_request():  # not after a fixed time: a slow machine may finish none by then
+            for ln in proc.stdout:
+                if ln.startswith("DONE"):
+                    time.sleep(0.2)  # the client has read it; the next request is mid-stream
+                    os.killpg(proc.pid, 9)
+                    return
+
+        killer = threading.Thread(target=kill_after_the_first_finished_request, daemon=True)
         killer.start()
         t = time.perf_counter()
         row = one_point(cfg, tmp_path, tokenizer=chars)
