@@ -190,6 +190,10 @@ class QualifyConfig:
             raise UserError("give --url (a running endpoint) or --launch (start one), not both")
         if self.launch is not None and self.launch not in LAUNCHERS:
             raise UserError(f"launch={self.launch!r}; allowed: {', '.join(LAUNCHERS)}")
+        if self.launch and not self.served_model:
+            raise UserError(
+                f"--launch {self.launch} needs --served-model: the checkpoint directory or model id to serve"
+            )
         for name in ("isl", "osl", "compile_ops"):
             v = getattr(self, name)
             if v is not None and (
