@@ -34,10 +34,19 @@ for _ in $(seq 120); do [ -f "$state" ] && break; sleep 0.5; done
 KIT_TEST_ENGINES="$(cat "$state")"
 export KIT_TEST_ENGINES
 rc=0
+# the parallel session names the 'alone' tests it left out (tests/conftest.py, pytest_deselected): they run next by
+# node id, without collecting the suite again
+KIT_ALONE_LIST=$(mktemp)
+export KIT_ALONE_LIST
 .venv/bin/python -m pytest -q -n "${KIT_TEST_WORKERS:-logical}" --maxprocesses 8 --ignore=tests/engine -m "not alone" \
   || rc=$?
 echo "tests that judge this machine's scheduling, alone:"
-.venv/bin/python -m pytest -q -n 0 -m alone --ignore=tests/engine || rc=$?
+if [ -s "$KIT_ALONE_LIST" ]; then
+  mapfile -t alone <"$KIT_ALONE_LIST"
+  .venv/bin/python -m pytest -q -n 0 -m alone "${alone[@]}" || rc=$?
+else
+  .venv/bin/python -m pytest -q -n 0 -m alone --ignore=tests/engine || rc=$?
+fi
 echo "real-engine tier (vLLM on this CPU):"
 .venv/bin/python -m pytest -q -n 0 -rs tests/engine || rc=$?
 exit $rc

@@ -70,6 +70,18 @@ def pytest_runtest_setup(item):
         gc.freeze()
 
 
+def pytest_deselected(items):
+    """``KIT_ALONE_LIST=FILE``: the node ids of the ``alone`` tests this session deselected (``-m "not alone"``) go to
+    FILE, so the test command runs exactly those afterwards without collecting the whole suite again (written whole,
+    then renamed: every xdist worker writes the same list)."""
+    dest = os.environ.get("KIT_ALONE_LIST")
+    alone = [item.nodeid for item in items if item.get_closest_marker("alone")]
+    if dest and alone:
+        tmp = f"{dest}.{os.getpid()}"
+        Path(tmp).write_text("\n".join(sorted(alone)) + "\n")
+        os.replace(tmp, dest)
+
+
 @functools.cache
 def _executes_notebooks(path: Path) -> bool:
     """Does the test file ``path`` use ``nbexec`` (the notebooks executed once per process)?"""
