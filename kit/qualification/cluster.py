@@ -9,6 +9,7 @@ named — in ``OUT/cluster.html`` and ``OUT/cluster.json``; with ``--db`` every 
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import statistics
 from dataclasses import dataclass
@@ -104,18 +105,20 @@ def qualify_cluster(config: QualifyConfig, cc: ClusterConfig, echo=print) -> dic
 
 def _outlier(rows: list[dict], frac: float) -> tuple[str | None, str]:
     """The node that stands out for one item: a node failing where others do not, else the node whose headline is
-    furthest from the median when more than ``frac`` of it away; ``(None, why)`` when none does."""
+    furthest from the median when more than ``frac`` of it away (equally far: the worse one, by the figure's
+    ``higher_is_better``; with two nodes both are equally far); ``(None, why)`` when none does."""
     failing = [r["node"] for r in rows if r["verdict"] == "fail"]
     if failing and len(failing) < len(rows):
         return failing[0], f"fails where {len(rows) - len(failing)} other node(s) do not"
-    vals = [(r["node"], r["value"]) for r in rows if r["value"] is not None]
+    vals = [r for r in rows if r["value"] is not None]
     if len(vals) < 2:
-        return None, "fewer than two nodes have a figure"
-    med = statistics.median(v for _, v in vals)
-    node, v = max(vals, key=lambda t: abs(t[1] - med))
-    dev = abs(v - med) / abs(med) if med else 0.0
+        return None, "no headline figure to compare" if not vals else "only one node has a figure"
+    med = statistics.median(r["value"] for r in vals)
+    sign = lambda r: -r["value"] if r.get("higher_is_better", True) else r["value"]  # noqa: E731
+    worst = max(vals, key=lambda r: (round(abs(r["value"] - med), 12), sign(r)))
+    dev = abs(worst["value"] - med) / abs(med) if med else 0.0
     if dev > frac:
-        return node, f"{v:.4g} is {dev:.0%} from the median {med:.4g} (more than {frac:.0%})"
+        return worst["node"], f"{worst['value']:.4g} is {dev:.0%} from the median {med:.4g} (more than {frac:.0%})"
     return None, f"all within {frac:.0%} of the median {med:.4g}"
 
 
@@ -132,7 +135,8 @@ def compare_nodes(nodes: list[dict], th: Thresholds | None = None) -> dict:
             it = next(i for i in s["items"] if i["item"] == name)
             h = it.get("headline") or {}
             rows.append({"node": s["node"], "verdict": it["verdict"], "value": h.get("value"), "name": h.get("name"),
-                         "unit": h.get("unit"), "reason": it["reason"]})  # fmt: skip
+                         "unit": h.get("unit"), "higher_is_better": h.get("higher_is_better", True),
+                         "reason": it["reason"]})  # fmt: skip
         node, why = _outlier(rows, frac)
         items.append({"item": name, "nodes": rows, "outlier": node, "why": why})
     summary = [{k: s.get(k) for k in ("node", "host", "overall", "exit_code", "out", "report")} for s in nodes]
@@ -156,7 +160,8 @@ def write_cluster_report(c: dict, out: Path) -> Path:
             mark = " outlier" if r["node"] == it["outlier"] else ""
             val = "" if r["value"] is None else f"<br>{cell_html(r['value'])} {r['unit'] or ''}"
             cells += f'<td class="v-{r["verdict"]}{mark}">{r["verdict"]}{val}</td>'
-        body += f"<tr><td>{it['item']}</td>{cells}<td>{it['outlier'] or '-'}: {it['why']}</td></tr>"
+        who = f"<b>{it['outlier']}</b>: " if it["outlier"] else "none: "
+        body += f"<tr><td>{it['item']}</td>{cells}<td>{who}{html.escape(it['why'])}</td></tr>"
     flat = pd.DataFrame([{**r, "item": it["item"]} for it in c["items"] for r in it["nodes"]])
     outliers = {it["item"]: it["outlier"] for it in c["items"] if it["outlier"]}
     png = save_figure(node_comparison(flat, outliers), out / "cluster.png")
@@ -165,7 +170,7 @@ def write_cluster_report(c: dict, out: Path) -> Path:
                     f"{n['overall']}</li>" for n in c["nodes"])  # fmt: skip
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>kit qualify: {len(names)} nodes</title>"
-        f"<style>{CSS} td.outlier{{outline:3px solid #b00}}</style></head><body>"
+        f"<style>{CSS} td.outlier{{outline:3px solid #b00}} #cluster-plot{{max-width:100%}}</style></head><body>"
         f"<h1>Qualification of {len(names)} nodes</h1>"
         f'<table class="kit-cluster"><thead>{head}</thead><tbody>{body}</tbody></table>'
         f'<h2>Headline figure per node</h2><img class="kit-plot" id="cluster-plot" alt="per node" src="{uri}">'

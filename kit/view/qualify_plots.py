@@ -48,8 +48,12 @@ def node_comparison(df: pd.DataFrame, outliers: dict | None = None):
     require_columns(df, ["node", "item", "value", "verdict"])
     d = df.dropna(subset=["value"])
     items = list(dict.fromkeys(d["item"]))
-    fig, axes = plt.subplots(1, max(1, len(items)), figsize=(3.2 * max(1, len(items)), 3.4), squeeze=False)
-    for ax, item in zip(axes[0], items):
+    cols = min(4, max(1, len(items)))
+    rows = -(-max(1, len(items)) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 3.0 * rows), squeeze=False)
+    for ax in axes.flat[len(items) :]:
+        ax.set_visible(False)
+    for ax, item in zip(axes.flat, items):
         g = d[d["item"] == item]
         colors = ["#e05555" if v == "fail" else "#f0b840" if v == "warn" else "#5a8fd6" for v in g["verdict"]]
         bars = ax.bar(g["node"].astype(str), g["value"], color=colors)

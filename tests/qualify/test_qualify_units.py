@@ -131,7 +131,8 @@ def test_overall_exit_code_and_overrun():
 def node(name, items):
     return {"node": name, "host": "h", "overall": "pass", "exit_code": int(any(v == "fail" for v, _ in items.values())),
             "out": "o", "report": "r",
-            "items": [{"item": k, "verdict": v, "reason": "", "headline": headline("tok/s", x, "tok/s")}
+            "items": [{"item": k, "verdict": v, "reason": "",
+                       "headline": headline("J/token" if k == "power" else "tok/s", x, "u", k != "power")}
                       for k, (v, x) in items.items()]}  # fmt: skip
 
 
@@ -146,6 +147,10 @@ def test_cluster_names_the_outlier_per_item():
     assert c["exit_code"] == 1
     c = compare_nodes(nodes[:2])
     assert [i["outlier"] for i in c["items"]] == [None, None] and c["exit_code"] == 0
+    # two nodes are equally far from their median: the worse one is named (lower tok/s, higher J/token)
+    two = [node("node-0", {"seed": ("pass", 80.0), "power": ("pass", 0.5)}),
+           node("node-1", {"seed": ("pass", 100.0), "power": ("pass", 0.8)})]  # fmt: skip
+    assert [i["outlier"] for i in compare_nodes(two)["items"]] == ["node-0", "node-1"]
 
 
 @pytest.mark.parametrize(
