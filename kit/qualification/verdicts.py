@@ -50,8 +50,9 @@ def doctor_verdict(fig: dict, th: Thresholds) -> Verdict:
 def ops_verdict(fig: dict, th: Thresholds) -> Verdict:
     """Fail when an op differs from the reference beyond tolerance in eager mode, or its compiled path differs
     from eager (eager matches the reference, compiled does not); warn when some compiled checks did not fit the
-    budget. ``fig``: ``cells``, ``eager_failed`` and ``compile_failed`` (lists of cell dicts: op, dtype, mode,
-    input, mismatches, detail), ``not_compiled`` (ops)."""
+    budget or a library's sampler could not be called as the harness calls it. ``fig``: ``cells``,
+    ``eager_failed`` and ``compile_failed`` (lists of cell dicts: op, dtype, mode, input, mismatches, detail),
+    ``not_compiled`` (ops), ``library_not_checked`` (op → why)."""
     tol = f"mismatches <= {th.ops_max_mismatches:g} per op and dtype, atol/rtol of torch.testing per dtype"
     eager = [c for c in fig["eager_failed"] if c["mismatches"] > th.ops_max_mismatches]
     comp = [c for c in fig["compile_failed"] if c["mismatches"] > th.ops_max_mismatches]
@@ -60,6 +61,9 @@ def ops_verdict(fig: dict, th: Thresholds) -> Verdict:
     if comp:
         why = "compiled differs from eager (eager matches the reference): " + "; ".join(map(_cell, comp[:4]))
         return Verdict("fail", why, tol + "; compiled == eager")
+    if fig.get("library_not_checked"):
+        why = "; ".join(f"{op}: {w}" for op, w in fig["library_not_checked"].items())
+        return Verdict("warn", f"all other cells match; not checked: {why}", tol)
     if fig["not_compiled"]:
         why = f"compiled path not checked for {', '.join(fig['not_compiled'])}: the budget share was spent"
         return Verdict("warn", why, tol)
