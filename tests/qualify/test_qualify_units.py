@@ -213,3 +213,10 @@ def test_an_interrupt_keeps_finished_items_and_a_rerun_resumes_them(tmp_path, mo
     calls.clear()
     qrun.run_items(cfg, echo=lambda *_: None)
     assert calls == ["kv", "comm"]  # a failed item and a skipped one are looked at again; the rest is finished
+
+
+def test_list_thresholds_prints_each_with_its_source(capsys):
+    assert main(["qualify", "--list-thresholds"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ops_max_mismatches", "kv_shortfall", "comm_min_busbw_fraction", "cluster_outlier_fraction"):
+        assert f"{name} = {getattr(TH, name):g}\n    {Thresholds.source(name)}" in out
