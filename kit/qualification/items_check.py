@@ -102,9 +102,12 @@ def run_ops_item(ctx: ItemContext) -> ItemResult:
             picked[op] = resolve_op(op, libraries=())
     frames = [check_op(op, picked[op], dtypes=p.op_dtypes, modes=("eager",), device=p.device).df for op in ops]
     limit = len(ops) if cfg.compile_ops is None else cfg.compile_ops
-    not_compiled, t0 = [], time.monotonic()
+    not_compiled, capped, t0 = [], [], time.monotonic()
     for i, op in enumerate(ops):
-        if i >= limit or ctx.should_stop():
+        if i >= limit:  # --compile-ops: the user's choice, said in the verdict
+            capped.append(op)
+            continue
+        if ctx.should_stop():
             not_compiled.append(op)
             continue
         for dt in p.compile_dtypes:
@@ -122,7 +125,8 @@ def run_ops_item(ctx: ItemContext) -> ItemResult:
         "cells": int((df["status"] != "skipped").sum()),
         "eager_failed": eager_bad,
         "compile_failed": comp_bad,
-        "not_compiled": [] if limit == 0 else not_compiled,
+        "not_compiled": not_compiled,
+        "compile_capped": capped,
         "eager_only": limit == 0,
         "implementations": {
             op: getattr(f, "library", None) or getattr(f, "__qualname__", repr(f)) for op, f in picked.items()

@@ -52,7 +52,8 @@ def ops_verdict(fig: dict, th: Thresholds) -> Verdict:
     from eager (eager matches the reference, compiled does not); warn when some compiled checks did not fit the
     budget or a library's sampler could not be called as the harness calls it. ``fig``: ``cells``,
     ``eager_failed`` and ``compile_failed`` (lists of cell dicts: op, dtype, mode, input, mismatches, detail),
-    ``not_compiled`` (ops), ``library_not_checked`` (op → why)."""
+    ``not_compiled`` (ops the budget did not reach), ``compile_capped`` (ops past ``--compile-ops``),
+    ``eager_only``, ``library_not_checked`` (op → why)."""
     tol = f"mismatches <= {th.ops_max_mismatches:g} per op and dtype, atol/rtol of torch.testing per dtype"
     eager = [c for c in fig["eager_failed"] if c["mismatches"] > th.ops_max_mismatches]
     comp = [c for c in fig["compile_failed"] if c["mismatches"] > th.ops_max_mismatches]
@@ -67,7 +68,14 @@ def ops_verdict(fig: dict, th: Thresholds) -> Verdict:
     if fig["not_compiled"]:
         why = f"compiled path not checked for {', '.join(fig['not_compiled'])}: the budget share was spent"
         return Verdict("warn", why, tol)
-    modes = "eager only (compiled checks off: --compile-ops 0)" if fig.get("eager_only") else "eager and compiled"
+    capped = fig.get("compile_capped") or []
+    modes = (
+        "eager only (compiled checks off: --compile-ops 0)"
+        if fig.get("eager_only")
+        else f"eager, and compiled for all but {', '.join(capped)} (--compile-ops)"
+        if capped
+        else "eager and compiled"
+    )
     return Verdict("pass", f"all {fig['cells']} cells match the reference, {modes}", tol)
 
 

@@ -68,6 +68,8 @@ def test_ops_verdict_names_the_op_and_tells_compiled_from_eager():
     )
     v = ops_verdict({**base, "library_not_checked": {"sampling_from_probs": "flashinfer's sampler ..."}}, TH)
     assert v.verdict == "warn" and "not checked: sampling_from_probs: flashinfer" in v.reason
+    v = ops_verdict({**base, "compile_capped": ["min_p_renorm_prob"]}, TH)
+    assert v.verdict == "pass" and "compiled for all but min_p_renorm_prob (--compile-ops)" in v.reason
     v = ops_verdict({**base, "not_compiled": ["min_p_renorm_prob"]}, TH)
     assert v.verdict == "warn" and "min_p_renorm_prob" in v.reason
     assert (
