@@ -155,18 +155,23 @@ def test_a_kv_budget_too_small_fails(tmp_path):
 
 
 def test_two_nodes_through_submitit_local_and_their_comparison_page(tmp_path):
-    """Two tasks of one local submitit job (each a process of its own: the cost of this test is their imports),
-    each qualifying its "node" into OUT/node-<rank>, then the comparison page."""
+    """Two tasks of one local submitit job (each a process of its own), each qualifying its "node" into
+    OUT/node-<rank> — ops, and collectives across the two nodes over one torchrun rendezvous — then the
+    comparison page."""
+    from kit._io import free_port
     from kit.qualification.cluster import ClusterConfig, qualify_cluster
 
-    cfg = QualifyConfig(out=str(tmp_path / "c"), budget_s=60, items=("doctor", "ops"), compile_ops=0)
+    cfg = QualifyConfig(out=str(tmp_path / "c"), budget_s=60, items=("ops", "comm"), compile_ops=0,
+                        rdzv_endpoint=f"127.0.0.1:{free_port()}")  # fmt: skip
     c = qualify_cluster(cfg, ClusterConfig(2, "local"), echo=lambda *_: None)
     assert [n["node"] for n in c["nodes"]] == ["node-0", "node-1"] and c["exit_code"] == 0
     for n in ("node-0", "node-1"):
         assert (tmp_path / "c" / n / "index.html").exists() and (tmp_path / "c" / n / "ops" / "op_checks.csv").exists()
-    assert [i["item"] for i in c["items"]] == ["doctor", "ops"]
-    ops = c["items"][1]
+    ops, comm = c["items"]
     assert [r["value"] for r in ops["nodes"]] == [42.0, 42.0] and ops["outlier"] is None and "within 10%" in ops["why"]
+    assert [r["verdict"] for r in comm["nodes"]] == ["pass", "pass"]
+    reasons = sorted(r["reason"] for r in comm["nodes"])  # one node holds global rank 0 and its figures
+    assert "over 2 gloo ranks" in reasons[0] and reasons[1].startswith("took part in the 2-rank probe over 2 nodes")
     page = (tmp_path / "c" / "cluster.html").read_text()
     assert page.count("<th>node-") == 2 and "data:image/png;base64," in page and 'href="node-1/index.html"' in page
-    assert json.loads((tmp_path / "c" / "cluster.json").read_text())["items"][1]["item"] == "ops"
+    assert json.loads((tmp_path / "c" / "cluster.json").read_text())["items"][1]["item"] == "comm"
