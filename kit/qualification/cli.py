@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 
 from kit.cli import DefaultsHelpFormatter, int_list_arg, number_arg
+from kit.errors import UserError
 from kit.qualification.config import ITEMS, LAUNCHERS, QualifyConfig, Thresholds, parse_budget
 
 EXECUTORS = ("local", "slurm")
@@ -90,6 +91,8 @@ def _cli(args) -> int:
         for f in dataclasses.fields(Thresholds):
             print(f"{f.name} = {f.default:g}\n    {Thresholds.source(f.name)}")
         return 0
+    if args.nodes is None and (args.rdzv_endpoint or args.partition or args.gpus_per_node is not None):
+        raise UserError("--rdzv-endpoint, --partition and --gpus-per-node go with --nodes N (a cluster run)")
     config = config_from(args)
     if args.nodes is not None:
         from kit.qualification.cluster import ClusterConfig, qualify_cluster

@@ -166,6 +166,8 @@ def test_cluster_names_the_outlier_per_item():
         (["--threshold", "kv_shortfal=0.2"], "unknown threshold"),
         (["--url", "http://127.0.0.1:9", "--launch", "vllm"], "not both"),
         (["--launch", "sglang"], "needs --served-model"),
+        (["--rdzv-endpoint", "127.0.0.1:29500"], "go with --nodes N"),
+        (["--nodes", "2", "--executor", "local", "--partition", "gpu"], "Slurm settings"),
         (["--op-impl", "top_p_renorm_prob=no_such_module:f"], "does not import"),
         (["--op-impl", "top_q=kit.check.planted:f"], "unknown op 'top_q'"),
         (["--concurrency", "0"], "too small"),
