@@ -180,10 +180,18 @@ class ServerConfig:
 
 def server_configs(base: LaunchSpec, grid: list[dict]) -> list[ServerConfig]:
     """One :class:`ServerConfig` per grid entry, each spec checked (:meth:`kit.serve.recipes.LaunchSpec.validate`).
+    The servers start on this machine, so a model that names a local path (``/``, ``./``, ``../``, ``~``) must exist
+    here (a hub id, ``org/name``, never starts so).
 
     Raises:
-        UserError: a configuration the recipe refuses (naming it).
+        UserError: a configuration the recipe refuses (naming it); a local model path that does not exist.
     """
+    model = str(base.model)
+    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+        raise UserError(
+            f"model={model!r} looks like a checkpoint path but it does not exist on this machine; give an existing "
+            "checkpoint directory or a model id the server can load"
+        )
     out = []
     for settings in grid:
         spec = replace(base, **settings)

@@ -23,7 +23,10 @@ def test_howto_track_performance_per_commit():
     slow = json.loads(rows[rows.commit == "commit-3-slow"].row_json.iloc[0])
     assert slow["x_injected_delay_ms"] == 20.0 and "x_injected_delay_ms" not in json.loads(rows.row_json.iloc[0])
     s = json.loads((out / "summary.json").read_text())
-    assert s["slow_exit"] == 1 and s["slow_points"]  # 20 ms a step on ~1-3 ms steps
+    if s["slow_exit"] == 3:  # the gate refuses to call it on a machine the suite's own workers load: it says why
+        assert any(w in s["slow_inconclusive"] for w in ("busy", "noise", "thread")), s
+    else:
+        assert s["slow_exit"] == 1 and s["slow_points"], s  # 20 ms a step on ~1-3 ms steps
     page = (out / "report" / "index.html").read_text()
     assert 'id="plot-tok_s_per_usd"' in page and "kit-compare" in page and "kit-provenance" in page
     assert (out / "report" / "history_tok_s_per_usd.png").read_bytes()[:4] == b"\x89PNG"

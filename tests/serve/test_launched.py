@@ -135,6 +135,7 @@ def test_launch_options_are_checked_before_anything_starts(ckpt, tmp_path, capsy
         (["--launch", "vllm", "--model", ckpt, "--server-python", tmp_path / "nope"], "is not a file"),
         (["--launch", "vllm", "--model", ckpt, "--server-grid", "tp=0"], "tp=0; must be >= 1"),
         (["--launch", "vllm", "--model", ckpt, "--ready-timeout-s", "0"], "--ready-timeout-s"),
+        (["--launch", "transformers", "--model", tmp_path / "no-such-ckpt"], "looks like a checkpoint path but it"),
     ):
         rc = kit_main(["serve-bench", "--out", str(tmp_path / "o"), *map(str, args)])  # in-process: no server starts
         err = capsys.readouterr().err
