@@ -260,7 +260,15 @@ def configs_from_args(args):
     for c in args.concurrency:
         check_number("--concurrency", c, lo=1, hi=MAX_CONCURRENCY, integer=True)
     if (args.url is None) == (args.launch is None):
-        raise UserError("give --url URL (a running server) or --launch vllm|sglang|transformers (one the kit starts)")
+        both = " — not both" if args.url is not None else ""
+        raise UserError(
+            f"give --url URL (a running server) or --launch vllm|sglang|transformers (one the kit starts){both}"
+        )
+    if args.url is not None:  # the options of a server the kit starts mean nothing for a running one: not ignored
+        given = [opt for opt, v in (("--server-grid", args.server_grid), ("--server-python", args.server_python),
+                                    ("--server-arg", args.server_arg)) if v]  # fmt: skip
+        if given:
+            raise UserError(f"{', '.join(given)} configure a server the kit starts: use them with --launch, not --url")
     if args.launch and not args.model:
         raise UserError(f"--launch {args.launch} needs --model: the checkpoint directory (or model id) to serve")
     url = args.url or "http://127.0.0.1:8000"  # a launched server's URL is set when it starts

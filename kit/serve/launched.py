@@ -143,7 +143,9 @@ def grid_value(key: str, raw):
         if kind.startswith("float"):
             return float(text)
     except ValueError:
-        raise UserError(f"server setting {key}={raw!r}: not a {kind.split(' ')[0]}") from None
+        allowed = {"bool": "true or false", "int": "a whole number >= 0", "float": "a number"}
+        what = allowed.get(kind.split(" ")[0], kind)
+        raise UserError(f"server setting {key}={raw!r}: not {what}") from None
     return str(raw).strip() if raw is not None else None
 
 

@@ -104,10 +104,10 @@ def test_server_grid_parsing_types_names_and_errors(tmp_path):
         {"max_batch_tokens": 512, "cpu_kv_cache_gb": 2.0},
     ]
     for bad, match in (
-        ("max_num_seqs=two", "max_num_seqs='two': not a int"),
+        ("max_num_seqs=two", "max_num_seqs='two': not a whole number >= 0"),
         ("block_sizes=16", "server setting 'block_sizes'; allowed: dtype"),
         ("max_num_seqs", "write setting=v1,v2"),
-        ("prefix_caching=maybe", "not a bool"),
+        ("prefix_caching=maybe", "not true or false"),
         (str(tmp_path / "missing.json"), "cannot read it as JSON"),
     ):
         with pytest.raises(UserError, match=match):
@@ -132,6 +132,8 @@ def test_launch_options_are_checked_before_anything_starts(ckpt, tmp_path, capsy
         (["--launch", "vllm"], "--launch vllm needs --model"),
         (["--launch", "vllm", "--model", ckpt, "--url", "http://127.0.0.1:1"], "give --url URL"),
         ([], "give --url URL"),
+        (["--url", "http://127.0.0.1:1", "--server-grid", "max_num_seqs=2"], "--server-grid configure a"),
+        (["--url", "http://127.0.0.1:1", "--launch", "vllm", "--model", ckpt], "— not both"),
         (["--launch", "vllm", "--model", ckpt, "--server-python", tmp_path / "nope"], "is not a file"),
         (["--launch", "vllm", "--model", ckpt, "--server-grid", "tp=0"], "tp=0; must be >= 1"),
         (["--launch", "vllm", "--model", ckpt, "--ready-timeout-s", "0"], "--ready-timeout-s"),
