@@ -62,6 +62,19 @@ def add_cli(sub) -> None:
                    help="compile-check at most N ops (0: eager only; default: what the budget allows)")  # fmt: skip
     p.add_argument("--kv-budget-gb", type=number_arg(float, above=0), default=None,
                    help="memory the KV stress may use, GB (default: free memory minus the guard's margin)")  # fmt: skip
+    p.add_argument(
+        "--threads",
+        type=number_arg(int, minimum=1),
+        default=None,
+        help="CPU only: torch threads of the in-process items (default: one per core free at the start)",
+    )
+    p.add_argument(
+        "--compile-timeout",
+        type=number_arg(float, above=0),
+        default=None,
+        metavar="S",
+        help="seconds the doctor's torch.compile check may take (default: 60%% of its share, at most 25)",
+    )
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="override a threshold (--list-thresholds: each with its source); repeatable")  # fmt: skip
     p.add_argument("--list-thresholds", action="store_true", help="print the thresholds and their sources, exit")
@@ -81,6 +94,7 @@ def config_from(args) -> QualifyConfig:
         osl=args.osl, concurrencies=tuple(args.concurrency) if args.concurrency else None, url=args.url,
         served_model=args.served_model, launch=args.launch, items=args.items, op_impls=tuple(args.op_impls),
         compile_backend=args.compile_backend, compile_ops=args.compile_ops, kv_budget_gb=args.kv_budget_gb,
+        threads=args.threads, compile_timeout_s=args.compile_timeout,
         rdzv_endpoint=args.rdzv_endpoint, db=args.db, thresholds=Thresholds().with_overrides(args.threshold),
         resume=not args.no_resume,
     ).validate()  # fmt: skip
@@ -89,16 +103,18 @@ def config_from(args) -> QualifyConfig:
 def _cli(args) -> int:
     if args.list_thresholds:
         for f in dataclasses.fields(Thresholds):
-            print(f"{f.name} = {f.default:g}\n    {Thresholds.source(f.name)}")
+            lo, hi = Thresholds.allowed(f.name)
+            print(f"{f.name} = {f.default:g}\n    {Thresholds.source(f.name)}\n    allowed: {lo:g} to {hi:g}")
         return 0
     if args.nodes is None and (args.rdzv_endpoint or args.partition or args.gpus_per_node is not None):
         raise UserError("--rdzv-endpoint, --partition and --gpus-per-node go with --nodes N (a cluster run)")
-    config = config_from(args)
     if args.nodes is not None:
-        from kit.qualification.cluster import ClusterConfig, qualify_cluster
+        from kit.qualification.cluster import ClusterConfig, check_nodes, qualify_cluster
 
         cc = ClusterConfig(args.nodes, args.executor, args.partition, args.gpus_per_node)
+        check_nodes(cc)
+        config = config_from(args)
         return qualify_cluster(config, cc)["exit_code"]
     from kit.qualification.node import qualify
 
-    return qualify(config)["exit_code"]
+    return qualify(config_from(args))["exit_code"]

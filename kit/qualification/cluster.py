@@ -37,6 +37,32 @@ class ClusterConfig:
     gpus_per_node: int | None = None
 
 
+#: the most nodes of one Slurm job (a typo such as 1000000 must not reach the scheduler)
+MAX_SLURM_NODES = 1024
+#: the most tasks of the local executor (each imports torch and runs every item on this one machine: a dry run)
+MAX_LOCAL_NODES = 8
+
+
+def check_nodes(cc: ClusterConfig) -> None:
+    """Check the node count and that the executor can run here, before any job is submitted.
+
+    Raises:
+        UserError: ``nodes`` below 1 or above the executor's cap (local: 8; slurm: 1024), or the
+            slurm executor without ``srun`` on this machine (the message suggests ``--executor local``).
+    """
+    import shutil
+
+    cap = MAX_LOCAL_NODES if cc.executor == "local" else MAX_SLURM_NODES
+    if isinstance(cc.nodes, bool) or not isinstance(cc.nodes, int) or not 1 <= cc.nodes <= cap:
+        why = "tasks on this one machine" if cc.executor == "local" else "nodes of one Slurm job"
+        raise UserError(f"--nodes {cc.nodes!r}: the {cc.executor} executor takes 1 to {cap} ({why})")
+    if cc.executor == "slurm" and shutil.which("srun") is None:
+        raise UserError(
+            f"--nodes {cc.nodes} --executor slurm: no srun on this machine (not a Slurm login node); run on one, "
+            "or use --executor local to qualify this machine as N local nodes"
+        )
+
+
 def node_task(config: QualifyConfig) -> dict:
     """What one task runs: its rank from submitit's job environment picks ``OUT/node-<rank>`` (and the node rank
     of cross-node collectives); returns the node's ``qualify.json`` content plus ``node`` and ``host``."""
@@ -76,12 +102,14 @@ def qualify_cluster(config: QualifyConfig, cc: ClusterConfig, echo=print) -> dic
         node failed an item), ``report`` (``OUT/cluster.html``).
 
     Raises:
-        UserError: fewer than 1 node, an unknown executor, a partition or GPUs with the local executor.
+        UserError: an unknown executor, a partition or GPUs with the local executor, a node count out of range or
+            no Slurm (:func:`check_nodes`).
     """
     if cc.executor not in ("local", "slurm"):
         raise UserError(f"executor={cc.executor!r}; allowed: local, slurm")
     if cc.executor == "local" and (cc.partition or cc.gpus_per_node):
         raise UserError("--partition and --gpus-per-node are Slurm settings; the local executor takes neither")
+    check_nodes(cc)
     config = dataclasses.replace(config, nnodes=cc.nodes if config.rdzv_endpoint else 1).validate()
     out = check_out_dir(config.out, "--out", "results/qualify")
     job = _executor(cc, out, config.budget_s).submit(node_task, config)

@@ -40,6 +40,8 @@ ITEM_TITLES = {
 LAUNCHERS = ("vllm", "sglang")
 #: the longest budget accepted (7 days, s): past it a typo ("5000h") would hold a node for months
 MAX_BUDGET_S = 7 * 86_400.0
+#: the longest torch.compile check of the doctor item (s): a compile that takes an hour is broken, not slow
+MAX_COMPILE_TIMEOUT_S = 3600.0
 _BUDGET_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
 
 
@@ -65,8 +67,14 @@ def parse_budget(text) -> float:
     return seconds
 
 
-def _threshold(default: float, source: str):
-    return field(default=default, metadata={"source": source})
+#: the allowed range of a threshold that is a fraction of a reference figure
+FRACTION = (0.0, 1.0)
+#: the allowed range of a count of bad cells or points
+COUNT = (0.0, 1e9)
+
+
+def _threshold(default: float, source: str, allowed: tuple[float, float] = FRACTION):
+    return field(default=default, metadata={"source": source, "range": allowed})
 
 
 @dataclass(frozen=True)
@@ -76,14 +84,14 @@ class Thresholds:
 
     ops_max_mismatches: float = _threshold(
         0, "an op's output outside torch.testing.assert_close's per-dtype atol/rtol on any element fails "
-        "(kit.check.harness.DEFAULT_TOL)"
+        "(kit.check.harness.DEFAULT_TOL)", COUNT
     )  # fmt: skip
     seed_max_bad_points: float = _threshold(
         0, "any point of the seed workload that is not ok (oom, error, flagged invalid) fails: the seed workload "
-        "is the load the node is bought for"
+        "is the load the node is bought for", COUNT
     )  # fmt: skip
     served_max_bad_points: float = _threshold(
-        0, "any served point with a failed request or a failed validity check fails (kit.validity.CHECKS)"
+        0, "any served point with a failed request or a failed validity check fails (kit.validity.CHECKS)", COUNT
     )
     kv_shortfall: float = _threshold(
         0.10, "largest decoding context below the target by more than this fraction fails: the search resolves to "
@@ -109,15 +117,24 @@ class Thresholds:
         0.8, "measured decode tok/s below this fraction of the prediction warns (the planner's own error on "
         "calibrated devices is within 20 % in the kit's tests of the roofline)"
     )  # fmt: skip
+    planner_high_ratio: float = _threshold(
+        1.25, "measured decode tok/s above this multiple of the prediction warns: faster than the device's own "
+        "calibration allows means the calibration or the measurement is wrong (the mirror of "
+        "planner_warn_fraction: 1 / 0.8)", (1.0, 100.0)
+    )  # fmt: skip
     power_max_pct_tdp: float = _threshold(
-        105.0, "average power above this percent of the catalog TDP warns (a sensor or a power cap set wrong)"
+        105.0,
+        "average power above this percent of the catalog TDP warns (a sensor or a power cap set wrong)",
+        (1.0, 1000.0),
     )
     cluster_outlier_fraction: float = _threshold(
         0.10, "a node whose headline figure is further than this fraction from the cluster's median is the outlier "
         "(two healthy nodes of one SKU differ by a few percent in the kit's repeated sweeps)"
     )  # fmt: skip
     overrun_warn: float = _threshold(
-        1.5, "an item that took more than this multiple of its budget share warns (the budget was not held)"
+        1.5,
+        "an item that took more than this multiple of its budget share warns (the budget was not held)",
+        (1.0, 1000.0),
     )
 
     @classmethod
@@ -125,11 +142,17 @@ class Thresholds:
         """Where the default of threshold ``name`` comes from."""
         return {f.name: f.metadata["source"] for f in dataclasses.fields(cls)}[name]
 
+    @classmethod
+    def allowed(cls, name: str) -> tuple[float, float]:
+        """``(lowest, highest)`` value threshold ``name`` accepts (a fraction: 0 to 1)."""
+        return {f.name: f.metadata["range"] for f in dataclasses.fields(cls)}[name]
+
     def with_overrides(self, items) -> Thresholds:
         """A copy with ``NAME=VALUE`` overrides (strings, or a dict of name → number).
 
         Raises:
-            UserError: an unknown name (lists the known ones) or a value that is not a finite number >= 0.
+            UserError: an unknown name (lists the known ones), a value that is not a number in the threshold's
+                range (:meth:`allowed`; fractions 0 to 1), or planner_fail_fraction above planner_warn_fraction.
         """
         pairs = items.items() if isinstance(items, dict) else (str(i).partition("=")[::2] for i in items)
         names = [f.name for f in dataclasses.fields(self)]
@@ -141,10 +164,18 @@ class Thresholds:
                 v = float(value)
             except (TypeError, ValueError):
                 v = math.nan
-            if not (math.isfinite(v) and v >= 0):
-                raise UserError(f"--threshold {name}={value!r}: give a finite number >= 0")
+            lo, hi = self.allowed(name)
+            if not (math.isfinite(v) and lo <= v <= hi):
+                what = "a fraction" if (lo, hi) == FRACTION else "a number"
+                raise UserError(f"--threshold {name}={value!r}: give {what} from {lo:g} to {hi:g}")
             new[name] = v
-        return dataclasses.replace(self, **new)
+        out = dataclasses.replace(self, **new)
+        if out.planner_fail_fraction > out.planner_warn_fraction:
+            raise UserError(
+                f"--threshold planner_fail_fraction={out.planner_fail_fraction:g} is above planner_warn_fraction="
+                f"{out.planner_warn_fraction:g}: the fail line must be at or below the warn line"
+            )
+        return out
 
 
 @dataclass
@@ -167,6 +198,8 @@ class QualifyConfig:
     compile_backend: str | None = None
     compile_ops: int | None = None
     kv_budget_gb: float | None = None
+    threads: int | None = None
+    compile_timeout_s: float | None = None
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
@@ -188,6 +221,17 @@ class QualifyConfig:
         self.items = tuple(i for i in ITEMS if i in self.items)  # always in the qualification's order
         if self.url and self.launch:
             raise UserError("give --url (a running endpoint) or --launch (start one), not both")
+        if self.url is not None:
+            from kit.serve.limits import check_url
+
+            check_url(self.url)
+        if self.compile_timeout_s is not None and not (
+            isinstance(self.compile_timeout_s, (int, float)) and 0 < self.compile_timeout_s <= MAX_COMPILE_TIMEOUT_S
+        ):
+            raise UserError(
+                f"compile_timeout_s={self.compile_timeout_s!r} (--compile-timeout) must be seconds > 0 and at most "
+                f"{MAX_COMPILE_TIMEOUT_S:g}"
+            )
         if self.launch is not None and self.launch not in LAUNCHERS:
             raise UserError(f"launch={self.launch!r}; allowed: {', '.join(LAUNCHERS)}")
         if self.launch and not self.served_model:

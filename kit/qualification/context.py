@@ -14,7 +14,8 @@ from kit.qualification.verdicts import Verdict
 @dataclass
 class ItemContext:
     """One item's run: ``config``, ``plan``, ``out`` (the qualification's directory), ``share_s`` (its share of
-    the budget, s) and ``deadline`` (``time.monotonic()`` when the share is spent)."""
+    the budget, s), ``deadline`` (``time.monotonic()`` when the share is spent) and ``origins`` (item → ``"this
+    run"`` for the items measured in this run so far, else the id of the earlier run whose verdict was kept)."""
 
     name: str
     config: QualifyConfig
@@ -22,6 +23,7 @@ class ItemContext:
     out: Path
     share_s: float
     deadline: float
+    origins: dict = field(default_factory=dict)
 
     @property
     def dir(self) -> Path:
@@ -50,6 +52,10 @@ class ItemResult:
     raw_dir: str | None = None
     plots: dict = field(default_factory=dict)
     headline: dict | None = None
+
+
+#: the origin of an item measured in this run (:attr:`ItemContext.origins`)
+THIS_RUN = "this run"
 
 
 def skipped(why: str) -> ItemResult:

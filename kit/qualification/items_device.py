@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 
-from kit.qualification.context import ItemContext, ItemResult, headline, skipped
+from kit.qualification.context import THIS_RUN, ItemContext, ItemResult, headline, skipped
 from kit.qualification.items_load import seed_rows
 from kit.qualification.verdicts import Verdict, calibrate_verdict, comm_verdict, planner_verdict
 
@@ -125,9 +125,9 @@ def run_calibrate_item(ctx: ItemContext) -> ItemResult:
 
 @contextlib.contextmanager
 def _seed_threads(ctx: ItemContext):
-    """On a CPU: the torch threads the seed workload was measured with (its rows' ``x_threads``, else the sweep's
-    policy, :func:`kit.hardware.cpu_threads_for_timing`), so the planner's calibration describes the same machine
-    the measurement ran on; restored after."""
+    """On a CPU: the torch threads the seed workload was measured with (its rows' ``x_threads``, else
+    ``--threads``, else the sweep's policy, :func:`kit.hardware.cpu_threads_for_timing`), so the planner's
+    calibration describes the same machine the measurement ran on; restored after."""
     import torch
 
     from kit import hardware
@@ -136,7 +136,8 @@ def _seed_threads(ctx: ItemContext):
     if ctx.plan.platform == "cpu":
         rows = seed_rows(ctx)
         known = rows["x_threads"].dropna() if "x_threads" in rows else []
-        torch.set_num_threads(int(known.iloc[0]) if len(known) else hardware.cpu_threads_for_timing()[0])
+        n = int(known.iloc[0]) if len(known) else ctx.config.threads or hardware.cpu_threads_for_timing()[0]
+        torch.set_num_threads(n)
     try:
         yield
     finally:
@@ -153,9 +154,40 @@ def _peak(name: str, dtype: str) -> float | None:
         return None
 
 
+def machine_noise(rows) -> str | None:
+    """Why the seed workload's timings are not steady (seed rows, one per point), or None: the sweep's noise check
+    (:func:`kit.measure.sweep.noise_warning`: TPOT p50 far above the fastest step) or other work on the cores
+    when it started (``x_threads_reason``, :func:`kit.hardware.cpu_threads_for_timing`)."""
+    from kit.measure.sweep import noise_warning
+
+    noisy = noise_warning(rows) if "tpot_ms_min" in rows and "tpot_ms_p50" in rows else None
+    if noisy:
+        return noisy
+    reasons = rows["x_threads_reason"].dropna().astype(str) if "x_threads_reason" in rows else []
+    busy = [r for r in reasons if "busy with other work" in r]
+    return f"busy machine: {busy[0]}" if busy else None
+
+
+def mixed_runs(ctx: ItemContext, rows) -> str | None:
+    """Why the seed points and the calibration are not figures of one run, or None: after a resume the seed
+    item's verdict and the calibration's can come from different qualification runs (:attr:`ItemContext.origins`),
+    and the seed points themselves from more than one sweep run (their ``run_id``)."""
+    o = ctx.origins
+    seed, cal = o.get("seed"), o.get("calibrate")
+    if seed and cal and seed != cal:
+        where = lambda x: x if x == THIS_RUN else f"the earlier run {x}"  # noqa: E731
+        return f"the seed workload is from {where(seed)}, the calibration from {where(cal)}"
+    runs = rows["run_id"].dropna().unique() if "run_id" in rows else []
+    if len(runs) > 1:
+        return f"the seed points come from {len(runs)} runs ({', '.join(map(str, runs))})"
+    return None
+
+
 def run_planner_item(ctx: ItemContext) -> ItemResult:
     """The planner's prediction of every ok seed-workload point on this device (its calibration from the
-    ``calibrate`` item when there is one) beside the measurement; judged on measured / predicted decode tok/s."""
+    ``calibrate`` item when there is one) beside the measurement; judged on measured / predicted decode tok/s
+    (:func:`kit.qualification.verdicts.planner_verdict`: two-sided, at most a warn on a noisy machine, not judged
+    when the figures come from different runs)."""
     from kit.plan.config import PredictConfig
     from kit.plan.roofline import predict_like
     from kit.results import ok_mask
@@ -172,9 +204,11 @@ def run_planner_item(ctx: ItemContext) -> ItemResult:
     j = rows[keys + ["decode_tok_s"]].merge(pred[keys + ["decode_tok_s", "x_bound"]], on=keys, suffixes=("_m", "_p"))
     j["ratio"] = j["decode_tok_s_m"] / j["decode_tok_s_p"]
     j.to_csv(ctx.dir / "planner_vs_measured.csv", index=False)
-    worst = j.loc[j["ratio"].idxmin()]
+    worst, best = j.loc[j["ratio"].idxmin()], j.loc[j["ratio"].idxmax()]
     fig = {
         "worst_ratio": float(worst["ratio"]), "worst_label": f"c={int(worst['concurrency'])}", "points": len(j),
+        "best_ratio": float(best["ratio"]), "best_label": f"c={int(best['concurrency'])}",
+        "noisy": machine_noise(rows), "mixed": mixed_runs(ctx, rows),
         "calibration": str(cal) if cal else "none (catalog figures of the local device)",
         "per_point": [{"concurrency": int(r["concurrency"]), "measured_tok_s": float(r["decode_tok_s_m"]),
                        "predicted_tok_s": float(r["decode_tok_s_p"]), "bound": r["x_bound"]} for _, r in j.iterrows()],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kit.qualification.config import Plan, QualifyConfig
 from kit.qualification.context import ItemContext, ItemResult, headline, skipped
 from kit.qualification.verdicts import kv_verdict, points_verdict, power_verdict
 from kit.results import row_problems, verdict
@@ -50,16 +51,26 @@ def _last_ok(fig: dict, name: str) -> dict | None:
     return headline(name, ok[-1]["tok_s"], "tok/s") if ok else None
 
 
-def seed_sweep_config(ctx: ItemContext):
-    """The in-process seed workload: ``kv_lens=[ISL]``, ``decode_steps=OSL``, a real (timed) prefill, every
-    concurrency of the plan (:class:`kit.measure.sweep.SweepConfig`)."""
+def seed_sweep_config(config: QualifyConfig, p: Plan):
+    """The in-process seed workload of ``config`` under plan ``p``: ``kv_lens=[ISL]``, ``decode_steps=OSL``, a
+    real (timed) prefill, every concurrency of the plan, ``--threads`` (:class:`kit.measure.sweep.SweepConfig`)."""
     from kit.measure.sweep import SweepConfig
 
-    p = ctx.plan
     return SweepConfig(
-        model=p.model, dtypes=[p.dtype], device=ctx.config.device, kv_lens=[p.isl], concurrencies=list(p.concurrencies),
-        decode_steps=p.osl, warmup_steps=min(3, p.osl), repeats=p.repeats, kv_fill="prefill",
+        model=p.model, dtypes=[p.dtype], device=config.device, kv_lens=[p.isl], concurrencies=list(p.concurrencies),
+        decode_steps=p.osl, warmup_steps=min(3, p.osl), repeats=p.repeats, kv_fill="prefill", threads=config.threads,
     )  # fmt: skip
+
+
+def check_workload(config: QualifyConfig, p: Plan) -> None:
+    """Check the model, dtype, ISL/OSL (against the model's context) and ``--threads`` before any item runs, with
+    the sweep's own checks (:meth:`kit.measure.sweep.SweepConfig.validate`: the preset/checkpoint resolver, the
+    dtype check of this device, the context limit).
+
+    Raises:
+        UserError: naming the bad value and what is allowed.
+    """
+    seed_sweep_config(config, p).validate()
 
 
 def seed_rows(ctx: ItemContext) -> pd.DataFrame:
@@ -69,7 +80,9 @@ def seed_rows(ctx: ItemContext) -> pd.DataFrame:
 
     if not (ctx.out / "seed" / "points.jsonl").exists():
         return pd.DataFrame()
-    return current_rows(load_results(ctx.out / "seed"), seed_sweep_config(ctx)).sort_values("concurrency")
+    return current_rows(load_results(ctx.out / "seed"), seed_sweep_config(ctx.config, ctx.plan)).sort_values(
+        "concurrency"
+    )
 
 
 def run_seed_item(ctx: ItemContext) -> ItemResult:
@@ -77,7 +90,7 @@ def run_seed_item(ctx: ItemContext) -> ItemResult:
     from kit.measure.sweep import run_sweep
     from kit.view.plots import throughput_vs_concurrency
 
-    cfg = seed_sweep_config(ctx)
+    cfg = seed_sweep_config(ctx.config, ctx.plan)
     run_sweep(cfg, ctx.dir, progress=False, should_stop=ctx.should_stop, resume=ctx.config.resume)
     rows = seed_rows(ctx)
     fig = points_figures(rows, len(cfg.points()), lambda r: f"c={int(r['concurrency'])}", "decode_tok_s")
@@ -175,7 +188,7 @@ def run_kv_item(ctx: ItemContext) -> ItemResult:
                "probes": 0, "done": True, "check": None}  # fmt: skip
         return ItemResult(kv_verdict(fig, cfg.thresholds), fig, str(ctx.dir))
     sc = StressConfig(model=p.model, batch=1, dtype=p.dtype, device=cfg.device, start=min(p.kv_start, limit),
-                      max_context=limit, decode_steps=2, warmup_steps=1, repeats=1,
+                      max_context=limit, decode_steps=2, warmup_steps=1, repeats=1, threads=cfg.threads,
                       check_context=min(1024, limit))  # fmt: skip
     df = run_kv_stress(sc, ctx.dir, should_stop=ctx.should_stop, resume=cfg.resume)
     a = df.attrs

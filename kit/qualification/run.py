@@ -25,7 +25,7 @@ from kit._io import check_out_dir
 from kit.grid import GridPoint, run_grid
 from kit.qualification import items_check, items_device, items_load
 from kit.qualification.config import ITEM_TITLES, ITEMS, Plan, QualifyConfig, plan
-from kit.qualification.context import ItemContext, skipped
+from kit.qualification.context import THIS_RUN, ItemContext, skipped
 from kit.qualification.verdicts import with_overrun
 
 log = logging.getLogger("kit")
@@ -53,6 +53,23 @@ def item_point_id(name: str, config: QualifyConfig, p: Plan) -> str:
     return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def verdict_line(name: str, verdict: str, reason: str, kept: bool = False) -> str:
+    """The terminal line of one item's verdict (``kept``: the verdict of an earlier run, kept on resume)."""
+    return f"kit qualify: {name}: {verdict.upper()} — {reason}" + (" (kept from the earlier run)" if kept else "")
+
+
+def earlier_runs(items_dir: Path) -> dict:
+    """Item → the id of the run that recorded its latest row in ``items_dir`` (empty when nothing ran there)."""
+    from kit.store import load_results
+
+    if not (items_dir / "points.jsonl").exists():
+        return {}
+    df = load_results(items_dir)
+    if df.empty or "x_item" not in df:
+        return {}
+    return {str(r["x_item"]): str(r["run_id"]) for _, r in df.iterrows()}  # later rows win
+
+
 class QualifyBackend:
     """The grid backend of a qualification: one point per item (see the module docstring)."""
 
@@ -61,8 +78,10 @@ class QualifyBackend:
     def __init__(self, config: QualifyConfig, p: Plan, out: Path, echo=print):
         self.config, self.plan, self.out, self.echo = config, p, out, echo
         self.description = "qualify"
-        self.end = time.monotonic() + config.budget_s
+        self.end: float | None = None  # the budget clock starts when the first item starts (not at start-up)
         self._pending = list(config.items)
+        self.origins = earlier_runs(out / "items") if config.resume else {}  # item → run kept, or THIS_RUN
+        self.fresh: list[str] = []  # items measured in this run, in order
 
     def points(self) -> list[GridPoint]:
         p = self.plan
@@ -82,8 +101,11 @@ class QualifyBackend:
 
     def share_s(self, name: str) -> float:
         """``name``'s share of what is left of the budget: left × its weight / the weights of the items still to
-        run (an item that finishes early leaves its time to the later ones)."""
+        run (an item that finishes early leaves its time to the later ones). The budget clock starts at the first
+        item's share, so start-up (imports, device detection) does not count."""
         todo = self._pending[self._pending.index(name) :] if name in self._pending else [name]
+        if self.end is None:
+            self.end = time.monotonic() + self.config.budget_s
         left = self.end - time.monotonic()
         return max(0.0, left * ITEMS[name] / sum(ITEMS[n] for n in todo))
 
@@ -91,17 +113,19 @@ class QualifyBackend:
         name = point.config
         share = self.share_s(name)
         self._pending = self._pending[self._pending.index(name) + 1 :]
+        self.fresh.append(name)
+        self.origins[name] = THIS_RUN
         if share <= 0:
             res = skipped("the budget was spent before this item started (raise --budget, or re-run to resume)")
         else:
             self.echo(f"kit qualify: {name} ({ITEM_TITLES[name]}), share {share:.0f} s ...")
-            ctx = ItemContext(name, self.config, self.plan, self.out, share, time.monotonic() + share)
+            ctx = ItemContext(name, self.config, self.plan, self.out, share, time.monotonic() + share, self.origins)
             t0 = time.monotonic()
             res = RUNNERS[name](ctx)
             res.verdict = with_overrun(res.verdict, time.monotonic() - t0, share, self.config.thresholds)
             res.figures["elapsed_s"] = round(time.monotonic() - t0, 1)
         v = res.verdict
-        self.echo(f"kit qualify: {name}: {v.verdict.upper()} — {v.reason}")
+        self.echo(verdict_line(name, v.verdict, v.reason))
         return {
             "status": "skipped" if v.verdict == "skip" else "ok",
             "error": v.reason if v.verdict == "fail" else None,
@@ -125,7 +149,8 @@ class QualifyBackend:
 def item_rows(frame: pd.DataFrame, config: QualifyConfig, p: Plan) -> list[dict]:
     """One dict per item of ``config`` (in order) from the qualification's stored rows: ``item``, ``title``,
     ``verdict``, ``reason``, ``threshold``, ``share_s``, ``elapsed_s``, ``figures``, ``plots``, ``raw_dir``,
-    ``headline``, ``run_id`` (the grid run that recorded it); an item that raised is a ``fail`` naming the error,
+    ``headline``, ``run_id`` (the grid run that recorded it; :func:`run_items` adds ``kept``: the verdict of an
+    earlier run, kept on resume); an item that raised is a ``fail`` naming the error,
     one with no row a ``skip``."""
     latest = {}
     for rec in json.loads(frame.to_json(orient="records")) if len(frame) else []:
@@ -155,15 +180,20 @@ def run_items(config: QualifyConfig, echo=print) -> tuple[Plan, list[dict], Path
     """Run (or resume) the items of ``config`` in ``config.out``; ``(plan, item rows, items directory)``.
 
     Raises:
-        UserError / OutputPathError: bad settings or output path, before any item runs. KeyboardInterrupt: after
+        UserError / OutputPathError: bad settings (model, dtype, ISL/OSL, URL, ...) or output path, before any
+            item runs. KeyboardInterrupt: after
             the finished items are saved.
     """
     config = config.validate()
     out = check_out_dir(config.out, "--out", "results/qualify")
     items_check.op_impls(config.op_impls)  # a bad --op-impl is a user error now, not a failed item later
     p = plan(config)
+    items_load.check_workload(config, p)  # a bad model, dtype, ISL/OSL or --threads: a user error now
     for line in p.choices:
         echo(f"kit qualify: {line}")
     backend = QualifyBackend(config, p, out, echo)
     frame = run_grid(backend, out / "items", resume=config.resume, progress=False)
-    return p, item_rows(frame, config, p), out / "items"
+    items = item_rows(frame, config, p)
+    for i in items:
+        i["kept"] = i["item"] not in backend.fresh and i["run_id"] is not None
+    return p, items, out / "items"

@@ -5,6 +5,7 @@ with stand-in items."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -12,8 +13,9 @@ from kit.cli import main
 from kit.errors import UserError
 from kit.qualification import run as qrun
 from kit.qualification.cluster import compare_nodes
-from kit.qualification.config import ITEMS, QualifyConfig, Thresholds, parse_budget
+from kit.qualification.config import ITEMS, QualifyConfig, Thresholds, parse_budget, plan
 from kit.qualification.context import ItemResult, headline
+from kit.qualification.node import qualify
 from kit.qualification.verdicts import (
     Verdict,
     calibrate_verdict,
@@ -46,7 +48,7 @@ def test_thresholds_have_sources_and_strict_overrides():
     with pytest.raises(UserError, match="unknown threshold; known: ops_max_mismatches"):
         TH.with_overrides(["nope=1"])
     for bad in ("kv_shortfall=abc", "kv_shortfall=-1", "kv_shortfall=nan", "kv_shortfall"):
-        with pytest.raises(UserError, match="finite number"):
+        with pytest.raises(UserError, match="give a fraction from 0 to 1"):
             TH.with_overrides([bad])
 
 
@@ -171,9 +173,23 @@ def test_cluster_names_the_outlier_per_item():
         (["--op-impl", "top_p_renorm_prob=no_such_module:f"], "does not import"),
         (["--op-impl", "top_q=kit.check.planted:f"], "unknown op 'top_q'"),
         (["--concurrency", "0"], "too small"),
+        # bad values an item would only meet once it ran: refused before any item (issue 31)
+        (["--model", "no-such-model"], "no-such-model"),
+        (["--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
+        (["--dtype", "float99"], "float99"),
+        (["--isl", "99999999999"], "99999999999"),
+        (["--url", "not-a-url"], "not-a-url"),
+        (["--threads", "100000"], "threads=100000"),
+        (["--compile-timeout", "1e9"], "compile_timeout_s=1000000000.0"),
+        (["--nodes", "1000000", "--executor", "local"], "--nodes 1000000: the local executor takes 1 to 8"),
+        (["--nodes", "5000"], "--nodes 5000: the slurm executor takes 1 to 1024"),
+        (["--threshold", "kv_shortfall=1e308"], "give a fraction from 0 to 1"),
+        (["--threshold", "overrun_warn=0.5"], "give a number from 1 to 1000"),
+        (["--threshold", "planner_fail_fraction=0.9"], "above planner_warn_fraction=0.8"),
     ],
 )
-def test_user_errors_exit_2_with_one_line(argv, message, tmp_path, capsys):
+def test_user_errors_exit_2_with_one_line(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(qrun, "RUNNERS", {})  # an item that ran would raise KeyError: nothing may run
     try:
         rc = main(["qualify", "--out", str(tmp_path / "q"), *argv])
     except SystemExit as e:  # argparse's own exit for a bad option value
@@ -224,3 +240,146 @@ def test_list_thresholds_prints_each_with_its_source(capsys):
     out = capsys.readouterr().out
     for name in ("ops_max_mismatches", "kv_shortfall", "comm_min_busbw_fraction", "cluster_outlier_fraction"):
         assert f"{name} = {getattr(TH, name):g}\n    {Thresholds.source(name)}" in out
+
+
+def test_slurm_without_srun_is_a_user_error_suggesting_the_local_executor(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert main(["qualify", "--out", str(tmp_path / "q"), "--nodes", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "no srun on this machine" in err and "--executor local" in err and err.count("\n") == 1
+    assert not (tmp_path / "q").exists()
+
+
+def test_thresholds_are_checked_against_their_own_range():
+    assert Thresholds.allowed("kv_shortfall") == (0.0, 1.0) and Thresholds.allowed("overrun_warn")[0] == 1.0
+    assert TH.with_overrides(["kv_shortfall=1", "ops_max_mismatches=40"]).ops_max_mismatches == 40
+    for bad in ("kv_shortfall=1.01", "comm_min_busbw_fraction=2", "cluster_outlier_fraction=1e308"):
+        with pytest.raises(UserError, match=r"give a fraction from 0 to 1"):
+            TH.with_overrides([bad])
+    with pytest.raises(UserError, match=r"planner_high_ratio='0.5': give a number from 1 to 100"):
+        TH.with_overrides(["planner_high_ratio=0.5"])
+
+
+def test_nothing_checked_never_reads_pass():
+    assert overall(["skip"] * 9) == "warn" and exit_code(["skip"] * 9) == 1
+    assert overall([]) == "warn" and exit_code([]) == 1
+    assert overall(["skip", "pass"]) == "pass" and exit_code(["skip", "pass"]) == 0
+
+
+def test_the_budget_clock_starts_with_the_first_item(tmp_path, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(qrun.time, "monotonic", lambda: now[0])
+    cfg = QualifyConfig(out=str(tmp_path / "q"), budget_s=10).validate()
+    backend = qrun.QualifyBackend(cfg, plan(cfg), tmp_path / "q")
+    now[0] += 30.0  # start-up (imports, device detection) longer than the whole budget
+    assert backend.share_s("doctor") == pytest.approx(10 * ITEMS["doctor"] / sum(ITEMS.values()))
+    now[0] += 10.0
+    assert backend.share_s("ops") == 0.0  # from then on the clock runs
+
+
+def fake_runners_with(verdicts: dict, raises: str | None = None):
+    def make(name):
+        def run(ctx):
+            if name == raises:
+                raise RuntimeError(f"{name} broke")
+            v = verdicts.get(name, "pass")
+            return ItemResult(Verdict(v, f"{name} said {v}", "rule"), {"n": 1})
+
+        return run
+
+    return {n: make(n) for n in ITEMS}
+
+
+def test_every_verdict_is_printed_at_the_end_with_fail_reasons_and_kept_marks(tmp_path, monkeypatch):
+    cfg = QualifyConfig(out=str(tmp_path / "q"), budget_s=60)
+    monkeypatch.setattr(qrun, "RUNNERS", fake_runners_with({"kv": "fail", "served": "skip"}, raises="comm"))
+    lines = []
+    s = qualify(cfg, echo=lines.append)
+    assert s["exit_code"] == 1
+    end = lines[-10:-1]  # the nine verdicts, then the overall line
+    assert [x.split(":")[1].strip() for x in end] == list(ITEMS)
+    assert "kit qualify: kv: FAIL — kv said fail" in end and not any("kept" in x for x in end)
+    assert any(x.startswith("kit qualify: comm: FAIL — the item raised:") and "comm broke" in x for x in end)
+    lines.clear()
+    qualify(cfg, echo=lines.append)
+    end = lines[-10:-1]
+    assert "kit qualify: doctor: PASS — doctor said pass (kept from the earlier run)" in end
+    assert "kit qualify: kv: FAIL — kv said fail" in end  # a failed item ran again: not kept
+    assert [i for i in qualify(cfg, echo=None)["items"] if i["kept"]][0]["item"] == "doctor"
+
+
+def test_a_run_of_skips_says_nothing_was_checked_and_exits_1(tmp_path, monkeypatch):
+    monkeypatch.setattr(qrun, "RUNNERS", fake_runners_with(dict.fromkeys(ITEMS, "skip")))
+    lines = []
+    s = qualify(QualifyConfig(out=str(tmp_path / "q"), budget_s=60), echo=lines.append)
+    assert (s["overall"], s["exit_code"]) == ("warn", 1)
+    assert any("nothing was checked" in x for x in lines) and lines[-1].startswith("kit qualify: WARN")
+
+
+def test_threads_and_compile_timeout_reach_the_items(tmp_path, monkeypatch):
+    from kit.check import doctor
+    from kit.cli import build_parser
+    from kit.qualification import items_check
+    from kit.qualification.cli import config_from
+    from kit.qualification.context import ItemContext
+    from kit.qualification.items_load import seed_sweep_config
+
+    args = build_parser("qualify").parse_args(
+        ["qualify", "--threads", "1", "--compile-timeout", "7", "--out", str(tmp_path)]
+    )
+    cfg = config_from(args)
+    p = plan(cfg)
+    assert seed_sweep_config(cfg, p).threads == 1 and cfg.compile_timeout_s == 7.0
+    seen = {}
+    fnuz = "casting an out-of-range value to float8_e4m3fnuz gives NaN here: clamp to ±240 first (kit.check.fp8.to_fp8)"
+
+    def fake_doctor(dc):
+        seen["timeout"], seen["check"] = dc.compile_timeout_s, dc.compile_check
+        return {"device": {"name": "cpu", "count": 1}, "torch": {"version": "x"}, "dtypes": [],
+                "fp8": {"native_format": "e4m3fn"}, "compile": {"checked": True, "ok": True}, "packages": {},
+                "problems": [], "warnings": [fnuz]}  # fmt: skip
+
+    monkeypatch.setattr(doctor, "run_doctor", fake_doctor)
+    ctx = ItemContext("doctor", cfg, p, tmp_path, 2.0, 0.0)  # a 2 s share: --compile-timeout still wins
+    res = items_check.run_doctor_item(ctx)
+    assert seen == {"timeout": 7.0, "check": True}
+    # the fnuz NaN cast is documented format behaviour: a note in the figures, not a warning
+    assert res.verdict.verdict == "pass" and res.figures["notes"] == [fnuz] and res.figures["warnings"] == []
+    real = "torch.compile check did not finish within 7 s"
+    assert items_check.expected_notes([fnuz, real]) == [fnuz]
+
+
+def test_planner_verdict_is_two_sided_noise_aware_and_one_run_only():
+    pl = {"worst_ratio": 0.9, "worst_label": "c=1", "best_ratio": 0.95, "best_label": "c=8", "points": 3}
+    assert planner_verdict(pl, TH).verdict == "pass"
+    v = planner_verdict({**pl, "worst_ratio": 1.3, "best_ratio": 1.76}, TH)
+    assert v.verdict == "warn" and "176% at c=8" in v.reason and "above the prediction" in v.reason
+    v = planner_verdict({**pl, "worst_ratio": 0.41, "noisy": "noisy machine: TPOT p50 is up to 5x"}, TH)
+    assert v.verdict == "warn" and "at most a warn: noisy machine" in v.reason
+    v = planner_verdict({**pl, "worst_ratio": 0.41, "mixed": "the seed workload is from the earlier run r1"}, TH)
+    assert v.verdict == "warn" and v.reason.startswith("not judged: the seed workload is from the earlier run r1")
+    assert planner_verdict({**pl, "worst_ratio": 0.41}, TH).verdict == "fail"
+
+
+def test_planner_figures_know_noise_and_mixed_runs(tmp_path):
+    import pandas as pd
+
+    from kit.qualification.context import THIS_RUN, ItemContext
+    from kit.qualification.items_device import machine_noise, mixed_runs
+
+    rows = pd.DataFrame({"status": ["ok", "ok"], "tpot_ms_p50": [10.0, 10.0], "tpot_ms_min": [9.0, 9.5],
+                         "x_threads_reason": ["2 of 2 cores free at the start"] * 2, "run_id": ["a", "a"]})  # fmt: skip
+    assert machine_noise(rows) is None
+    assert "noisy machine" in machine_noise(rows.assign(tpot_ms_p50=[40.0, 10.0]))
+    busy = "1 of 2 cores free at the start (1.0 cores busy with other work)"
+    assert machine_noise(rows.assign(x_threads_reason=[busy, busy])) == f"busy machine: {busy}"
+    cfg = QualifyConfig(out=str(tmp_path))
+
+    def ctx(origins):
+        return ItemContext("planner", cfg, None, tmp_path, 1.0, 0.0, origins)
+
+    assert mixed_runs(ctx({"seed": THIS_RUN, "calibrate": THIS_RUN}), rows) is None
+    assert mixed_runs(ctx({"seed": "r1", "calibrate": "r1"}), rows) is None
+    why = mixed_runs(ctx({"seed": "r1", "calibrate": THIS_RUN}), rows)
+    assert why == "the seed workload is from the earlier run r1, the calibration from this run"
+    assert "2 runs" in mixed_runs(ctx({}), rows.assign(run_id=["a", "b"]))
