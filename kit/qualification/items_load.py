@@ -68,9 +68,16 @@ def check_workload(config: QualifyConfig, p: Plan) -> None:
     dtype check of this device, the context limit).
 
     Raises:
-        UserError: naming the bad value and what is allowed.
+        UserError: naming the bad value and what is allowed (prefixed with the qualification's settings, since
+            the sweep's message names its own fields, e.g. ``context_len`` for ``--isl``).
     """
-    seed_sweep_config(config, p).validate()
+    from kit.errors import UserError
+
+    try:
+        seed_sweep_config(config, p).validate()
+    except UserError as e:
+        what = f"--model {p.model} --dtype {p.dtype} --isl {p.isl} --osl {p.osl}"
+        raise UserError(f"the seed workload ({what}): {e}") from None
 
 
 def seed_rows(ctx: ItemContext) -> pd.DataFrame:
