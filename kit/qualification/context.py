@@ -54,7 +54,7 @@ class ItemResult:
     headline: dict | None = None
 
 
-#: the origin of an item measured in this run (:attr:`ItemContext.origins`)
+#: the origin of an item measured in this run (in ``ItemContext.origins``)
 THIS_RUN = "this run"
 
 

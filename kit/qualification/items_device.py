@@ -170,8 +170,9 @@ def machine_noise(rows) -> str | None:
 
 def mixed_runs(ctx: ItemContext, rows) -> str | None:
     """Why the seed points and the calibration are not figures of one run, or None: after a resume the seed
-    item's verdict and the calibration's can come from different qualification runs (:attr:`ItemContext.origins`),
-    and the seed points themselves from more than one sweep run (their ``run_id``)."""
+    item's verdict and the calibration's can come from different qualification runs (the ``origins`` of
+    :class:`kit.qualification.context.ItemContext`), and the seed points themselves from more than one sweep run
+    (their ``run_id``)."""
     o = ctx.origins
     seed, cal = o.get("seed"), o.get("calibrate")
     if seed and cal and seed != cal:
