@@ -157,14 +157,15 @@ def _peak(name: str, dtype: str) -> float | None:
 def machine_noise(rows) -> str | None:
     """Why the seed workload's timings are not steady (seed rows, one per point), or None: the sweep's noise check
     (:func:`kit.measure.sweep.noise_warning`: TPOT p50 far above the fastest step) or other work on the cores
-    when it started (``x_threads_reason``, :func:`kit.hardware.cpu_threads_for_timing`)."""
+    when it started (``x_threads_reason`` read by :func:`kit.track.noise.busy_cores`)."""
     from kit.measure.sweep import noise_warning
+    from kit.track.noise import busy_cores
 
     noisy = noise_warning(rows) if "tpot_ms_min" in rows and "tpot_ms_p50" in rows else None
     if noisy:
         return noisy
-    reasons = rows["x_threads_reason"].dropna().astype(str) if "x_threads_reason" in rows else []
-    busy = [r for r in reasons if "busy with other work" in r]
+    reasons = rows["x_threads_reason"].dropna() if "x_threads_reason" in rows else []
+    busy = [r for r in reasons if (busy_cores(r) or 0.0) > 0]
     return f"busy machine: {busy[0]}" if busy else None
 
 

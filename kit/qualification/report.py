@@ -5,7 +5,6 @@ commit."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import html
 import json
@@ -69,7 +68,9 @@ def _img(path: str, title: str, item: str, k: int) -> str:
     p = Path(path)
     if not p.exists():
         return f"<p>missing plot {html.escape(path)}</p>"
-    uri = "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode()
+    from kit.view.render import png_data_uri
+
+    uri = png_data_uri(p.read_bytes())
     t = html.escape(title)
     return f'<img class="kit-plot" id="plot-{item}-{k}" alt="{t}" title="{t}" src="{uri}">'
 

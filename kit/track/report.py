@@ -9,9 +9,7 @@ price).
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 from pathlib import Path
 
@@ -42,15 +40,6 @@ def history_frame(db: str | Path, flags: dict | None = None) -> pd.DataFrame:
             rec[f"regression_{col}"] = (pkey, metric) in (flags or {}).get(commit, set())
         out.append(rec)
     return pd.DataFrame(out)
-
-
-def _png(fig) -> bytes:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def _table(df: pd.DataFrame, cls: str) -> str:
@@ -94,6 +83,7 @@ def write_report(db: str | Path, out_dir: str | Path, base: str | None = None, h
     """
     from kit.errors import UserError
     from kit.view.history_plots import metric_vs_commit
+    from kit.view.render import figure_png, png_data_uri
 
     out = check_out_dir(out_dir, "--out", "history-report")
     runs = list_runs(db)
@@ -121,9 +111,9 @@ def write_report(db: str | Path, out_dir: str | Path, base: str | None = None, h
         if data.empty:
             parts.append(f"<h2>{title}</h2><p>no data (no price recorded: kit history add --usd-per-gpu-hr)</p>")
             continue
-        png = _png(metric_vs_commit(data, col, commits, title=title.replace("$", r"\$")))
+        png = figure_png(metric_vs_commit(data, col, commits, title=title.replace("$", r"\$")), dpi=100)
         atomic_write_bytes(out / f"history_{col}.png", png)
-        uri = "data:image/png;base64," + base64.b64encode(png).decode()
+        uri = png_data_uri(png)
         parts.append(f'<h2>{title}</h2><img class="kit-plot" id="plot-{col}" alt="{title}" src="{uri}">')
     if latest is not None:
         parts.append(f"<h2>Latest compare: {html.escape(latest.base)} → {html.escape(latest.head)}</h2>")

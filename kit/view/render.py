@@ -1,7 +1,7 @@
-"""Pure renderings of results for the widgets (:mod:`kit.view.panel`, :mod:`kit.view.compare_view`): the results
-table and its HTML, the problem lines, PNG bytes of a figure, and the static snapshot shown where no widget manager
-runs (papermill outputs in the docs, nbconvert, a console). No widget is built here; every function is testable on a
-plain DataFrame.
+"""Pure renderings of results for the widgets (:mod:`kit.view.panel`, :mod:`kit.view.compare_view`) and the kit's
+HTML pages: the results table and its HTML, the problem lines, PNG bytes of a figure and their data URI, and the
+static snapshot shown where no widget manager runs (papermill outputs in the docs, nbconvert, a console). No widget is
+built here; every function is testable on a plain DataFrame.
 """
 
 from __future__ import annotations
@@ -90,15 +90,18 @@ def figure_png(fig, dpi: int = 90) -> bytes:
     return buf.getvalue()
 
 
+def png_data_uri(png: bytes) -> str:
+    """``png`` bytes as a ``data:image/png;base64,...`` URI: a figure inlined in a self-contained HTML page."""
+    return "data:image/png;base64," + base64.b64encode(bytes(png)).decode()
+
+
 def snapshot_html(status_html: str, png, table: str) -> str:
     """A static HTML picture of a widget view: the status line, the plot (``png`` bytes inlined; skipped when
     empty or None) and the table's HTML."""
     parts = [f"<div class='kit-snapshot'><div>{status_html}</div>"]
     data = bytes(png) if png is not None else b""
     if data:
-        parts.append(
-            f"<img alt='plot' style='max-width:640px' src='data:image/png;base64,{base64.b64encode(data).decode()}'/>"
-        )
+        parts.append(f"<img alt='plot' style='max-width:640px' src='{png_data_uri(data)}'/>")
     parts.append(f"{table}</div>")
     return "".join(parts)
 
