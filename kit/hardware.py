@@ -277,11 +277,12 @@ def cpu_threads_for_timing(sample_s: float = 0.3) -> tuple[int, str, float]:
     busy = sum(mine)
     free = sum(1 for u in mine if u < BUSY_CORE_FRACTION)
     threads = max(1, free)
-    reason = (
-        f"{threads} of {len(cores)} cores free at the start ({busy:.1f} cores busy with other work)"
-        if busy >= BUSY_CORE_FRACTION
-        else f"{len(cores)} cores, all free at the start"
-    )
+    if busy < BUSY_CORE_FRACTION:
+        reason = f"{len(cores)} cores, all free at the start"
+    elif free:
+        reason = f"{free} of {len(cores)} cores free at the start ({busy:.1f} cores busy with other work)"
+    else:  # the thread count is the floor of one, not a free core
+        reason = f"no core of {len(cores)} free at the start ({busy:.1f} cores busy with other work): 1 thread"
     return threads, reason, busy
 
 

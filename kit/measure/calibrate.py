@@ -14,6 +14,10 @@ Three measurements, each warmed up, synchronised, repeated, and summarised by th
   (hidden 64, vocab 256; 1 and 4 layers) whose arithmetic is negligible: the difference gives the per-layer cost
   of an eager PyTorch/transformers layer, the rest the fixed per-step cost (embedding, head, sampling, Python).
   This is what makes small batches *overhead-bound* on CPU; the planner adds it to the roofline time.
+- **launch overhead and per-layer floors** (:mod:`kit.measure.floors`): a chain of N tiny ops, eager and from a
+  captured graph where the device has CUDA/HIP graphs (``launch_us_fixed`` + ``launch_us_per_op``,
+  ``graph_launch_us_per_op``; None without graphs), and the per-layer floor of a small preset's decode step; from
+  them a **local stack profile** (``stack_profile``, :mod:`kit.plan.stack`) that the planner uses for this device.
 
 The result is a JSON file, by default ``$KIT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kit`` or ``~/.cache/kit``, named
 ``calibration-<device>.json``; :func:`kit.plan.device.get_device_model` reads it for ``accelerator="local"`` /
@@ -35,6 +39,7 @@ from kit import dtypes, hardware
 from kit._io import atomic_write_text, cache_dir, check_out_file
 from kit.cli import number_arg
 from kit.errors import InputNotFoundError, UserError
+from kit.measure import floors
 from kit.measure.timing import timed_repeats
 from kit.metrics import achieved_gb_s, percentiles
 
@@ -214,8 +219,10 @@ def calibrate(
     Returns:
         the calibration dict (what :func:`save_calibration` writes): ``mem_bw_gb_s`` (copy, median),
         ``mem_read_gb_s``, ``matmul_tflops`` {float32, bfloat16, float16} (median), ``overhead_ms_fixed``,
-        ``overhead_ms_per_layer``, ``attn_tflops`` (decode attention, float32), ``details`` (every summary with
-        n), device, threads, versions, time.
+        ``overhead_ms_per_layer``, ``attn_tflops`` (decode attention, float32), ``launch_us_fixed`` /
+        ``launch_us_per_op`` (eager, µs) and ``graph_launch_us_per_op`` (µs; None where the device has no graphs),
+        ``stack_profile`` (the local stack profile, :func:`kit.measure.floors.local_stack_profile`), ``details``
+        (every summary with n), device, threads, versions, time.
 
     Raises:
         ValueError: unknown device.
@@ -235,7 +242,10 @@ def calibrate(
         decode_steps=4 if quick else 16,
         repeats=1 if quick else 5,
     )
-    return {
+    la = floors.measure_launch(dev, repeats=5 if quick else 20)
+    gv = floors.measure_gemv_bandwidth(dev, size_mb, warmup=1 if quick else 2, repeats=3 if quick else 10)
+    dg = floors.measure_decode_gemm(dev, k=512 if quick else 2048, n=512 if quick else 2048, repeats=3 if quick else 7)
+    cal = {
         "device": info.platform,
         "device_name": info.name,
         "device_key": device_key(info),
@@ -251,11 +261,29 @@ def calibrate(
         "overhead_ms_fixed": ov["overhead_ms_fixed"],
         "overhead_ms_per_layer": ov["overhead_ms_per_layer"],
         "attn_tflops": at["attn_tflops"],
-        "details": {"bandwidth": bw, "matmul": mm, "overhead": ov, "attention": at},
+        "gemv_gb_s": gv["gemv_gb_s"],
+        "launch_us_fixed": la["launch_us_fixed"],
+        "launch_us_per_op": la["launch_us_per_op"],
+        "graph_launch_us_per_op": la["graph_launch_us_per_op"],
+        "details": {
+            "bandwidth": bw,
+            "matmul": mm,
+            "overhead": ov,
+            "attention": at,
+            "launch": la,
+            "gemv": gv,
+            "decode_gemm": dg,
+        },
         "method": "median over repeats after warm-up; copy GB/s counts read + write; matmul 2n^3 FLOPs; overhead "
         "fitted on 1- and 4-layer toy Llama decode steps (kit.measure.engine.run_point); attention from the toy's "
-        "step at batch x context minus batch 1, context 16",
+        "step at batch x context minus batch 1, context 16; launch from chains of 8/32/128 tiny ops (eager, and a "
+        "captured graph where available); per-layer floor from tiny-llama's decode step minus its roofline time",
     }
+    cal["details"]["floor"] = floors.measure_layer_floor(
+        cal, decode_steps=4 if quick else 16, repeats=1 if quick else 5
+    )
+    cal["stack_profile"] = floors.local_stack_profile(cal)
+    return cal
 
 
 def save_calibration(cal: dict, path: str | Path | None = None) -> Path:
@@ -270,7 +298,10 @@ def save_calibration(cal: dict, path: str | Path | None = None) -> Path:
 
 
 #: numbers a calibration may carry besides ``mem_bw_gb_s`` and ``matmul_tflops`` (each finite and >= 0 when set)
-CALIBRATION_NUMBERS = ("memory_gb", "threads", "overhead_ms_fixed", "overhead_ms_per_layer", "attn_tflops")
+CALIBRATION_NUMBERS = (
+    "memory_gb", "threads", "overhead_ms_fixed", "overhead_ms_per_layer", "attn_tflops", "launch_us_fixed",
+    "launch_us_per_op", "graph_launch_us_per_op", "gemv_gb_s",
+)  # fmt: skip
 
 
 def _number(v) -> bool:
@@ -286,7 +317,8 @@ def load_calibration(path: str | Path | None = None, device: str | None = None) 
         UserError: one line naming the file and what is wrong, and to rerun ``kit calibrate``: unreadable, not
             JSON (a corrupted or truncated file: where the JSON breaks), not an object, ``mem_bw_gb_s`` missing or
             not a number > 0, ``matmul_tflops`` missing or not ``{dtype: TFLOPS}``, or a number of
-            :data:`CALIBRATION_NUMBERS` that is not finite and >= 0.
+            :data:`CALIBRATION_NUMBERS` that is not finite and >= 0, or a ``stack_profile`` that is not a valid profile
+            (:func:`kit.plan.stack.profile_from_dict`).
     """
     p = Path(path) if path else default_path(device)
     if not p.exists():
@@ -315,6 +347,16 @@ def load_calibration(path: str | Path | None = None, device: str | None = None) 
     for k in CALIBRATION_NUMBERS:
         if cal.get(k) is not None and not _number(cal[k]):
             raise UserError(f"calibration file {p}: {k}={cal[k]!r} is not a finite number >= 0; {again}")
+    sp = cal.get("stack_profile")
+    if sp is not None:
+        from kit.plan.stack import profile_from_dict
+
+        if not isinstance(sp, dict):
+            raise UserError(f"calibration file {p}: stack_profile={sp!r} is not an object; {again}")
+        try:
+            profile_from_dict(sp, f"calibration file {p}: stack_profile")
+        except UserError as e:
+            raise UserError(f"{e}; {again}") from None
     cal["matmul_tflops"] = {k: v for k, v in mm.items() if v}
     cal["path"] = str(p)
     return cal
@@ -369,5 +411,18 @@ def _cli(args) -> int:
     print(
         f"  step overhead {cal['overhead_ms_fixed']:.3f} ms fixed + {cal['overhead_ms_per_layer']:.3f} ms/layer "
         f"(toy decode steps: {', '.join(f'{k} layers {v:.3f} ms' for k, v in ov['step_ms'].items())})"
+    )
+    la, fl = d["launch"], d["floor"]
+    graph = (
+        f"graph {la['graph_launch_us_fixed']:.2f} us + {la['graph_launch_us_per_op']:.3f} us/op"
+        if la["graph_launch_us_per_op"] is not None
+        else f"graph: not available ({la['graph_note']})"
+    )
+    print(f"  launch eager {la['launch_us_fixed']:.2f} us + {la['launch_us_per_op']:.3f} us/op; {graph}")
+    sp = cal["stack_profile"]
+    print(
+        f"  per-layer floor {fl['floor_ms_per_layer'] * 1e3:.1f} us ({fl['preset']} step {fl['step_ms']:.3f} ms - "
+        f"roofline {fl['roofline_ms']:.3f} ms - fixed, over {fl['layers']} layers) -> stack profile {sp['name']} "
+        f"(floors us/layer: {', '.join(f'{c} {v:.1f}' for c, v in sp['floors_us'].items())}; {sp['floor_mode']})"
     )
     return 0

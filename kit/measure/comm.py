@@ -345,7 +345,8 @@ def decode_summary(df: pd.DataFrame) -> list[str]:
 
 
 def planner_line(cfg: CommConfig) -> str | None:
-    """The planner's figure for the same model, batch and ranks on ``cfg.accelerator`` (catalog links):
+    """The planner's figure for the same model, batch and ranks on ``cfg.accelerator`` (catalog links, no stack
+    profile):
     ``"planner (B300, TP2): 187 collectives, 1.31 ms latency + 0.00 ms bandwidth of a 4.10 ms step"``."""
     if not (cfg.model and cfg.accelerator):
         return None
@@ -354,7 +355,8 @@ def planner_line(cfg: CommConfig) -> str | None:
     from kit.plan.config import PredictConfig
     from kit.plan.roofline import predict_point
 
-    plan = PredictConfig(accelerator=cfg.accelerator, n_gpus=cfg.world, tp=cfg.world, prefill=False)
+    # no serving-stack profile: the catalog's links, and EP = TP for a MoE, as the decode path measured above
+    plan = PredictConfig(accelerator=cfg.accelerator, n_gpus=cfg.world, tp=cfg.world, prefill=False, stack="none")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heads that do not split over a small test world
         r = predict_point(cfg.model, cfg.batch, 1024, plan)

@@ -21,6 +21,7 @@ from kit.plan.device import DEFAULT_EFF_BW, DEFAULT_EFF_FLOPS, get_device_model
 from kit.plan.fit import MIN_GPUS_MAX, memory_fit, min_gpus
 from kit.plan.roofline import PlannerBackend, predict_point
 from kit.plan.spec import get_spec, list_models
+from kit.plan.stack import resolve_stack, with_stack_layout
 
 
 @dataclass
@@ -59,6 +60,14 @@ class PlanConfig:
     spec_k: int | None = config_field(None, help="speculative decoding: draft tokens per verify step (default off)")
     spec_accept: float | None = config_field(
         None, help="speculative decoding: mean tokens emitted per verify step, in [1, k+1] (default 1.85)"
+    )
+    stack: str | None = config_field(
+        None,
+        help="serving-stack profile (kit/data/stacks.csv name, 'local' = the calibration's, 'none'); default: the "
+        "calibration's local profile, else the one marked default for the accelerator",
+    )
+    spec: bool = config_field(
+        False, help="speculative decoding as the stack runs it (method, k, acceptance), where it runs with the layout"
     )
     comm_calibration: str | None = config_field(
         None, help="link α/busbw measured by `kit comm --save-links` (replaces the catalog's)"
@@ -156,6 +165,9 @@ def _cli_plan(args) -> int:
     n = cfg.gpus if cfg.gpus is not None else (least or dev.gpus_per_node)
     pcfg = replace(base, n_gpus=n, tp=cfg.tp, ep=cfg.ep, overhead_ms=cfg.overhead_ms, spec_k=cfg.spec_k)
     pcfg = replace(pcfg, spec_accept=cfg.spec_accept, comm_calibration=cfg.comm_calibration)
+    pcfg = replace(pcfg, stack=cfg.stack, speculative=cfg.spec)
+    stack = resolve_stack(cfg.stack, dev.name, dev.stack_profile)
+    pcfg = with_stack_layout(pcfg, spec, stack)
     fit = memory_fit(spec, C, B, pcfg)
     if cfg.is_grid:
         backend = PlannerBackend(spec, cfg.concurrency, cfg.context, pcfg)
@@ -177,6 +189,7 @@ def _cli_plan(args) -> int:
     if cfg.json:
         out = {
             "spec": spec.summary(),
+            "stack": stack.as_dict() if stack is not None else None,
             "fit": fit.as_dict(),
             "min_gpus": least,
             "predictions": json.loads(df.to_json(orient="records")),
@@ -186,11 +199,13 @@ def _cli_plan(args) -> int:
             out["out"] = cfg.out
         print(json.dumps(out, indent=2, default=str))
         return 0
-    _print_plan(spec, fit, least, dev, cfg, df, costs)
+    _print_plan(spec, fit, least, dev, cfg, df, costs, stack)
     return 0
 
 
-def _print_plan(spec, fit, least, dev, cfg: PlanConfig, df: pd.DataFrame, costs: list[pd.DataFrame]) -> None:
+def _print_plan(
+    spec, fit, least, dev, cfg: PlanConfig, df: pd.DataFrame, costs: list[pd.DataFrame], stack=None
+) -> None:
     s = spec.summary()
     print(
         f"{spec.name}: {s['total_params_b']:,.1f}B params ({s['active_params_b']:,.1f}B active), "
@@ -219,13 +234,21 @@ def _print_plan(spec, fit, least, dev, cfg: PlanConfig, df: pd.DataFrame, costs:
         least_txt = f"{least}"
     C, B = max(cfg.context), max(cfg.concurrency)
     print(f"  fewest {dev.name} that fit {B} users × {C} tokens: {least_txt}")
-    print("Predicted (roofline):")
+    print(
+        f"  stack: {stack.name} ({stack.engine} {stack.version}, {stack.platform})"
+        + (f" [{stack.flags.split(':')[0]}]" if stack.flags else "")
+        if stack is not None
+        else "  stack: none (plain roofline with the device's per-step overhead)"
+    )
+    print("Predicted (roofline + stack profile):" if stack is not None else "Predicted (roofline):")
     grid = cfg.is_grid
     for _, r in df.iterrows():
         where = f"context {r['context_len']:>7} " if grid else ""
         if r["status"] != "ok":
             print(f"  {where}concurrency {r['concurrency']:>5}: {r['error']}")
             continue
+        if isinstance(r.get("x_spec_note"), str):
+            print(f"  {where}concurrency {r['concurrency']:>5}: speculative decoding off: {r['x_spec_note']}")
         print(
             f"  {where}concurrency {r['concurrency']:>5}: decode step {r['tpot_ms_p50']:.2f} ms ({r['x_bound']}-bound)"
             f" -> {r['decode_tok_s']:,.0f} tok/s total, {r['tok_s_per_stream']:,.1f} tok/s/user; "

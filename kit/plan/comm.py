@@ -16,8 +16,8 @@ One decode step (:func:`decode_messages`) sends, per rank:
   (DeepEP-style dispatch/combine);
 - **pipeline hand-offs**: ``pp − 1`` send/recv of ``B × hidden × act bytes``.
 
-A group spanning more GPUs than a node holds uses the scale-out link (its slowest hop); pipeline stages sit on
-different nodes when one stage fills a node (``tp ≥ gpus_per_node``).
+A group spanning more GPUs than one scale-up domain holds (a node; an NVL72 rack) uses the scale-out link (its
+slowest hop); pipeline hand-offs use it when the stages together span more than one domain (``tp × pp`` > domain).
 """
 
 from __future__ import annotations
@@ -107,13 +107,14 @@ def decode_messages(
     spec: ArchSpec, dev: DeviceModel, tokens: float, tp: int, ep: int, pp: int, act_dtype="bfloat16"
 ) -> list[Message]:
     """:func:`step_collectives` on their links (a decode step: ``tokens`` = the batch B; a verify step:
-    B × (k + 1)). A group wider than a node uses scale-out; pipeline hand-offs cross nodes when one stage fills a
-    node. Messages over a link with no figures are left out (their time is unknown, not zero: the assumptions
-    say so)."""
-    ls, node = links(dev), max(1, dev.gpus_per_node)
+    B × (k + 1)). A group wider than the scale-up domain (:meth:`DeviceModel.scaleup_size`: a node, or an NVL72
+    rack) uses scale-out; pipeline hand-offs use scale-out when the stages together span more than one domain. Messages
+    over a link with no figures are left out (their time is unknown, not zero: the assumptions say so).
+    """
+    ls, domain = links(dev), dev.scaleup_size()
     out = []
     for term, op, size, count, n in step_collectives(spec, tokens, tp, ep, pp, act_dtype):
-        wide = (tp >= node) if term == "pp_handoff" else (n > node)
+        wide = (tp * pp > domain) if term == "pp_handoff" else (n > domain)
         link = ls["scale-out"] if wide else ls["scale-up"]
         if link is not None:
             out.append(Message(term, op, size, count, n, link))

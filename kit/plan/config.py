@@ -65,6 +65,12 @@ class PredictConfig:
         spec_k, spec_accept, draft_layers: speculative decoding — draft tokens per verify step (None/0: off),
             mean tokens emitted per verify step in [1, k + 1] (default 1.85 capped at k + 1), decoder layers of
             the draft (:mod:`kit.plan.decode`).
+        stack: the serving stack's profile (:mod:`kit.plan.stack`): a name in ``kit/data/stacks.csv``, ``"local"``
+            (the calibration's), ``"none"``, a dict or a :class:`kit.plan.stack.StackProfile`; None: the
+            calibration's local profile, else the profile marked default for the accelerator, else none.
+        speculative: run speculative decoding as the stack does (its method, k, acceptance and draft), where the
+            stack runs it with the layout (else off, and the row says why); ``spec_k`` / ``spec_accept`` given
+            win over the stack's figures.
         model_label: the ``model`` column of predicted rows (default: the model's name).
     """
 
@@ -94,6 +100,8 @@ class PredictConfig:
     spec_k: int | None = None
     spec_accept: float | None = None
     draft_layers: int = 1
+    stack: object = None
+    speculative: bool = False
     model_label: str | None = None
 
     def device(self) -> DeviceModel:

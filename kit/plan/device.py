@@ -63,8 +63,17 @@ class DeviceModel:
     scaleout_busbw_gb_s: float | None = None
     link_source: str = ""
     gpus_per_node: int = 8
+    #: GPUs one scale-up fabric joins (NVLink/Infinity Fabric domain): 8 in an HGX/OAM node, 72 in an NVL72 rack
+    #: whose compute trays hold 4; None: the node (``gpus_per_node``)
+    scaleup_domain_gpus: int | None = None
     full_name: str = ""
     source: str = "catalog"
+    #: a calibration's local stack profile (kit.plan.stack; a dict as `kit calibrate` wrote it), None otherwise
+    stack_profile: dict | None = None
+
+    def scaleup_size(self) -> int:
+        """GPUs reachable over the scale-up links (``scaleup_domain_gpus``, else ``gpus_per_node``; at least 1)."""
+        return max(1, int(self.scaleup_domain_gpus or self.gpus_per_node))
 
     def peak_tflops(self, dtype) -> float:
         """TFLOPS for compute in ``dtype`` (fp4 falls back to the fp8 figure when the device has no fp4 one).
@@ -129,6 +138,7 @@ def from_calibration(cal: dict) -> DeviceModel:
         gpus_per_node=1,
         full_name=cal.get("device_name", ""),
         source=f"calibration {cal.get('path', '')} ({cal.get('created_utc', '')})".strip(),
+        stack_profile=cal.get("stack_profile") if isinstance(cal.get("stack_profile"), dict) else None,
     )
 
 
@@ -170,6 +180,7 @@ def from_catalog(accelerator: str, catalog=None) -> DeviceModel:
         tflops=tfl,
         scaleup_gb_s=float(su) if su is not None and pd.notna(su) else None,
         gpus_per_node=int(row["gpus_per_node"]),
+        scaleup_domain_gpus=int(num("scaleup_domain_gpus")) if num("scaleup_domain_gpus") else None,
         full_name=str(row.get("full_name", row.name)),
         source="catalog" + (f" [{flags}]" if isinstance(flags, str) and flags else ""),
         overhead_ms_per_layer=0.0 if row.name == "CPU" else DEFAULT_GPU_OVERHEAD_MS_PER_LAYER,

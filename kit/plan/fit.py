@@ -26,10 +26,23 @@ DEFAULT_RUNTIME_GB = 2.0
 MIN_GPUS_MAX = 128  # most GPUs :func:`min_gpus` tries
 
 
+#: widest tensor-parallel group chosen by default inside a scale-up domain larger than a node (an NVL72 rack):
+#: deployments on such racks run TP up to 8 and add EP/DP/PP beyond it (the node-sized TP of HGX/OAM systems)
+DEFAULT_TP_MAX = 8
+
+
+def default_tp(device: DeviceModel, n_gpus: int) -> int:
+    """The tensor-parallel size used when none is given for ``n_gpus`` GPUs of ``device``: the largest divisor of
+    ``n_gpus`` within one scale-up domain (:meth:`DeviceModel.scaleup_size`) and at most ``max(gpus_per_node,``
+    :data:`DEFAULT_TP_MAX` ``)``; e.g. 8 on 8 GB200 (NVL72, 4 GPUs per tray), 8 with PP2 on 2×8 B200."""
+    cap = min(device.scaleup_size(), max(1, device.gpus_per_node, DEFAULT_TP_MAX), n_gpus)
+    return max(d for d in divisors(n_gpus) if d <= cap)
+
+
 def parallel_layout(
     device: DeviceModel, n_gpus: int, tp: int | None, ep: int | None, pp: int | None, spec: ArchSpec
 ) -> tuple[int, int, int, int]:
-    """``(n_gpus, tp, ep, pp)`` settled from what is given: tp defaults to min(n_gpus, GPUs per node) and
+    """``(n_gpus, tp, ep, pp)`` settled from what is given: tp defaults to :func:`default_tp` and
     pp = n_gpus // tp (or tp = n_gpus // pp); ep defaults to tp for a MoE, 1 for a dense model.
 
     Raises:
@@ -40,7 +53,7 @@ def parallel_layout(
     n_gpus = check_pos_int("n_gpus", n_gpus)
     given_tp, given_pp = tp, pp
     if tp is None and pp is None:
-        tp = min(n_gpus, max(1, device.gpus_per_node))
+        tp = default_tp(device, n_gpus)
         pp = n_gpus // tp
     elif tp is None:
         pp = check_pos_int("pp", pp)
@@ -357,18 +370,19 @@ def min_gpus(
     max_gpus: int | None = None,
 ) -> int | None:
     """Fewest GPUs of ``config.accelerator`` on which ``model`` fits (with ``concurrency`` × ``context_len`` of KV
-    when given): tries 1, 2, 4, ... up to a node, then whole nodes (TP within a node, PP across nodes); the config's
+    when given): tries 1, 2, 4, ... up to the default TP group (:func:`default_tp`), then whole groups (PP across
+    them); the config's
     ``n_gpus``, ``tp`` and ``pp`` are replaced by each candidate's. None if even ``max_gpus`` (default
     :data:`MIN_GPUS_MAX`) is not enough. Raises as :func:`memory_fit`."""
     cfg = config or PredictConfig()
     dev = cfg.device()
     max_gpus = MIN_GPUS_MAX if max_gpus is None else max_gpus
-    node = max(1, dev.gpus_per_node)
-    cands = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < node] + list(range(node, max_gpus + 1, node))
+    group = default_tp(dev, max(1, dev.scaleup_size(), dev.gpus_per_node))
+    cands = [n for n in (1, 2, 4, 8, 16, 32, 64) if n < group] + list(range(group, max_gpus + 1, group))
     if dev.device == "cpu":
         cands = [1]  # one host: the planner does not split a model over CPUs
     for n in cands:
-        tp = min(n, node)
+        tp = default_tp(dev, n)
         r = memory_fit(model, context_len, concurrency, replace(cfg, n_gpus=n, tp=tp, pp=n // tp, device_model=dev))
         if r.fits:
             return n

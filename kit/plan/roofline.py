@@ -35,6 +35,7 @@ from kit.plan.device import check_eff
 from kit.plan.fit import FitResult, check_context, memory_fit, weight_dtypes_summary
 from kit.plan.sizes import check_pos_int, kv_bytes_per_token, state_bytes_per_seq
 from kit.plan.spec import ArchSpec, get_spec
+from kit.plan.stack import BLOCK_PARALLEL_DRAFTS, resolve_stack, with_stack_layout
 from kit.plan.step import prefill_terms, roofline_times
 from kit.results import ok_mask, to_frame
 
@@ -112,8 +113,8 @@ _TIMING_COLUMNS = (
 
 
 def _settle(spec: ArchSpec, B: int, C: int, cfg: PredictConfig) -> tuple[StepSetup, FitResult]:
-    """The device (with ``comm_calibration``), the dtypes, the memory fit (which settles the parallel layout), the
-    efficiencies and the per-step overhead of one point.
+    """The device (with ``comm_calibration``), the stack profile, the dtypes, the memory fit (which settles the
+    parallel layout), the efficiencies, the per-step overhead and speculative decoding of one point.
 
     Raises:
         UserError: as :func:`predict_point`.
@@ -121,20 +122,40 @@ def _settle(spec: ArchSpec, B: int, C: int, cfg: PredictConfig) -> tuple[StepSet
     dev = cfg.device()
     if cfg.comm_calibration is not None:
         dev = apply_comm_calibration(replace(dev), cfg.comm_calibration)
+    stack = resolve_stack(cfg.stack, dev.name, dev.stack_profile)
+    if stack is not None and stack.mem_bw_gb_s:  # the bandwidth the stack's decode kernels were measured to reach
+        dev = replace(dev, mem_bw_gb_s=stack.mem_bw_gb_s)
+    cfg = with_stack_layout(cfg, spec, stack)
     dts, kv_dtype, act_dtype, compute_dtype = cfg.dtypes(spec)
     fit = memory_fit(spec, C, B, replace(cfg, device_model=dev))
-    eb = check_eff("eff_bw", dev.eff_bw if cfg.eff_bw is None else cfg.eff_bw)
+    eb_default = stack.eta_bw if stack is not None else dev.eff_bw
+    eb = check_eff("eff_bw", eb_default if cfg.eff_bw is None else cfg.eff_bw)
     ef = check_eff("eff_flops", dev.eff_flops if cfg.eff_flops is None else cfg.eff_flops)
-    ovh = (
-        (dev.overhead_ms_fixed + dev.overhead_ms_per_layer * spec.num_layers)
-        if cfg.overhead_ms is None
-        else float(cfg.overhead_ms)
-    )
+    if cfg.overhead_ms is not None:
+        ovh = float(cfg.overhead_ms)
+    elif stack is not None:
+        ovh = stack.host_us * 1e-3
+    else:
+        ovh = dev.overhead_ms_fixed + dev.overhead_ms_per_layer * spec.num_layers
     if not ovh >= 0 or not math.isfinite(ovh):
         raise UserError(f"overhead_ms={cfg.overhead_ms!r} must be a finite number >= 0 (ms per decode step)")
+    k, accept, draft_layers, passes, note = cfg.spec_k, cfg.spec_accept, cfg.draft_layers, None, ""
+    if cfg.speculative and stack is None:
+        raise UserError("speculative=True (--spec) needs a stack profile; name one with --stack or pass --spec-k")
+    if cfg.speculative and stack is not None and stack.spec_method:
+        k = k or stack.spec_k
+        accept = accept if accept is not None else (stack.spec_accept if k == stack.spec_k else None)
+        draft_layers = stack.spec_draft_layers
+        passes = 1 if stack.spec_method in BLOCK_PARALLEL_DRAFTS else None
+    if cfg.speculative and stack is not None and not stack.spec_method and not k:
+        note = f"stack {stack.name} runs no speculative decoding"
+    if k and stack is not None and stack.spec_method:  # the stack says where its method runs
+        blocker = stack.spec_blocker(fit.pp, fit.ep)
+        if blocker:
+            k, accept, note = None, None, blocker
     setup = StepSetup(
         dev, fit.tp, fit.ep, fit.pp, dts, kv_dtype, dtypes.canonical(cfg.state_dtype), act_dtype, compute_dtype,
-        eb, ef, ovh, cfg.spec_k, cfg.spec_accept, cfg.draft_layers,
+        eb, ef, ovh, k, accept, draft_layers, passes, stack, note,
     )  # fmt: skip
     return setup, fit
 
@@ -146,6 +167,7 @@ def _decode_columns(spec: ArchSpec, cfg: PredictConfig, s: StepSetup, fit: FitRe
     tpot = d["step_ms"] / d["emitted"]
     bound = max(
         (s.overhead_ms, "overhead"),
+        (d["t_floor_ms"], "floor"),
         (d["t_comm_ms"], "communication"),
         (d["mem_part"], "memory"),
         (d["compute_part"], "compute"),
@@ -184,6 +206,10 @@ def _decode_columns(spec: ArchSpec, cfg: PredictConfig, s: StepSetup, fit: FitRe
         "x_t_compute_part_ms": d["t_compute_ms"],
         "x_spec_k": d["spec_k"],
         "x_spec_accept": d["emitted"],
+        "x_spec_note": s.spec_note or None,
+        "x_stack": s.stack.name if s.stack is not None else None,
+        "x_stack_engine": f"{s.stack.engine} {s.stack.version}".strip() if s.stack is not None else None,
+        "x_stack_flags": s.stack.flags if s.stack is not None else None,
         "x_overhead_ms": s.overhead_ms,
         "x_bytes_per_step": d["bytes"],
         "x_flops_per_step": d["flops"],

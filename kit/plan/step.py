@@ -55,14 +55,17 @@ def decode_terms(spec: ArchSpec, B: int, ctx: float, tp: int, ep: int, dts: dict
     """Bytes and FLOPs of one decode step of ``B`` sequences attending ``ctx`` positions, on one rank: weights
     touched (routed experts by coverage, embedding rows only, a tied LM head whole), KV reads (+ sliding-window
     caches, + linear-attention state read and written); 2 × B × matmul params/rank + attention FLOPs. Returns
-    ``weight_bytes``, ``kv_bytes``, ``linear_flops``, ``attn_flops``, ``flops``, ``expert_coverage``."""
+    ``weight_bytes``, ``kv_bytes``, ``linear_flops``, ``attn_flops``, ``flops``, ``expert_coverage``, and the
+    split the stack profiles need (:mod:`kit.plan.stack`): ``group_bytes`` (weight bytes touched per group,
+    summing to ``weight_bytes``) and ``state_bytes`` (the linear-attention part of ``kv_bytes``)."""
     wr = weight_bytes(spec, dts, tp, ep)
     cov = expert_coverage(spec.n_routed_experts, B, spec.experts_per_token)
-    w_bytes = sum(v for g, v in wr.items() if g not in ("embed", "routed_experts"))
-    w_bytes += wr["routed_experts"] * cov
-    w_bytes += B * spec.hidden_size * dtypes.bytes_per_element(dts["embed"])  # embedding rows gathered
+    touched = {g: v for g, v in wr.items() if g not in ("embed", "routed_experts")}
+    touched["routed_experts"] = wr["routed_experts"] * cov
+    touched["embed"] = B * spec.hidden_size * dtypes.bytes_per_element(dts["embed"])  # embedding rows gathered
     if spec.tie_word_embeddings:
-        w_bytes += wr["embed"]  # the tied matrix is read whole as the LM head
+        touched["embed"] += wr["embed"]  # the tied matrix is read whole as the LM head
+    w_bytes = sum(touched.values())
     kv_tok = kv_bytes_per_token(spec, kv_dtype, tp)
     kv_read = B * ctx * kv_tok
     swa = (
@@ -94,6 +97,8 @@ def decode_terms(spec: ArchSpec, B: int, ctx: float, tp: int, ep: int, dts: dict
         "attn_flops": attn_flops,
         "flops": lin_flops + attn_flops,
         "expert_coverage": cov,
+        "group_bytes": touched,
+        "state_bytes": B * 2 * lin,
     }
 
 

@@ -240,3 +240,56 @@ def decode_panels(df: pd.DataFrame):
     throughput_vs_concurrency(df, ax=a1)
     tpot_vs_context(df, ax=a2)
     return fig
+
+
+#: the decode-step terms of a planner row with a stack profile, in stacking order: (column, label)
+STACK_TERMS = (
+    ("x_t_weights_ms", "weights (HBM, at η)"),
+    ("x_t_kv_ms", "KV / state (HBM)"),
+    ("x_t_compute_part_ms", "compute"),
+    ("x_t_floor_attn_ms", "floor: attention/MLA"),
+    ("x_t_floor_moe_ms", "floor: MoE/GEMM"),
+    ("x_t_floor_norm_ms", "floor: norms"),
+    ("x_t_floor_other_ms", "floor: KDA/other"),
+    ("x_t_comm_lat_ms", "collectives α"),
+    ("x_t_comm_bw_ms", "collectives bytes"),
+    ("x_t_overhead_ms", "host/graph"),
+    ("x_t_draft_ms", "draft"),
+)
+
+
+def stack_step_bars(
+    df: pd.DataFrame, label: str = "label", published: str = "published_ms", conditions: str = "conditions"
+):
+    """Per row (``label``) the predicted time per output token as stacked terms (:data:`STACK_TERMS`: planner
+    ``x_t_*_ms`` columns of one verify step divided by ``x_spec_accept``, the tokens it emits), with the published
+    time per token (``published``, ms; NaN: no published point) as a dark bar beside it, predicted/published above,
+    and the published point's ``conditions`` (framework, speculative decoding, ISL/OSL, concurrency) under the label.
+
+    Returns: the Figure. Raises: UserError for a missing column.
+    """
+    cols = [c for c, _ in STACK_TERMS]
+    require_columns(df, [label, published, conditions, "x_spec_accept", *cols])
+    fig, ax = plt.subplots(figsize=(max(7.0, 2.3 * len(df)), 5.6))
+    x = np.arange(len(df))
+    per_tok = df[cols].fillna(0.0).div(df["x_spec_accept"].fillna(1.0), axis=0)
+    bottom = np.zeros(len(df))
+    for i, (c, name) in enumerate(STACK_TERMS):
+        v = per_tok[c].to_numpy()
+        if not v.any():
+            continue
+        ax.bar(x - 0.19, v, 0.36, bottom=bottom, color=plt.cm.tab20(i), label=name)
+        bottom += v
+    pub = pd.to_numeric(df[published], errors="coerce").to_numpy()
+    ax.bar(x + 0.19, np.nan_to_num(pub), 0.36, color="0.15", label="published (ms per output token)")
+    for j, (p, q) in enumerate(zip(bottom, pub)):
+        txt = f"×{p / q:.2f}" if q > 0 else "no published\npoint"
+        ax.annotate(txt, (j - 0.19, p), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{a}\n{b}" for a, b in zip(df[label], df[conditions])], fontsize=7)
+    ax.set_ylabel("ms per output token (per user)")
+    ax.set_title("decode: planner terms with stack profiles (left) vs published (right)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -26,6 +26,17 @@ def test_quick_calibration_figures(quick_cal):
     assert c["details"]["bandwidth"]["n"] >= 3 and c["details"]["matmul"]["float32"]["n"] >= 3
     assert c["overhead_ms_fixed"] >= 0 and c["overhead_ms_per_layer"] >= 0
     assert c["overhead_ms_fixed"] + 4 * c["overhead_ms_per_layer"] > 0
+    # launch/dispatch per op (eager) fitted over chains of tiny ops; no graphs on a CPU, and it says so
+    la = c["details"]["launch"]
+    assert c["launch_us_per_op"] > 0 and c["launch_us_fixed"] >= 0 and sorted(la["chain_us"]) == [8, 32, 128]
+    assert c["graph_launch_us_per_op"] is None and "not available on cpu" in la["graph_note"]
+    fl = c["details"]["floor"]
+    assert fl["preset"] == "tiny-llama" and fl["layers"] == 4 and fl["step_ms"] > fl["roofline_ms"] > 0
+    assert sum(fl["class_share"].values()) == pytest.approx(1.0)
+    sp = c["stack_profile"]
+    assert sp["name"] == "local-cpu" and sp["floor_mode"] == "add" and sp["eta_bw"] == 1.0
+    assert c["gemv_gb_s"] > 0 and sp["mem_bw_gb_s"] == c["gemv_gb_s"]  # the bandwidth a decode GEMV reaches
+    assert sum(sp["floors_us"].values()) == pytest.approx(fl["floor_ms_per_layer"] * 1e3)
 
 
 def test_save_load_and_planner_uses_it(quick_cal, tmp_path):
@@ -36,6 +47,13 @@ def test_save_load_and_planner_uses_it(quick_cal, tmp_path):
     assert dev.mem_bw_gb_s == quick_cal["mem_bw_gb_s"] and dev.eff_bw == 1.0 and dev.eff_flops == 1.0
     r = predict_point("tiny-llama", 1, 64, PredictConfig("local", dtype="float32", calibration=p))
     assert r["status"] == "ok" and r["device"] == "cpu" and "calibration" in r["x_device_source"]
+    # the calibration's local stack profile is the default: its floors (added per layer) and fixed host time
+    sp = quick_cal["stack_profile"]
+    assert r["x_stack"] == "local-cpu" and r["x_t_overhead_ms"] == pytest.approx(sp["host_us"] * 1e-3)
+    assert r["x_t_floor_ms"] == pytest.approx(4 * sum(sp["floors_us"].values()) * 1e-3)
+    assert r["x_mem_bw_gb_s"] == sp["mem_bw_gb_s"]
+    plain = predict_point("tiny-llama", 1, 64, PredictConfig("local", dtype="float32", calibration=p, stack="none"))
+    assert plain["x_stack"] is None and plain["x_t_floor_ms"] == 0.0
 
 
 def test_default_path_under_cache_dir(quick_cal, tmp_path, monkeypatch):
@@ -75,6 +93,11 @@ GOOD = {"device": "cpu", "threads": 2, "mem_bw_gb_s": 10.6, "matmul_tflops": {"f
         (json.dumps({**GOOD, "matmul_tflops": [0.6]}).encode(), "matmul_tflops=[0.6] is not {dtype: TFLOPS >= 0}"),
         (json.dumps({**GOOD, "threads": float("nan")}).encode(), "threads=nan is not a finite number >= 0"),
         (json.dumps({**GOOD, "overhead_ms_fixed": "6"}).encode(), "overhead_ms_fixed='6' is not a finite number"),
+        (json.dumps({**GOOD, "stack_profile": [1]}).encode(), "stack_profile=[1] is not an object"),
+        (
+            json.dumps({**GOOD, "stack_profile": {"name": "local-cpu", "platform": "CPU", "eta_bw": 2}}).encode(),
+            "stack_profile 'local-cpu': eta_bw=2 is outside the allowed range (0, 1]",
+        ),
     ],
 )
 def test_a_corrupted_calibration_is_one_line_naming_the_file(content, says, tmp_path, monkeypatch, capsys):
@@ -134,14 +157,34 @@ def test_cli_calibrate(tmp_path, capsys, monkeypatch):
                     "bfloat16": {"tflops": None, "error": "no"},
                 },
                 "overhead": {"step_ms": {1: 0.7, 4: 1.3}},
+                "launch": {
+                    "launch_us_fixed": 2.0,
+                    "launch_us_per_op": 5.0,
+                    "graph_launch_us_per_op": None,
+                    "graph_note": "CUDA/HIP graphs are not available on cpu",
+                },
+                "floor": {
+                    "floor_ms_per_layer": 0.3,
+                    "preset": "tiny-llama",
+                    "step_ms": 2.5,
+                    "roofline_ms": 0.5,
+                    "layers": 4,
+                },
             },
             "attn_tflops": 0.01,
-        },
+            "stack_profile": {
+                "name": "local-cpu",
+                "floors_us": {"attn": 100.0, "moe": 100.0, "norm": 100.0},
+                "floor_mode": "add",
+            },
+        },  # fmt: skip
     )
     out = tmp_path / "c.json"
     assert main(["calibrate", "--quick", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "GB/s" in text and "GFLOP/s" in text and str(out) in text
+    assert "launch eager 2.00 us + 5.000 us/op; graph: not available (CUDA/HIP graphs are not available" in text
+    assert "per-layer floor 300.0 us" in text and "stack profile local-cpu" in text
     assert json.loads(out.read_text())["mem_bw_gb_s"] == 10.0
 
 

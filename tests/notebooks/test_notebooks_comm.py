@@ -87,5 +87,15 @@ def test_why_two_nodes_decode_slower_bars_layouts_and_summary():
     assert s["published_order"] == ["8x B300", "8x MI355X", "2x8 B200"]
     assert sorted(s["predicted_order"]) == sorted(s["published_order"])
     assert len(s["tok_s_predicted_over_published"]) == 4
-    for png in ("decode_step_bars.png", "latency_vs_size.png"):
+    for png in ("decode_step_bars.png", "latency_vs_size.png", "stack_terms.png"):
         assert _png_ok(out / png), png
+    # stack profiles beside the published points with their conditions (issue #26)
+    bars = pd.read_csv(out / "stack_terms.csv")
+    assert list(bars.system) == ["8x B300"] * 2 + ["8x MI355X"] * 2 + ["2x8 B200"] * 2
+    cols = [c for c in bars.columns if c.startswith("x_t_") and c != "x_t_compute_ms"]
+    np.testing.assert_allclose(bars[cols].sum(axis=1) / bars.x_spec_accept, bars.predicted_ms, rtol=1e-9)
+    floors = bars[[c for c in cols if c.startswith("x_t_floor_")]].sum(axis=1)
+    assert (floors > 0).all() and bars["stack"].str.contains("sglang").all()
+    like = bars[bars.label.str.contains("no spec")].set_index("system")
+    assert list(like.published_ms.round(2).fillna(-1)) == [8.51, 20.86, -1]  # none published for two nodes
+    assert "pipeline parallelism" in bars.set_index("label").loc["2x8 B200\nsingle stream, DSpark", "spec_note"]

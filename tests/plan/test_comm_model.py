@@ -17,6 +17,7 @@ TERMS = [f"x_t_{t}_ms" if t != "compute" else "x_t_compute_part_ms" for t in STE
 
 
 def _k3(acc, n, B=1, **kw):
+    kw.setdefault("stack", "none")  # the catalog's links and overhead, without a serving-stack profile
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return predict_point("kimi-k3", B, 1424, PredictConfig(acc, n, prefill=False, **kw))
@@ -44,6 +45,19 @@ def test_groups_across_nodes_pay_the_scale_out_link():
     wide = _k3("B200", 16, tp=16)  # TP16/EP16 spans both nodes: every collective crosses the network
     assert wide["x_t_tp_allreduce_lat_ms"] == pytest.approx(94 * 46e-3)
     assert wide["x_dominant_term"] == "comm_lat" and wide["tok_s_per_stream"] < one["tok_s_per_stream"] / 2
+
+
+def test_an_nvl72_rack_is_one_scale_up_domain_not_a_four_gpu_node():
+    # GB200/GB300 compute trays hold 4 GPUs but NVLink joins 72: 8 GPUs are TP8 on NVLink (not TP4 x PP2 with a
+    # scale-out hand-off, which made 8 GB200 plan slower per GPU than 8 H200 in the cost lesson)
+    gb = _k3("GB300", 8)
+    assert (gb["tp"], gb["x_pp"]) == (8, 1) and "over 8 ranks on scale-up" in gb["assumptions"]
+    b = _k3("B300", 8)
+    assert gb["tok_s_per_stream"] > 0.95 * b["tok_s_per_stream"]  # 8.0 vs 7.75 TB/s: no longer ~0.6x
+    two = _k3("GB200", 16)  # TP8 x PP2 inside the rack: the hand-off stays on NVLink
+    assert (two["tp"], two["x_pp"]) == (8, 2) and two["x_t_pp_handoff_lat_ms"] == pytest.approx(7e-3)
+    forced = _k3("GB200", 8, tp=4)  # a user's TP4 x PP2 also stays on NVLink
+    assert forced["x_t_pp_handoff_lat_ms"] == pytest.approx(7e-3)
 
 
 def test_a_kit_comm_measurement_replaces_the_catalog_links():
