@@ -13,6 +13,11 @@
 (d) TP=1 vs TP=N (``--which tp``): the same point in one process and on N torchrun ranks
     (:mod:`kit.measure.tp`).
 
+``--profile``: after the benchmarks, the bench point is profiled (:mod:`kit.measure.profile`, a pass of its own:
+the figures above stay unprofiled) eagerly and, with ``--which compile|all``, compiled; the files go to
+``OUT/profiles/eager`` and ``OUT/profiles/compiled`` (``kit profile compare`` reads them) and the operators (on
+CPU) or launches (on GPUs) per step of the two are printed side by side.
+
 Each alternates the two sides for ``rounds`` rounds (interleaved, so machine noise hits both alike) and reports
 medians and minima with n (rounds). ``--which all`` runs (a), (b) and (c); (d) starts ranks and runs only when
 asked.
@@ -176,6 +181,38 @@ def versus_generate(model, batch: int, context_len: int, steps: int, rounds: int
     }
 
 
+def profile_bench_point(model, args, device: str, out: dict) -> dict:
+    """Profile the bench point (``args``: batch, context, steps, which, out) eagerly and, when ``--which`` ran the
+    compiled benchmark, compiled, into ``args.out/profiles/<mode>`` (:func:`kit.measure.profile.profile_point`);
+    each mode's unprofiled step p50 from ``out`` (the benchmarks' figures), when measured. Returns mode → its
+    ``x_prof_*`` columns."""
+    from pathlib import Path
+
+    from kit.measure.profile import PROFILE_DIR, profile_point
+
+    c, o = out.get("compile", {}), out.get("overhead", {})
+    plain = {"eager": c.get("eager_step_ms_p50") or o.get("kit_step_ms_p50"), "compiled": c.get("compiled_step_ms_p50")}
+    p = PointConfig(args.batch, args.context, args.steps, warmup_steps=3, repeats=1, kv_fill="synthetic")
+    modes = ("eager", "compiled") if args.which in ("compile", "all") else ("eager",)
+    where = Path(args.out) / PROFILE_DIR
+    return {
+        m: profile_point(model, p, device, where / m, compile=m == "compiled", plain_step_ms=plain[m]) for m in modes
+    }
+
+
+def print_profiles(profiles: dict) -> None:
+    """One line per profiled mode of :func:`profile_bench_point`: launches per step, profiled step, launch share."""
+    for mode, pc in profiles.items():
+        what = "launches" if pc["x_prof_kernels_per_step"] is not None else "operators called from Python"
+        share = pc["x_prof_launch_share"]
+        share = f"{100 * share:.1f}% of the step" if share is not None else pc["x_prof_launch_note"]
+        print(
+            f"profile {mode}: {pc['x_prof_launches_per_step']:.0f} {what} per step ({pc['x_prof_ops_per_step']:.0f} "
+            f"operators in all), profiled step {pc['x_prof_step_ms']:.3f} ms, launch/dispatch share {share}; top op "
+            f"{pc['x_prof_top_op']}; trace {pc['x_prof_trace']}"
+        )
+
+
 def add_cli(sub) -> None:
     p = sub.add_parser("bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny-llama", help="preset or checkpoint directory")
@@ -195,11 +232,22 @@ def add_cli(sub) -> None:
         help="which benchmark (all: overhead, generate, compile; tp starts ranks and runs only when named)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile the point (eager; compiled too with --which compile|all) in a pass of its own: traces and "
+        "top operators in OUT/profiles/<mode>/",
+    )
+    p.add_argument("--out", default="results/bench", help="where --profile writes its files")
     p.set_defaults(func=_cli)
 
 
 def _cli(args) -> int:
     info = hardware.detect(args.device)
+    if args.profile:  # a bad --out is said before any benchmark runs
+        from kit._io import check_out_dir
+
+        check_out_dir(args.out, "--out", "results/bench")
     PointConfig(args.batch, args.context, args.steps, warmup_steps=3).validate(max_positions(get_config(args.model)))
     if args.which == "tp":
         check_local_ranks(args.tp, "tp", "gloo" if info.device == "cpu" else "nccl")
@@ -221,6 +269,8 @@ def _cli(args) -> int:
     if args.which == "tp":
         out["tp"] = tp_vs_single(args.model, args.dtype, args.batch, args.context, args.steps, args.rounds, args.tp,
                                  info.device)  # fmt: skip
+    if args.profile:
+        out["profile"] = profile_bench_point(model, args, info.device, out)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -252,6 +302,7 @@ def _cli(args) -> int:
             "(compare kit calibrate's bandwidth), "
             f"{c['recompiles_timed']} recompilations in timed steps"
         )
+    print_profiles(out.get("profile", {}))
     if "tp" in out:
         t, n = out["tp"], out["tp"]["tp"]
         print(

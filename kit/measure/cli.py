@@ -20,6 +20,8 @@ import pandas as pd
 
 from kit._io import check_out_dir
 from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args, number_arg
+from kit.measure.profile import profile_summary_lines
+from kit.measure.profile_select import add_profile_arg
 from kit.measure.sweep import SweepConfig, noise_warning, summary_table
 from kit.results import ok_mask, verdict
 from kit.track.repeat import current_run_rows, median_replicates, replicate_summary, run_sweep_runs
@@ -38,6 +40,7 @@ def add_cli(sub) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     add_config_args(p, SweepConfig)
+    add_profile_arg(p)
     p.add_argument(
         "--runs",
         type=number_arg(int, minimum=1, maximum=MAX_RUNS),
@@ -95,6 +98,7 @@ def _cli_sweep(args: argparse.Namespace) -> int:
                     "wall_s": round(wall, 3),
                     "plots": [str(p) for p in plots],
                     "noise_warning": noise_warning(cur),
+                    "profiles": profile_summary_lines(cur),
                     "exit_code": rc,
                     "runs": runs,
                     "summary": summary,
@@ -105,6 +109,19 @@ def _cli_sweep(args: argparse.Namespace) -> int:
         return rc
     _print_text(cur, bad, plots, out, wall, runs, others, rc)
     return rc
+
+
+def _print_profiles(cur: pd.DataFrame, top: int = 8) -> None:
+    """Each profiled point's summary line and its top operators (``ops.csv``)."""
+    from kit.measure.profile import profile_summary_lines, top_table
+
+    lines = profile_summary_lines(cur)
+    if not lines:
+        return
+    prof = cur[cur["x_profiled"].fillna(False).astype(bool)]
+    for line, (_, r) in zip(lines, prof.iterrows(), strict=True):
+        print(f"\n{line}")
+        print(top_table(pd.read_csv(r["x_prof_ops_csv"]), top))
 
 
 def _print_interrupted(cfg: SweepConfig, out, runs: int) -> None:
@@ -158,6 +175,7 @@ def _print_text(
         )
     for _, r in bad.iterrows():
         print(f"  {r['verdict']}: kv={r['context_len']} B={r['concurrency']} {r['dtype']}: {r['error']}")
+    _print_profiles(cur)
     warn = noise_warning(cur)
     if warn:
         print(f"warning: {warn}")

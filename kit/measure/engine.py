@@ -20,6 +20,7 @@ with a mask (transformers' static-cache attention), so ``achieved_gb_s`` counts 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from dataclasses import dataclass
@@ -83,6 +84,13 @@ class PointConfig:
     @property
     def cache_len(self) -> int:
         return self.context_len + max(self.warmup_steps, self.decode_steps)
+
+    def processed_tokens(self) -> tuple[int, int]:
+        """``(output tokens, input + output tokens)`` the point processes, warm-up included (its energy per token):
+        ``repeats × B × (warm-up + decode steps)`` generated, plus ``repeats × B × context`` prompt tokens when the
+        cache is filled by a real prefill."""
+        new = self.repeats * self.concurrency * (self.warmup_steps + self.decode_steps)
+        return new, new + (self.repeats * self.concurrency * self.context_len if self.kv_fill == "prefill" else 0)
 
 
 class Forward:
@@ -217,11 +225,19 @@ def run_point(
     return point_record(time_point(model, point, device, seed, compile, compile_backend))
 
 
-def time_point(model, point: PointConfig, device="cpu", seed=0, compile=False, compile_backend="inductor") -> dict:
+def time_point(
+    model, point: PointConfig, device="cpu", seed=0, compile=False, compile_backend="inductor", around_timed=None
+) -> dict:
     """The raw measurement of :func:`run_point`: ``point``, ``step_ms`` / ``prefill_ms`` (every timed decode step
     and prefill, ms), ``kv_bytes``, ``weights_bytes``, ``peak_gb`` + ``peak_method``, ``finite`` and ``extras``
     (x_ columns). :func:`point_record` turns it into a row; a tensor-parallel worker first replaces the times by
-    the slowest rank's and the bytes by the sum over ranks."""
+    the slowest rank's and the bytes by the sum over ranks.
+
+    ``around_timed``: a context manager (e.g. a ``torch.profiler.profile``) held around the timed decode steps of
+    every repeat (warm-up and prefill stay outside it); each timed step then also runs inside a
+    ``torch.profiler.record_function("kit.decode_step")`` range, so a trace marks the steps. Its steps are timed
+    as usual, so they include the profiler's own cost: :mod:`kit.measure.profile` keeps them apart from the
+    unprofiled figures."""
     cfg = model.config
     point.validate(max_positions(cfg))
     B, C, S = point.concurrency, point.context_len, point.decode_steps
@@ -266,15 +282,18 @@ def time_point(model, point: PointConfig, device="cpu", seed=0, compile=False, c
             for phase, n in (("warmup", point.warmup_steps), ("timed", S)):
                 set_cache_length(cache, C)
                 before = dynamo_compiles() if compile else 0
-                for i in range(n):
-                    pos = positions[:, C + i : C + i + 1]
-                    sync(dev)
-                    t0 = time.perf_counter()
-                    logits = step(tok, pos, cache)
-                    tok = logits[:, -1].argmax(-1, keepdim=True)
-                    sync(dev)
-                    if phase == "timed":
-                        step_ms.append((time.perf_counter() - t0) * 1000.0)
+                marked = around_timed is not None and phase == "timed"
+                with around_timed if marked else contextlib.nullcontext():
+                    for i in range(n):
+                        pos = positions[:, C + i : C + i + 1]
+                        sync(dev)
+                        t0 = time.perf_counter()
+                        with torch.profiler.record_function("kit.decode_step") if marked else contextlib.nullcontext():
+                            logits = step(tok, pos, cache)
+                            tok = logits[:, -1].argmax(-1, keepdim=True)
+                            sync(dev)
+                        if phase == "timed":
+                            step_ms.append((time.perf_counter() - t0) * 1000.0)
                 if compile and phase == "timed":
                     recompiles += dynamo_compiles() - before
     if compile:

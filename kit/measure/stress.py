@@ -43,6 +43,8 @@ from kit.errors import UserError
 from kit.grid import FINISHED_STATUSES, GridPoint, run_grid, split_run_options
 from kit.measure import memguard
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
+from kit.measure.profile import point_profile_dir, profile_point
+from kit.measure.profile_select import parse_profile_points, point_selected
 from kit.measure.sweep import EngineBackend, SweepConfig
 from kit.plan.spec import get_spec
 from kit.results import ok_mask
@@ -93,6 +95,12 @@ class StressConfig:
         False, help="let a real checkpoint run past its max_position_embeddings (presets always may)"
     )
     trust_remote_code: bool = config_field(False, help="allow a local checkpoint's own Python code")
+    profile: str | None = config_field(
+        None,
+        help="torch.profiler around the decode steps of these probes, in a separate pass after the plain one: "
+        "'all' or 'kv=32768' (kit.measure.profile); files in OUT/profiles/<point_id>/",
+        cli=False,
+    )
 
     def point(self, context: int) -> PointConfig:
         """The engine point of one probe."""
@@ -137,7 +145,21 @@ class StressConfig:
         if self.start > self.max_context:
             raise UserError(f"start={self.start} (--start) is past max_context={self.max_context} (--max-context)")
         self.point(self.start).validate()
+        selection = parse_profile_points(self.profile)
+        if selection is not None and not selection.everything:  # probes lie in [start, max_context] at one B, dtype
+            dt = dtypes.name_of(self.dtype)
+            if not any(m.get("concurrency", self.batch) == self.batch and m.get("dtype", dt) == dt
+                       and self.start <= m.get("context_len", self.start) <= self.max_context
+                       for m in selection.matches):  # fmt: skip
+                raise UserError(
+                    f"profile={selection.text()!r} (--profile) matches no probe: they run at B {self.batch}, dtype "
+                    f"{dt}, contexts {self.start}-{self.max_context}; name those, or 'all'"
+                )
         return self
+
+    def profiled(self, context: int) -> bool:
+        """Whether :attr:`profile` selects the probe at ``context`` (:mod:`kit.measure.profile`)."""
+        return point_selected(self.profile, context, self.batch, self.dtype)
 
 
 class ContextSearch:
@@ -172,6 +194,7 @@ class ContextSearch:
 def stress_point_id(config: StressConfig, platform: str, p: PointConfig, expandable: bool | None) -> str:
     """Stable key of a probe: model, dtype, platform, the point's settings, seed, threads, allocator setting."""
     key = ["kv-stress", config.model, config.dtype, platform, asdict(p), config.seed, config.threads, expandable]
+    key += ["profile"] if config.profiled(p.context_len) else []  # a profiled probe never resumes a plain one
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -205,6 +228,8 @@ class StressBackend:
         self.description = f"kv-stress {config.model} B={config.batch}"
         self.context: int | None = None
         self.model = None
+        #: where profiled probes' files go (run_kv_stress sets the run directory)
+        self.work_dir: Path | None = None
         self.expandable = memguard.expandable_segments(self.info.platform)
         self._meta = run_metadata(device=self.info.as_dict(), model=config.model, config=asdict(config))
 
@@ -274,6 +299,9 @@ class StressBackend:
         retries = int(stats.get("num_alloc_retries", 0)) if stats else 0
         rec = self.runner(model, p, dev, cfg.seed)
         frag = memguard.fragmentation_columns(memguard.allocator_stats(dev), retries, self.expandable)
+        if cfg.profiled(p.context_len) and rec.get("status", "ok") == "ok":  # after the plain pass, apart from it
+            where = point_profile_dir(self.work_dir, point.point_id)
+            rec |= profile_point(model, p, dev, where, seed=cfg.seed, plain_step_ms=rec.get("tpot_ms_p50"))
         kv_pred, kv_meas, pred_peak = pred.kv_gb, rec.get("kv_cache_gb"), cols["x_pred_peak_gb"]
         return {
             **rec,
@@ -324,6 +352,7 @@ def run_kv_stress(
     if rest:
         raise UserError(f"unknown option(s) {sorted(rest)} for run_kv_stress; give StressConfig fields or run options")
     backend = StressBackend(config, runner)
+    backend.work_dir = out
     search = ContextSearch(config.start, config.max_context, config.resolution)
     recorded = recorded_probes(out, opts.get("resume", True), opts.get("retry_killed", False))
     if recorded:

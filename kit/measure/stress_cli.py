@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 
 from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args
+from kit.measure.profile import profile_summary_lines
+from kit.measure.profile_select import add_profile_arg
 from kit.results import ok_mask, verdict
 
 
@@ -62,6 +64,7 @@ def add_cli(sub) -> None:
         "memory_vs_context.png / tpot_vs_context.png are written to OUT.",
     )
     add_config_args(p, StressConfig)
+    add_profile_arg(p)
     add_run_dir_args(p, "results/kv-stress")
     p.set_defaults(func=_cli)
 
@@ -138,6 +141,8 @@ def _cli(args: argparse.Namespace) -> int:
     line = fit_line(df)
     if line:
         print(line)
+    for text in profile_summary_lines(df):
+        print(text)
     check = df.attrs.get("check")
     if check:
         print(

@@ -38,6 +38,8 @@ from kit.measure import memguard
 from kit.measure.engine import KV_FILLS, PointConfig, run_point
 from kit.measure.power import PowerSampler, catalog_tdp_w
 from kit.measure.power_readers import SOURCES as POWER_SOURCES
+from kit.measure.profile import point_profile_dir, profile_point
+from kit.measure.profile_select import PROFILE_HELP, parse_profile_points, point_selected, require_selected
 from kit.measure.ranks import check_local_ranks
 from kit.results import ok_mask, verdict
 from kit.store import latest_rows, run_metadata
@@ -137,6 +139,7 @@ class SweepConfig:
         help="CPU only: torch threads (default: one per core that is free "
         "at the start, recorded per row); 1 is steadiest on a busy shared machine",
     )
+    profile: str | None = config_field(None, help=PROFILE_HELP, cli=False)
 
     def points(self) -> list[tuple[str, PointConfig]]:
         """The grid as (dtype, PointConfig), ordered dtype → KV length → concurrency."""
@@ -192,8 +195,10 @@ class SweepConfig:
                 raise UserError(f"accelerator (--accelerator): {e.args[0]}") from None
         if not isinstance(self.tp, int) or isinstance(self.tp, bool) or self.tp < 1:
             raise UserError(f"tp={self.tp!r} (--tp) must be an integer >= 1 (ranks the model is sharded over)")
-        if self.tp > 1 and self.compile:
-            raise UserError("compile=True with tp > 1 is not supported: use --compile or --tp N, not both")
+        if (self.compile or parse_profile_points(self.profile)) and self.tp > 1:  # a bad --profile is said here
+            what = ("compile=True", "--compile") if self.compile else ("profile", "--profile")
+            raise UserError(f"{what[0]} with tp > 1 is not supported: use {what[1]} or --tp N, not both")
+        require_selected(self.profile, [(p.context_len, p.concurrency, dtypes.name_of(dt)) for dt, p in self.points()])
         if not (isinstance(self.tp_timeout_s, (int, float)) and 0 < self.tp_timeout_s <= MAX_TP_TIMEOUT_S):
             raise UserError(
                 f"tp_timeout_s={self.tp_timeout_s!r} (--tp-timeout-s) must be a number of seconds > 0 and <= "
@@ -218,6 +223,7 @@ def sweep_point_id(config: SweepConfig, dtype: str, platform: str, p: PointConfi
     point = {k: v for k, v in asdict(p).items() if v is not None}  # a new optional field keeps old ids
     key = [config.model, dtypes.name_of(dtype), platform, point, config.seed, config.threads]
     engine = {**({"compile": True} if config.compile else {}), **({"tp": config.tp} if config.tp != 1 else {})}
+    engine |= {"profile": True} if point_selected(config.profile, p.context_len, p.concurrency, dtype) else {}
     key = json.dumps(key + [engine] if engine else key, sort_keys=True)
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
@@ -321,7 +327,10 @@ class EngineBackend:
         gpus = physical_gpus(self.info.platform, 1)  # the point runs on device 0: its physical index
         with PowerSampler(gpus, cfg.power_period_ms / 1000.0, cfg.power_source) as ps:
             rec = self.runner(model, p, dev, cfg.seed, **extra)
-        rec = {**rec, **ps.columns(*point_tokens(p), self.tdp_w, cfg.usd_per_kwh), **self.thread_columns}
+        rec = {**rec, **ps.columns(*p.processed_tokens(), self.tdp_w, cfg.usd_per_kwh), **self.thread_columns}
+        if point_selected(cfg.profile, p.context_len, p.concurrency, dt):  # a pass of its own, after the plain one
+            where, plain = point_profile_dir(self.work_dir, point.point_id), rec.get("tpot_ms_p50")
+            rec |= profile_point(model, p, dev, where, seed=cfg.seed, compile=cfg.compile, plain_step_ms=plain)
         return {**rec, **validity(rec)}
 
     def _measure_tp(self, point: GridPoint, dt: str, p: PointConfig) -> dict:
@@ -338,7 +347,7 @@ class EngineBackend:
         gpus = physical_gpus(self.info.platform, cfg.tp)  # rank r runs on GPU r: these physical devices
         with PowerSampler(gpus, cfg.power_period_ms / 1000.0, cfg.power_source) as ps:
             rec = run_tp_point(ckpt, dt, p, work, ranks)
-        rec = {**rec, **ps.columns(*point_tokens(p), self.tdp_w, cfg.usd_per_kwh)}
+        rec = {**rec, **ps.columns(*p.processed_tokens(), self.tdp_w, cfg.usd_per_kwh)}
         return {**rec, "x_tp_checkpoint": str(ckpt), "x_tp_logs": str(work / "logs")}
 
     def after_failure(self) -> dict:
@@ -347,15 +356,6 @@ class EngineBackend:
         if dev != "cpu" and self._baseline_gb is not None:
             return {"x_mem_above_baseline_gb": round(hardware.allocated_gb(dev) - self._baseline_gb, 4)}
         return {}
-
-
-def point_tokens(p: PointConfig) -> tuple[int, int]:
-    """``(output tokens, input + output tokens)`` a point processes, warm-up included (its energy per token):
-    ``repeats × B × (warm-up + decode steps)`` generated, plus ``repeats × B × context`` prompt tokens when the
-    cache is filled by a real prefill."""
-    new = p.repeats * p.concurrency * (p.warmup_steps + p.decode_steps)
-    prompt = p.repeats * p.concurrency * p.context_len if p.kv_fill == "prefill" else 0
-    return new, new + prompt
 
 
 def run_sweep(

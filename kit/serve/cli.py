@@ -10,6 +10,7 @@ import math
 import sys
 import time
 from dataclasses import fields
+from pathlib import Path
 
 from kit._io import check_out_dir
 from kit.cli import DefaultsHelpFormatter, add_config_args, add_run_dir_args, config_from_args, int_list_arg
@@ -69,6 +70,8 @@ def summary_line(row: dict) -> str:
         s += f"; NOTE {row['x_itl_step_note']}"
     if row.get("x_stopped_early") and row.get("x_stopped_early") not in str(row.get("error")):
         s += f"; {row['x_stopped_early']}"
+    if row.get("x_server_profile"):
+        s += f"; server profile: {row['x_server_profile']}"
     if row.get("error"):
         s += f"; ERROR {short_error(row['error'], 300)}"
     note = invalid_note(row)  # a row that failed its validity checks says so first (never summarised as ok)
@@ -149,6 +152,21 @@ def add_cli(subparsers) -> None:
         action="store_true",
         help="print one JSON object (the rows and the results path) instead of the text summary",
     )
+    p.add_argument(
+        "--server-profile",
+        action="store_true",
+        help="ask the server to profile each measured point (POST /start_profile before its first request, "
+        "/stop_profile after its last: vLLM and SGLang); the row says where the trace went, or that the server was "
+        "not started with profiling enabled; with --launch the kit enables it (trace in OUT/servers/<config>/profile)",
+    )
+    p.add_argument(
+        "--server-profile-dir",
+        default=None,
+        help="with --url: the folder you say the server writes its traces to (its torch_profiler_dir / "
+        "SGLANG_TORCH_PROFILER_DIR); the kit cannot know a running server's folder unless the server reports it, so "
+        "this is recorded as given; new files there are listed when it is on this machine (a folder that does not "
+        "exist here is said so). Not with --launch: the kit then tells the server OUT/servers/<config>/profile",
+    )
     add_launch_args(p)
     add_run_dir_args(p, "results/serve-bench")
     p.set_defaults(func=_cli_serve_bench)
@@ -216,6 +234,8 @@ def _cli_serve_bench(args) -> int:
 
     run = {"tokenizer": tok, "extra": extra, "resume": not args.no_resume, "progress": False, "on_point": on_point}
     run |= {"retry_killed": args.retry_killed, "on_status": status_printer(note)}
+    if args.server_profile:
+        run |= {"server_profile": True, "server_profile_dir": args.server_profile_dir}
     if plan is None:
         df, search = run_mode(mode, cfg, args.concurrency, out, model_error=model_error, **run)
     else:
@@ -269,6 +289,16 @@ def configs_from_args(args):
                                     ("--server-arg", args.server_arg)) if v]  # fmt: skip
         if given:
             raise UserError(f"{', '.join(given)} configure a server the kit starts: use them with --launch, not --url")
+    if args.server_profile_dir and not args.server_profile:
+        raise UserError("--server-profile-dir names where a profiled server writes traces: give --server-profile too")
+    if args.server_profile_dir and args.launch:
+        raise UserError("--server-profile-dir is for --url: with --launch the kit chooses OUT/servers/<config>/profile")
+    if args.server_profile_dir and not Path(args.server_profile_dir).expanduser().is_dir():
+        print(
+            f"kit serve-bench: note: --server-profile-dir {args.server_profile_dir!r} does not exist on this machine; "
+            "recorded as given (a remote server's folder?), no trace file will be listed",
+            file=sys.stderr,
+        )
     if args.launch and not args.model:
         raise UserError(f"--launch {args.launch} needs --model: the checkpoint directory (or model id) to serve")
     url = args.url or "http://127.0.0.1:8000"  # a launched server's URL is set when it starts

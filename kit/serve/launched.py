@@ -36,6 +36,7 @@ from kit.serve.launch import Server
 from kit.serve.load import LoadConfig
 from kit.serve.modes import ServedMode, front_door_configs, mode_backend, run_mode
 from kit.serve.recipes import LaunchSpec, redact_argv
+from kit.serve.server_profile import launch_setting
 from kit.store import ResultStore
 
 #: the LaunchSpec fields a server grid may vary (the others say where and how to start, not what is measured)
@@ -317,8 +318,15 @@ def launch_and_run(plan: LaunchPlan, sc: ServerConfig, mode, cfg: LoadConfig, co
     spec = replace(sc.spec, port=free_port(sc.spec.host if sc.spec.host not in ("0.0.0.0", "::") else "127.0.0.1"))
     cfg = replace(cfg, url=spec.url)
     where = out / "servers" / sc.slug
-    server = Server(spec, log_path=where / "server.log")
     version = engine_version(spec)
+    profiling = None
+    if opts.get("server_profile"):  # the server-side setting /start_profile needs, pointed at this run directory
+        profiling = launch_setting(spec.server, where / "profile", version)
+        spec = replace(spec, env={**spec.env, **profiling["env"]}, extra_args=[*spec.extra_args, *profiling["args"]])
+        if profiling["supported"]:
+            opts = {**opts, "server_profile_dir": str((where / "profile").resolve()), "server_profile_launched": True}
+        plan.note(f"server {sc.label}: --server-profile: {profiling['note']}")
+    server = Server(spec, log_path=where / "server.log")
     plan.note(f"server {sc.label}: starting {version or spec.server} on {spec.url} (log {where / 'server.log'})")
     t0 = time.monotonic()
     with server:
@@ -334,7 +342,10 @@ def launch_and_run(plan: LaunchPlan, sc: ServerConfig, mode, cfg: LoadConfig, co
                 return pd.DataFrame(), None
             return run_mode(mode, cfg, concs, out, **opts, model_error=f"server {tail}")
         plan.note(f"server {sc.label}: ready after {ready_s:.0f} s")
-        write_launch_record(server, sc, where, engine_version=version, outcome="ready", ready_s=round(ready_s, 1))
+        facts = {"profile_setting": profiling["note"]} if profiling else {}
+        write_launch_record(
+            server, sc, where, engine_version=version, outcome="ready", ready_s=round(ready_s, 1), **facts
+        )
         meta = {**(opts.pop("metadata", None) or {}), "server": {"config": sc.label, "engine_version": version}}
         meta["server"] |= {"command": redact_argv(server.argv), "log": str(where / "server.log")}
         cols = {**opts["extra"], "x_engine_version": version, "x_server_log": str(where / "server.log")}

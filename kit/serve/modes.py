@@ -228,7 +228,15 @@ def front_door_configs(url: str, concurrency, out_dir, options: dict) -> tuple:
 
 
 #: the served backend's options ``serve_bench`` takes (its other fields are set by the modes themselves)
-FRONT_DOOR_OPTIONS = ("tokenizer", "extra", "metadata", "on_progress", "on_status")
+FRONT_DOOR_OPTIONS = (
+    "tokenizer",
+    "extra",
+    "metadata",
+    "on_progress",
+    "on_status",
+    "server_profile",
+    "server_profile_dir",
+)
 
 
 def serve_bench(
@@ -245,8 +253,9 @@ def serve_bench(
         concurrency: the concurrencies (sessions: conversations in flight; search: the first is the start).
         out_dir: the run directory (a re-run resumes).
         options: :class:`kit.serve.load.LoadConfig` fields (``isl``, ``osl``, ``num_requests``, ``request_rate``,
-            SLOs ...), :class:`ServedMode` fields, the served backend's options (``tokenizer``, ``extra``, ...) and
-            :func:`kit.grid.run_grid`'s options (``resume``, ``progress``, ``on_point``, ...).
+            SLOs ...), :class:`ServedMode` fields, the served backend's options (``tokenizer``, ``extra``, ...;
+            ``server_profile=True`` brackets each point with the server's profile endpoints,
+            :mod:`kit.serve.server_profile`) and :func:`kit.grid.run_grid`'s options (``resume``, ``progress``, ...).
 
     Returns: this run's rows (the latest of each of its points, in order); an SLO search's
     :class:`kit.serve.slo.SearchResult` is ``rows.attrs["search"]``.

@@ -15,6 +15,11 @@ is split into tokens (token ids as given; text: whitespace-separated words); the
 does), and the final usage reports ``prompt_tokens_details.cached_tokens`` (the OpenAI field). Every request is
 logged in :attr:`SimServer.log` (arrival time ``time.perf_counter()``, prompt, cached tokens) so a test can check
 what a client sent and when.
+
+With ``profile_dir`` set the server also answers ``POST /start_profile`` and ``POST /stop_profile`` as vLLM and
+SGLang do when started with profiling enabled: stop writes a small Chrome trace (``sim-trace-<n>.json``: one
+``sim.request`` event per generation request received while profiling) into ``profile_dir``. Without it those paths
+answer HTTP 404, as a vLLM server started without a profiler configuration does.
 """
 
 from __future__ import annotations
@@ -70,11 +75,45 @@ class SimServer:
     model: SimModel = field(default_factory=SimModel)
     log: list = field(default_factory=list)
     url: str = ""
+    #: where ``/stop_profile`` writes its trace; None: no profile endpoints (HTTP 404)
+    profile_dir: str | None = None
 
     def __post_init__(self):
         self._inflight = 0
         self._cache: set = set()
         self._ready = threading.Event()
+        self._profile_from: int | None = None  # index into log where the running profile began
+        #: the traces ``/stop_profile`` wrote, in order
+        self.traces: list[str] = []
+
+    # ---------------------------------------------------------------- profile endpoints
+    async def _start_profile(self, _req):
+        from aiohttp import web
+
+        if self._profile_from is not None:
+            return web.Response(status=400, text="profiling is already running")
+        self._profile_from = len(self.log)
+        return web.Response(text="Start profiling")
+
+    async def _stop_profile(self, _req):
+        from pathlib import Path
+
+        from aiohttp import web
+
+        if self._profile_from is None:
+            return web.Response(status=400, text="profiling is not running")
+        reqs, self._profile_from = self.log[self._profile_from :], None
+        m, t0 = self.model, reqs[0]["t"] if reqs else time.perf_counter()
+        events = [
+            {"name": "sim.request", "ph": "X", "pid": 1, "tid": 1, "ts": (r["t"] - t0) * 1e6,
+             "dur": (m.ttft_base_ms + m.tpot_base_ms * r["max_tokens"]) * 1000, "args": {"tokens": r["tokens"]}}
+            for r in reqs
+        ]  # fmt: skip
+        path = Path(self.profile_dir) / f"sim-trace-{len(self.traces) + 1}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        self.traces.append(str(path))
+        return web.Response(text="Stop profiling. This will take some time.")
 
     # ---------------------------------------------------------------- request handling
     def _cached_tokens(self, toks: list) -> int:
@@ -136,6 +175,9 @@ class SimServer:
         app.router.add_get("/v1/models", models)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
+        if self.profile_dir is not None:
+            app.router.add_post("/start_profile", self._start_profile)
+            app.router.add_post("/stop_profile", self._stop_profile)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         self._loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", port)
@@ -192,6 +234,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description="simulated OpenAI-compatible server (known latency model)")
     ap.add_argument("--port", type=number_arg(int, minimum=0, maximum=65535), default=0, help="0: any free port")
+    ap.add_argument("--profile-dir", default=None, help="serve /start_profile and /stop_profile, traces written here")
     for f in fields(SimModel):
         typ = number_arg(type(f.default), minimum=0) if isinstance(f.default, (int, float)) else type(f.default)
         ap.add_argument("--" + f.name.replace("_", "-"), type=typ, default=f.default)
@@ -201,7 +244,7 @@ def main(argv=None) -> int:
     except UserError as e:
         ap.error(str(e))
     try:
-        srv = SimServer(model).start(a["port"])
+        srv = SimServer(model, profile_dir=a["profile_dir"]).start(a["port"])
     except UserError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
     print(f"READY {srv.url}", flush=True)

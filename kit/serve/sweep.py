@@ -30,13 +30,14 @@ import pandas as pd
 from kit._io import check_out_dir
 from kit.errors import OutputPathError, UserError
 from kit.grid import GridPoint, run_grid, split_run_options
-from kit.serve.client import get_model_id
+from kit.serve.client import auth_headers, get_model_id
 from kit.serve.load import LoadConfig
 from kit.serve.loop import run_coro
 from kit.serve.point import measure_point, served_point_id
 from kit.serve.progress import PointProgress
 from kit.serve.redact import redact_url, scrub
 from kit.serve.schedule import RAMP_AXES, RAMP_STRATEGIES, Arrivals, Ramp
+from kit.serve.server_profile import ServerProfile
 from kit.serve.workload import RequestInput, fresh_seed, fresh_workload, intended_hit_rate
 from kit.store import latest_rows, run_metadata
 
@@ -63,6 +64,11 @@ class ServedBackend:
         metadata: merged into the run's JSON sidecar.
         model_error: the model list already failed (nothing is sent; every point records its requests failed).
         on_progress, on_status: progress hooks (:func:`kit.serve.loop.run_schedule`).
+        server_profile: ask the server to profile each point (:mod:`kit.serve.server_profile`: ``/start_profile``
+            before its first request, ``/stop_profile`` after its last; ``x_server_profile*`` columns; the points'
+            ids differ from unprofiled ones). server_profile_dir: where the server writes its traces, when known: the
+            folder the kit asked a server it launched to use (``server_profile_launched`` True), else the folder the
+            user said (``--server-profile-dir``).
 
     Without ``config.model`` the model id is listed once (``/v1/models``, waiting at most ``config.models_timeout_s``)
     when the points are first asked for; if that fails every point is recorded with all its requests failed.
@@ -83,6 +89,8 @@ class ServedBackend:
         self.config, self.concurrencies, self.out_dir, self.options = config.validate(), concs, Path(out_dir), o
         self.tokenizer, self.workload, self.model_error = o.tokenizer, o.workload, o.model_error
         self.extra = dict(o.extra or {})
+        if o.server_profile:  # a profiled point is not the unprofiled one: its own id, never resumed from it
+            o.server_key = f"{o.server_key if o.server_key is not None else redact_url(config.base_url)} +profile"
         # one prompt seed for this run: the given one, else a new one (ids do not include it, so a re-run resumes)
         self.seed = self.config.seed if self.config.seed is not None else fresh_seed()
         self.description = f"serve-bench {config.shown_url}"
@@ -177,6 +185,12 @@ class ServedBackend:
         if self.disk_error is not None:  # the disk refused the last point's detail file: stop before sending more
             raise self.disk_error
         extra = self.extra | {k: v for k, v in point.columns.items() if k.startswith("x_")}
+        profile = None
+        if self.options.server_profile and not self.model_error:  # exactly around this point's requests
+            c: LoadConfig = point.config
+            profile = ServerProfile(c.url, auth_headers(c.api_key_env, c.url), self.options.server_profile_dir,
+                                    launched=self.options.server_profile_launched)  # fmt: skip
+            profile.start()
         row = measure_point(
             point.config,
             self.schedule_for(point),
@@ -188,6 +202,8 @@ class ServedBackend:
             on_progress=self.options.on_progress,
             on_status=self.options.on_status,
         )
+        if profile is not None:
+            row |= profile.stop()
         if row.get("x_detail_error"):
             self.disk_error = OutputPathError(row["x_detail_error"])
         return row
@@ -211,6 +227,9 @@ class BackendOptions:
     server_key: str | None = None
     on_progress: Callable[[int, bool], None] | None = None
     on_status: Callable[[PointProgress], None] | None = None
+    server_profile: bool = False
+    server_profile_dir: str | None = None
+    server_profile_launched: bool = False
 
     def check(self) -> BackendOptions:
         """Returns self, fractions de-duplicated. Raises: UserError naming a fraction outside [0, 1], a group size
