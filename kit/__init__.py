@@ -30,10 +30,19 @@ Check
     qualify(config=None, **fields)  qualify this node: doctor, ops, seed workload, served, KV stress, collectives,
                                 power, calibration, planner under one budget, with verdicts and a report
                                 (kit.qualification.node.qualify)
+Tour
+    tour_check(ctx=None, url=None)  every lesson of ``kit tour`` headless, in order: the smoke test
+                                (kit.tour.check.run_check)
+    TourServer(port, ...)       the tour's page on 127.0.0.1: lessons and a live prompt playground
+                                (kit.tour.server.TourServer)
 Results
     load(path)                  a run directory's rows as a DataFrame (kit.store.load_results)
     compare(sets, prices, ...)  result sets side by side with $/Mtok (kit.view.compare_view.compare_frame)
     compare_runs(db, base, head)  noise-aware compare of two commits' runs (kit.track.compare.compare)
+    load_profile(spec)          a profiled point (sweep(profile=...)): summary and top operators
+                                (kit.measure.profile_compare.resolve_profile)
+    compare_profiles(a, b)      two profiled points operator by operator, the gap and what explains it
+                                (kit.measure.profile_compare.compare_profiles)
     plots                       the figures: kit.plots.throughput_vs_concurrency(df), ... (module kit.view.plots)
     ControlPanel, CompareView   the notebook widgets (kit.view.panel, kit.view.compare_view)
 Configs
@@ -75,9 +84,13 @@ FRONT_DOOR = {
     "check_op": "kit.check.harness:check_op",
     "doctor": "kit.check.doctor:run_doctor",
     "qualify": "kit.qualification.node:qualify",
+    "tour_check": "kit.tour.check:run_check",
+    "TourServer": "kit.tour.server:TourServer",
     "load": "kit.store:load_results",
     "compare": "kit.view.compare_view:compare_frame",
     "compare_runs": "kit.track.compare:compare",
+    "load_profile": "kit.measure.profile_compare:resolve_profile",
+    "compare_profiles": "kit.measure.profile_compare:compare_profiles",
     "plots": "kit.view.plots",
     "ControlPanel": "kit.view.panel:ControlPanel",
     "CompareView": "kit.view.compare_view:CompareView",

@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("kit.plan.cli", "will it fit, how fast, at what cost (analytic; no GPU needed)"),
     "calibrate": ("kit.measure.calibrate", "measure local memory bandwidth, matmul TFLOPS and step overhead"),
     "kv-stress": ("kit.measure.stress_cli", "largest context that decodes at a batch: memory guard, probes, plots"),
+    "profile": (
+        "kit.measure.profile_compare",
+        "compare two profiled points operator by operator: `kit profile compare A B`",
+    ),
     "comm": ("kit.measure.comm", "collective latency and bus bandwidth over message sizes on N ranks (torchrun)"),
     "serve-bench": (
         "kit.serve.cli",
@@ -40,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kit.check.doctor",
         "is this machine ready? versions, devices, dtypes, fp8, torch.compile, kernel libraries and their sampling ops",
     ),
+    "tour": ("kit.tour.cli", "a browser walk through inference performance with a live prompt playground; --check"),
     "qualify": (
         "kit.qualification.cli",
         "qualify a node (or N through submitit): every check and measurement under one budget, verdicts, a report",

@@ -74,6 +74,13 @@ SMALL: dict[str, dict] = {
         "far_probes": 2,
         "device": "cpu",
     },
+    # two profiled points of one sweep (each a plain pass and a profiled pass of 3 steps), compared
+    "how-to/why-is-this-point-slow.ipynb": {
+        "kv_lens": [16, 256],
+        "decode_steps": 3,
+        "repeats": 1,
+        "device": "cpu",
+    },
     "how-to/find-the-concurrency-knee.ipynb": {
         "kv_lens": [16],
         "concurrencies": [1, 2, 4],

@@ -325,8 +325,14 @@ async def _wait_body(conn: StreamConnection, stall_timeout_s: float) -> None:
 
 
 async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, timeout_s: float = 10.0) -> str:
-    """The first model id listed by ``GET /v1/models``, waiting at most ``timeout_s`` seconds in all (the load
-    generator passes ``LoadConfig.models_timeout_s``, i.e. ``--models-timeout-s``). Redirects are not followed.
+    """The first model id listed by ``GET /v1/models`` (:func:`list_model_ids`, its errors)."""
+    return (await list_model_ids(base_url, api_key_env, timeout_s))[0]
+
+
+async def list_model_ids(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, timeout_s: float = 10.0) -> list[str]:
+    """The model ids listed by ``GET /v1/models``, in the server's order (at least one), waiting at most
+    ``timeout_s`` seconds in all (the load generator passes ``LoadConfig.models_timeout_s``, i.e.
+    ``--models-timeout-s``). Redirects are not followed.
 
     Raises:
         UserError: the server cannot be reached, does not answer within ``timeout_s``, redirects, answers with an
@@ -378,4 +384,4 @@ async def get_model_id(base_url: str, api_key_env: str = DEFAULT_API_KEY_ENV, ti
     models = [m.get("id") for m in items if isinstance(m, dict) and isinstance(m.get("id"), str) and m.get("id")]
     if not models:
         raise UserError(f"{shown} lists no model; {hint}")
-    return models[0]
+    return models

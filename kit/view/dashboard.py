@@ -37,6 +37,7 @@ from pathlib import Path
 from kit._io import atomic_write_text, check_out_dir, free_port
 from kit.cli import DefaultsHelpFormatter, add_config_args, config_from_args, number_arg
 from kit.errors import OutputPathError, UserError
+from kit.measure.profile_select import add_profile_arg
 from kit.measure.sweep import SweepConfig
 from kit.serve.launch import Server
 
@@ -200,6 +201,7 @@ def add_cli(sub) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     add_config_args(p, SweepConfig)
+    add_profile_arg(p)  # the panel's initial --profile, as kit sweep's
     p.add_argument(
         "--port", type=number_arg(int), default=DEFAULT_PORT, help="TCP port on 127.0.0.1 (0: any free port)"
     )

@@ -6,8 +6,8 @@ application with five guards a page that runs code on this machine needs.
   token comes in the environment variable ``JUPYTER_TOKEN`` (never on the command line, so never in ``ps`` or the
   log) and is removed from this process's environment before any kernel starts, so no kernel, sweep or results
   file sees it.
-- **Local names only.** A request whose ``Host:`` is not one of :data:`LOCAL_HOSTNAMES` (with any port) is
-  refused with 403 on every route, static files included; the kernel websocket also refuses an ``Origin:`` that
+- **Local names only.** A request whose ``Host:`` is not one of :data:`kit.view.guard.LOCAL_HOSTNAMES` (with any
+  port) is refused with 403 on every route, static files included; the kernel websocket also refuses an ``Origin:`` that
   is not a local name. A page on another site that re-points its own name at 127.0.0.1 (DNS rebinding) sends its
   own name as Host and Origin, so it is refused. ``/voila/files/`` (files beside the notebook, served without a
   token by Voilà) is not served at all.
@@ -33,7 +33,6 @@ import json
 import os
 import re
 import struct
-from urllib.parse import urlsplit
 
 from jupyter_server.utils import url_path_join
 from tornado import web
@@ -42,37 +41,12 @@ from voila.app import Voila
 from voila.static_file_handler import AllowListFileHandler
 from voila.tornado.kernel_websocket_handler import VoilaKernelWebsocketHandler
 
-#: the host names (Host: header, websocket Origin) the dashboard answers; IP literals must be loopback too
-LOCAL_HOSTNAMES = ("127.0.0.1", "localhost", "::1")
+from kit.view.guard import LOCAL_HOSTNAMES, host_is_local, origin_is_local
+
 #: the v1 kernel websocket subprotocol (jupyter_server)
 WS_V1 = "v1.kernel.websocket.jupyter.org"
 #: seconds between checks that the starting process is still alive
 PARENT_POLL_S = 1.0
-
-
-def host_is_local(host: str | None) -> bool:
-    """Whether a ``Host:`` value (``name``, ``name:port``, ``[::1]:port``, ``::1``) is one of
-    :data:`LOCAL_HOSTNAMES` (case-insensitive, a trailing dot ignored)."""
-    h = (host or "").strip()
-    if h.startswith("["):  # [v6]:port
-        name, sep, port = h[1:].partition("]")
-        port = port.removeprefix(":") if sep else "x"
-    elif h.count(":") == 1:
-        name, _, port = h.partition(":")
-    else:  # a bare name or a bare IPv6 literal
-        name, port = h, ""
-    return (port == "" or port.isdigit()) and name.lower().rstrip(".") in LOCAL_HOSTNAMES
-
-
-def origin_is_local(origin: str | None) -> bool:
-    """Whether a websocket ``Origin:`` is absent (a script) or a URL whose host is a local name."""
-    if origin is None:
-        return True
-    try:
-        netloc = urlsplit(origin).netloc
-    except ValueError:
-        return False
-    return host_is_local(netloc)
 
 
 def _json_header(data: bytes | str) -> dict | None:

@@ -7,35 +7,17 @@ is saved as ``test-artifacts/dashboard.png``.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from tour_page import ARTIFACTS, CHROMIUM, need_browser
 
 from kit.store import load_results
 from kit.view.dashboard import launch
 
 pytestmark = pytest.mark.slow
-CHROMIUM = os.environ.get("KIT_CHROMIUM", "/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-
-
-def _need_browser():
-    missing = []
-    if not Path(CHROMIUM).exists():
-        missing.append(CHROMIUM)
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        missing.append("playwright (pip)")
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser test needs {missing}: .ci/setup.sh installs them")
-        pytest.skip(f"missing {missing} (bash .ci/setup.sh installs them)")
 
 
 def test_dashboard_in_headless_chromium(tmp_path):
-    _need_browser()
+    need_browser()
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)

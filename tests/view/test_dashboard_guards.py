@@ -22,7 +22,8 @@ import pytest
 from jupyter_server.services.kernels.connection.base import serialize_binary_message, serialize_msg_to_ws_v1
 
 from kit.view.dashboard import launch, voila_command, voila_server
-from kit.view.voila_app import WS_V1, host_is_local, message_header, origin_is_local, scrub_uri
+from kit.view.guard import host_is_local, origin_is_local
+from kit.view.voila_app import WS_V1, message_header, scrub_uri
 
 CULL_S = 4
 
