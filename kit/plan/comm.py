@@ -107,9 +107,10 @@ def decode_messages(
     spec: ArchSpec, dev: DeviceModel, tokens: float, tp: int, ep: int, pp: int, act_dtype="bfloat16"
 ) -> list[Message]:
     """:func:`step_collectives` on their links (a decode step: ``tokens`` = the batch B; a verify step:
-    B × (k + 1)). A group wider than the scale-up domain (:meth:`DeviceModel.scaleup_size`: a node, or an NVL72
-    rack) uses scale-out; pipeline hand-offs use scale-out when the stages together span more than one domain. Messages
-    over a link with no figures are left out (their time is unknown, not zero: the assumptions say so).
+    B × (k + 1)). A group wider than the scale-up domain
+    (:meth:`~kit.plan.device.DeviceModel.scaleup_size`: a node, or an NVL72 rack) uses scale-out; pipeline hand-offs
+    use scale-out when the stages together span more than one domain. Messages over a link with no figures are left
+    out (their time is unknown, not zero: the assumptions say so).
     """
     ls, domain = links(dev), dev.scaleup_size()
     out = []

@@ -33,8 +33,9 @@ DEFAULT_TP_MAX = 8
 
 def default_tp(device: DeviceModel, n_gpus: int) -> int:
     """The tensor-parallel size used when none is given for ``n_gpus`` GPUs of ``device``: the largest divisor of
-    ``n_gpus`` within one scale-up domain (:meth:`DeviceModel.scaleup_size`) and at most ``max(gpus_per_node,``
-    :data:`DEFAULT_TP_MAX` ``)``; e.g. 8 on 8 GB200 (NVL72, 4 GPUs per tray), 8 with PP2 on 2×8 B200."""
+    ``n_gpus`` within one scale-up domain (:meth:`~kit.plan.device.DeviceModel.scaleup_size`) and at most
+    ``max(gpus_per_node,`` :data:`DEFAULT_TP_MAX` ``)``; e.g. 8 on 8 GB200 (NVL72, 4 GPUs per tray), 8 with PP2 on
+    2×8 B200."""
     cap = min(device.scaleup_size(), max(1, device.gpus_per_node, DEFAULT_TP_MAX), n_gpus)
     return max(d for d in divisors(n_gpus) if d <= cap)
 

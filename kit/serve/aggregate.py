@@ -6,6 +6,7 @@ definitions in docs/metrics.md, "Served")."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from kit import metrics as M
 from kit.serve.redact import redact_url, scrub
 from kit.serve.steady import inflight_steps, timed
 from kit.serve.texts import short_error
+from kit.serve.workload import ID_RANGE
 
 if TYPE_CHECKING:  # the type only: kit.serve.load imports this module's callers
     from kit.serve.load import LoadConfig
@@ -148,15 +150,29 @@ def concurrency_columns(records: Sequence[dict]) -> dict:
     return out
 
 
+#: how servers word a prompt token id outside the model's vocabulary (vLLM: "Token id 19704 is out of vocabulary";
+#: SGLang and others: "... out of range" of the vocabulary)
+_VOCAB_ERROR = re.compile(r"out of vocab|vocab\w* size|not in vocab", re.IGNORECASE)
+#: what the error summary adds when the server refused a prompt's token ids
+VOCAB_HINT = (
+    "the prompts' token ids are outside the served model's vocabulary: give the kit that model's tokenizer "
+    "(--tokenizer PATH, or tokenizer= in Python); without one, prompts to /v1/completions are token ids drawn "
+    f"in {ID_RANGE[0]}-{ID_RANGE[1] - 1}"
+)
+
+
 def error_summary(meas: Sequence[dict], stopped: str | None) -> str | None:
     """``"k of n requests failed: <distinct errors, sent ones first>"`` (at most three, each one short line), with
-    the early-stop reason first when the point stopped early; None when nothing failed."""
+    the early-stop reason first when the point stopped early and :data:`VOCAB_HINT` last when the server refused a
+    prompt's token ids; None when nothing failed."""
     bad = [r for r in meas if not r.get("ok")]
     if not bad:
         return None
     errors = sorted({short_error(r.get("error"), ERROR_SUMMARY_CHARS) for r in bad if not r.get("not_sent")})
     errors += sorted({short_error(r.get("error"), ERROR_SUMMARY_CHARS) for r in bad if r.get("not_sent")})
     error = f"{len(bad)} of {len(meas)} requests failed: " + " | ".join(errors[:3])
+    if any(_VOCAB_ERROR.search(e or "") for e in errors):
+        error += f" ({VOCAB_HINT})"
     return f"{stopped}; {error}" if stopped and stopped not in error else error
 
 

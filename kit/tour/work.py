@@ -22,6 +22,11 @@ class DaemonWorker(Executor):
         self._thread.start()
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
+        """Queue the call ``fn`` with the given arguments; its :class:`~concurrent.futures.Future` holds the result.
+
+        Raises:
+            RuntimeError: the worker is stopping (no new work is taken).
+        """
         if self._closed:
             raise RuntimeError("the tour is stopping")
         f: Future = Future()

@@ -81,9 +81,14 @@ def test_prefix_sharing_hits_the_cache_as_intended_and_fresh_prompts_do_not(vllm
 
 
 def test_two_sequences_at_a_time_queue_the_rest_and_the_row_says_so(tokenizer, vllm_small, tmp_path):
-    cfg = engine_load(vllm_small, num_requests=24, max_concurrency=8, osl=256)  # long enough for several scrapes (~2 s)
-    row = uncontended(lambda i: measure_point(cfg, out_dir=tmp_path / str(i), tokenizer=tokenizer))
-    assert row["completed"] == 24 and row["x_server_gauge_samples"] >= 2
+    # long enough for several scrapes (~4 s: the waiting gauge is sampled once a second). Measured once, contended
+    # or not: every figure judged below is the server's (counters, histograms, sampled gauges) or the client's
+    # in-flight count, which a starved client does not change (with this server's n-gram speculation on a 2-core
+    # machine the client's loop waited for a CPU 30-99 % of such a point in every run measured, also pinned to the
+    # core vLLM keeps for its frontend)
+    cfg = engine_load(vllm_small, num_requests=48, max_concurrency=8, osl=256)
+    row = measure_point(cfg, out_dir=tmp_path, tokenizer=tokenizer)
+    assert row["completed"] == 48 and row["x_server_gauge_samples"] >= 2
     # the client had 8 in flight; the server ran 2 and kept the others waiting
     assert row["x_inflight_mean"] > 4 and row["x_server_running_requests_max"] <= 2
     assert row["x_server_waiting_requests_max"] >= 1
@@ -91,7 +96,7 @@ def test_two_sequences_at_a_time_queue_the_rest_and_the_row_says_so(tokenizer, v
     # server's own TTFT (both server-side, so no client noise in the comparison)
     assert row["x_server_queue_ms_mean"] <= row["x_ttft_ms_mean"]
     assert row["x_server_queue_ms_mean"] >= 0.3 * row["x_server_ttft_ms_mean"]
-    # the verdict: valid figures (nothing went wrong), with a note that says the TTFT is the queue's
+    # the verdict: a note that says the TTFT is the queue's
     assert row["x_queueing"] and row["x_queueing"].startswith("queueing: ")
     assert "waiting" in row["x_queueing"]
 
@@ -124,24 +129,47 @@ def test_a_point_shorter_than_two_scrapes_reports_its_gauges_as_not_sampled(vllm
 
 def test_a_concurrency_search_and_a_ramp_agree_with_the_measured_curve(vllm_main, tokenizer, tmp_path):
     common = dict(model=vllm_main["checkpoint"], isl=64, warmup_requests=0, tokenizer=tokenizer, progress=False)
-    # a concurrency ramp 1 -> 8: the load the requests met rises, and the server saw more than one running
-    ramp = uncontended(lambda i: serve_bench(
-        vllm_main["url"], [8], tmp_path / f"ramp{i}", osl=256, num_requests=24, ramp="concurrency", ramp_start=1,
+    # a concurrency ramp 1 -> 8: the load the requests met rises, and the server saw more than one running. Measured
+    # once, contended or not: the offered load is the kit's schedule, the rest the server's counts and gauges
+    ramp = serve_bench(
+        vllm_main["url"], [8], tmp_path / "ramp", osl=256, num_requests=24, ramp="concurrency", ramp_start=1,
         ramp_end=8, **common,
-    ).iloc[0].to_dict())  # fmt: skip
+    ).iloc[0].to_dict()  # fmt: skip
     records = [r for r in read_detail(ramp) if not r.get("warmup")]
     offered = [r["offered_concurrency"] for r in sorted(records, key=lambda r: r["sent_s"])]
     assert offered[0] == 1 and offered[-1] == 8 and ramp["completed"] == 24
     assert ramp["x_server_metrics"] == "vllm" and ramp["x_server_gauge_samples"] >= 2
     assert ramp["x_server_running_requests_max"] >= 2
-    curve = serve_bench(vllm_main["url"], [1, 2, 4, 8], tmp_path / "curve", osl=16, num_requests=16, **common)
+    # the curve and the search run minutes apart: their latencies are compared only from a pair in which the client
+    # was never starved (up to three pairs on a shared machine; the search's own verdicts are checked in every pair)
+    starved = []
+    for attempt in range(3):
+        curve, search, slo, why = curve_and_search(vllm_main["url"], tmp_path / str(attempt), common)
+        if not why:
+            break
+        starved.append(why)
+    else:
+        pytest.skip(f"the client was starved during the curve or the search in all 3 pairs: {starved}")
+    e2el = dict(zip(curve["concurrency"], curve["e2el_ms_p50"]))
+    assert e2el[8] > e2el[1]  # more users, longer requests
+    # the curve's last load within the SLO brackets the answer (the search bisects between its doublings; two runs
+    # of the same load on a shared machine differ, so within one doubling either side)
+    within = max([c for c in (1, 2, 4, 8) if e2el[c] <= slo], default=1)
+    assert within / 2 <= search.answer <= within * 2, (search.answer, e2el, slo)
+
+
+def curve_and_search(url: str, out, common: dict):
+    """A concurrency curve 1, 2, 4, 8 and a concurrency search for an E2E-latency SLO between the curve's ends
+    (asserting the search's own verdicts): ``(curve, search, slo_ms, starved)``, ``starved`` naming any row whose
+    client was starved (machine contention), else empty."""
+    curve = serve_bench(url, [1, 2, 4, 8], out / "curve", osl=16, num_requests=16, **common)
     e2el = dict(zip(curve["concurrency"], curve["e2el_ms_p50"]))
     # an E2E-latency SLO between the curve's ends: the search's answer must meet it and the loads it probed above
     # the answer must not
     slo = (e2el[1] + e2el[8]) / 2
     found = serve_bench(
-        vllm_main["url"], [1], tmp_path / "search", osl=16, num_requests=16, search="concurrency", max_load=8,
-        slo_e2el_ms=slo, slo_fraction=0.5, **common,
+        url, [1], out / "search", osl=16, num_requests=16, search="concurrency", max_load=8, slo_e2el_ms=slo,
+        slo_fraction=0.5, **common,
     )  # fmt: skip
     search = found.attrs["search"]
     probes = search.probes.set_index("load")
@@ -150,10 +178,14 @@ def test_a_concurrency_search_and_a_ramp_agree_with_the_measured_curve(vllm_main
     rows = (*curve.to_dict("records"), *search.rows.to_dict("records"))
     # == True: a row without the column reads NaN, which is truthy
     starved = [r.get("x_contention_warning") for r in rows if r.get("x_machine_contention") == True]  # noqa: E712
-    if starved:  # the curve and the search ran minutes apart: compare them only when neither was starved
-        pytest.skip(f"the client was starved during the curve or the search (machine contention): {starved}")
-    assert e2el[8] > e2el[1]  # more users, longer requests
-    # the curve's last load within the SLO brackets the answer (the search bisects between its doublings; two runs
-    # of the same load on a shared machine differ, so within one doubling either side)
-    within = max([c for c in (1, 2, 4, 8) if e2el[c] <= slo], default=1)
-    assert within / 2 <= search.answer <= within * 2, (search.answer, e2el, slo)
+    return curve, search, slo, starved
+
+
+def test_token_id_prompts_outside_the_models_vocabulary_name_the_tokenizer_as_the_cure(vllm_main, tmp_path):
+    """No tokenizer given: the kit's token-id prompts (ids up to 19,999) exceed the tiny checkpoint's 354-token
+    vocabulary; vLLM refuses them and the row says to give the model's tokenizer."""
+    from kit.serve.aggregate import VOCAB_HINT
+
+    row = measure_point(engine_load(vllm_main, num_requests=2, max_concurrency=1, osl=4), out_dir=tmp_path)
+    assert row["completed"] == 0 and row["failed"] == 2
+    assert "out of vocabulary" in row["error"] and row["error"].endswith(f"({VOCAB_HINT})"), row["error"]

@@ -17,13 +17,13 @@ from kit.serve.sweep import run_served_sweep
 pytestmark = pytest.mark.slow
 
 
-def test_a_server_started_without_a_profiler_config_is_said_so(vllm_main, tmp_path):
+def test_a_server_started_without_a_profiler_config_is_said_so(vllm_main, tokenizer, tmp_path):
     cfg = engine_load(vllm_main, num_requests=2, max_concurrency=1, osl=4)
-    df = run_served_sweep(cfg, [1], tmp_path, server_profile=True, progress=False)
+    df = run_served_sweep(cfg, [1], tmp_path, server_profile=True, progress=False, tokenizer=tokenizer)
     row = df.iloc[0]
-    assert row.completed == 2 and not row.x_server_profiled
+    assert row.completed == 2 and not row.x_server_profiled, row.error
     assert "not started with profiling enabled" in row.x_server_profile, row.x_server_profile
-    plain = measure_point(cfg)  # the unprofiled point is measured as ever
+    plain = measure_point(cfg, tokenizer=tokenizer)  # the unprofiled point is measured as ever
     assert plain["completed"] == 2
 
 

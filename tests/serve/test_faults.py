@@ -64,3 +64,16 @@ def test_late_sends_of_the_kits_own_schedule_make_a_row_invalid(cached_sim, tmp_
     row = measure_point(cfg, out_dir=tmp_path)
     assert row["x_send_late_ms_p99"] >= 40 and row["x_valid"] is False
     assert "the client sent requests late (p99" in row["x_invalid_reasons"]
+
+
+def test_a_server_refusing_the_prompts_token_ids_gets_the_tokenizer_hint():
+    """vLLM 0.32 refuses a token-id prompt outside its model's vocabulary ("Token id 19704 is out of vocabulary",
+    seen with a 354-token tiny checkpoint and no tokenizer given): the row's error names the cure; other failures
+    do not get it."""
+    from kit.serve.aggregate import VOCAB_HINT, error_summary
+
+    oov = [{"ok": False, "error": "error event: Token id 19704 is out of vocabulary"}, {"ok": True}]
+    got = error_summary(oov, None)
+    assert got.startswith("1 of 2 requests failed: error event: Token id 19704") and got.endswith(f"({VOCAB_HINT})")
+    assert "--tokenizer" in VOCAB_HINT and "1000-19999" in VOCAB_HINT
+    assert VOCAB_HINT not in error_summary([{"ok": False, "error": "HTTP 500: engine dead"}], None)

@@ -277,3 +277,17 @@ def test_histogram_means_one_scrape_is_not_a_maximum_and_queueing_is_noted():
     assert validity(row)["x_valid"] is True
     idle = S.server_columns(a, S.parse_metrics(HISTOGRAMS % (0, 10.1, 101, 5.0, 101), 1.0), during=[a, a])
     assert queueing_note({**idle, "x_ttft_ms_mean": 100.0}) is None
+
+
+def test_scrapes_during_a_point_parse_only_the_tables_lines_with_the_same_values():
+    """A real vLLM 0.32 (CPU) /metrics: the lines the table names parse to the same values as the whole text, every
+    table metric present there survives, and nothing else is kept (no histogram buckets, no process metrics)."""
+    text = (Path(__file__).parents[1] / "fixtures" / "vllm_0.32_cpu_metrics.txt").read_text()
+    full, few = S.parse_metrics(text, 0.0), S.parse_metrics(S.table_lines(text), 0.0)
+    assert few.error is None and few.server == "vllm"
+    assert few.values == {k: v for k, v in full.values.items() if k in few.values}
+    named = {r["metric"] for r in S.metric_table() if r["server"] == "vllm"}
+    assert {k for k in full.values if k in named} <= set(few.values)
+    assert set(few.values) <= named | {n.removesuffix("_total") for n in named}
+    assert few.values["vllm:generation_tokens_total"] == [24.0]
+    assert len(S.table_lines(text)) < len(text) / 2
