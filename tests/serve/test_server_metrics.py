@@ -92,7 +92,12 @@ def test_server_without_metrics_is_not_available(scripted, tmp_path):
     row = served_point(scripted.url, tmp_path)
     assert row["completed"] == 6
     assert row["x_server_metrics"] == f"not available: HTTP 404 from {scripted.url}/metrics"
-    assert row["x_valid"] is True and "preemptions" not in row["x_validity_checks"]
+    assert "preemptions" not in row["x_validity_checks"]
+    # metrics that are not available never make a row invalid; on a shared machine the suite's other workers may
+    # (late time stamps: machine contention or a starved client, each named)
+    starved = bool(row["x_machine_contention"] or row["x_client_bound"])
+    assert row["x_valid"] is True or starved, row["x_invalid_reasons"]
+    assert "metrics" not in (row["x_invalid_reasons"] or "")
 
 
 def test_unreachable_and_non_prometheus():
