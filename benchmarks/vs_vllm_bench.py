@@ -260,6 +260,7 @@ def start_vllm_server(vllm_python: str, model: str, log_path: Path, timeout_s: f
         RuntimeError: it exited or did not answer within ``timeout_s`` (the log's tail in the message).
     """
     from kit._io import free_port
+    from kit.serve.launch import behind_the_client
 
     port = free_port()
     cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32"]
@@ -267,6 +268,7 @@ def start_vllm_server(vllm_python: str, model: str, log_path: Path, timeout_s: f
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     log = open(log_path, "w")  # noqa: SIM115 - the server writes to it until stopped
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    behind_the_client(proc.pid)  # both clients share the server's CPUs: neither is starved by its busy engine
     url, t0 = f"http://127.0.0.1:{port}", time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if proc.poll() is not None:

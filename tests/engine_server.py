@@ -70,7 +70,7 @@ def start_all() -> dict:
     from dataclasses import replace
 
     from kit._io import free_port
-    from kit.serve.launch import Server
+    from kit.serve.launch import Server, behind_the_client
     from kit.serve.recipes import LaunchSpec
 
     got = setup_outcome()
@@ -84,28 +84,11 @@ def start_all() -> dict:
         spec = replace(base, port=free_port(), **settings)
         srv = Server(spec, log_path=logs / f"vllm-{name}.log").start()
         _running.append(srv)
-        behind_the_client(srv.proc.pid)
+        behind_the_client(srv.proc.pid)  # on a small machine the busy engine would starve the tests' client
         out[name] = {"url": spec.url, "checkpoint": got["checkpoint"], "log": str(srv.log_path)}
         out[name] |= {"settings": {k: v for k, v in settings.items() if k != "extra_args"}, "pid": srv.proc.pid}
         out[name]["argv"] = srv.argv
     return out
-
-
-#: the scheduler nice of each server's session (Linux autogroup): the lowest priority
-SERVER_AUTOGROUP_NICE = 19
-
-
-def behind_the_client(pid: int) -> None:
-    """Put the session of server ``pid`` (a session leader: the kit's launcher starts each server in a session of its
-    own, and Linux schedules each session as one group) at :data:`SERVER_AUTOGROUP_NICE`, best effort (no autogroups,
-    no permission: left as it is). Measured on a 2-core machine with the two servers busy (ISL 64 / OSL 512, 8 in
-    flight): the client's event loop waited for a CPU 50-99 % of every point and woke up to 1.5 s late (p99) with
-    both sessions at nice 0, and 0.1-2 % / 1 ms with them at 19 (the client used 3 % of a core either way). The
-    engine loses almost nothing: the client is its only neighbour, and the client is light."""
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text(str(SERVER_AUTOGROUP_NICE))
-    except OSError:
-        pass
 
 
 def stop_all() -> None:

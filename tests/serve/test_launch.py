@@ -265,3 +265,26 @@ def test_vllm_on_cpu_from_its_own_environment_with_prefix_caching(tmp_path):
     assert recipes.shell_line(spec).startswith(f"VLLM_CPU_KVCACHE_SPACE=2 {py} -m vllm.entrypoints")
     sgl, _ = recipes.build_command(recipes.LaunchSpec("sglang", "/ckpt", "CPU"))
     assert sgl[-2:] == ["--device", "cpu"] and "--disable-radix-cache" in sgl
+
+
+def test_a_server_session_is_put_behind_the_client():
+    """The session of a process started as the launcher starts servers (a session of its own) gets autogroup nice
+    19; the caller's own session is untouched; a bad nice is refused and a gone process reported (False)."""
+    import os
+    import subprocess
+
+    behind_the_client = L.behind_the_client
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("this kernel has no autogroups (Linux CONFIG_SCHED_AUTOGROUP)")
+    mine = Path("/proc/self/autogroup").read_text()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        assert behind_the_client(proc.pid) is True
+        assert Path(f"/proc/{proc.pid}/autogroup").read_text().strip().endswith("nice 19")
+        assert Path("/proc/self/autogroup").read_text() == mine
+    finally:
+        proc.kill()
+        proc.wait()
+    assert behind_the_client(proc.pid) is False  # gone
+    with pytest.raises(ValueError, match="nice=20; must be -20..19"):
+        behind_the_client(os.getpid(), 20)
