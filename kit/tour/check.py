@@ -9,14 +9,13 @@ failed lesson is named; the run goes on so every lesson's outcome is reported.
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import time
 import traceback
 from dataclasses import dataclass
 
 from kit.errors import UserError
-from kit.tour.context import TourContext
+from kit.tour.context import TourContext, finite
 from kit.tour.generate import endpoint_tokens, in_process_tokens
 from kit.tour.lessons import lessons, run_lesson
 
@@ -77,8 +76,8 @@ def judge_playground(events: list) -> tuple[str, list[str]]:
     if not toks and not problems:
         problems.append("no tokens arrived")
     if summ is not None:
-        bad = [k for k in ("ttft_ms", "e2el_ms") if not _finite(summ.get(k))]
-        if summ.get("output_tokens", 0) > 1 and not _finite(summ.get("tpot_ms")):
+        bad = [k for k in ("ttft_ms", "e2el_ms") if not finite(summ.get(k))]
+        if summ.get("output_tokens", 0) > 1 and not finite(summ.get("tpot_ms")):
             bad.append("tpot_ms")
         if bad:
             problems.append(f"non-finite {', '.join(bad)}")
@@ -86,10 +85,6 @@ def judge_playground(events: list) -> tuple[str, list[str]]:
         problems.append("the stream ended without a summary")
     line = summ["line"] if summ else (problems[0] if problems else "")
     return line, problems
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def run_check(
